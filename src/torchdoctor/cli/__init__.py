@@ -1,0 +1,76 @@
+"""The ``torchdoctor`` command line: a thin layer over the library.
+
+Each sub-command lives in its own module (``torchdoctor.cli.<name>``) exposing ``command``;
+modules are imported only when their command runs, so ``torchdoctor run`` never pays for
+the estimator, and a broken optional part cannot break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from torchdoctor import __version__
+from torchdoctor.errors import UserError
+
+# name -> (module, one-line help shown in `torchdoctor --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("torchdoctor.cli.run", "Run a command and record everything it uses."),
+    "attach": ("torchdoctor.cli.attach", "Record a running process tree until it exits."),
+    "show": ("torchdoctor.cli.show", "Summarize a recording."),
+    "export": ("torchdoctor.cli.export", "Export a recording to CSV, Parquet or JSON Lines."),
+    "diagnose": ("torchdoctor.cli.diagnose", "Name the bottleneck of a recorded job, with fixes."),
+    "report": ("torchdoctor.cli.report", "Write a self-contained HTML report of a recording."),
+    "estimate": ("torchdoctor.cli.estimate", "Estimate VRAM of a training step without a GPU."),
+    "tune": ("torchdoctor.cli.tune", "Find the fastest DataLoader and thread settings."),
+    "top": ("torchdoctor.cli.top", "Live view of the machine and its PyTorch jobs."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (module, _) in COMMANDS.items() if _module_exists(module)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(entry[0])
+        return module.command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _module_exists(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="torchdoctor")
+def cli() -> None:
+    """Record, diagnose and tune the resource use of PyTorch training jobs."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: turn UserError into one line on stderr and its exit status."""
+    try:
+        cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"torchdoctor: error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("torchdoctor: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"torchdoctor: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(0)
