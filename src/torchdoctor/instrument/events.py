@@ -1,0 +1,74 @@
+"""Records produced inside the job, as the recording stores them.
+
+Times are UNIX seconds (``time.time()`` based, so they join with the host series); durations
+are seconds; memory is bytes. ``pid`` and ``rank`` tell processes and distributed ranks apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step: the step boundary is ``optimizer.step()`` returning."""
+
+    pid: int
+    rank: int | None
+    step: int  # 0-based index within the process
+    t_start: float  # end of the previous step (or the first data request)
+    t_end: float
+    wall_s: float
+    data_wait_s: float  # time blocked in DataLoader ``next()`` within the step
+    batch_size: int | None = None
+    samples: int | None = None  # samples consumed in the step (sum over micro-batches)
+    autocast_dtype: str | None = None  # None: autocast was not active in the step
+    grad_scaler: bool | None = None
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+    cuda_max_allocated: int | None = None  # peak within this step (reset every step)
+    cuda_alloc_retries: int | None = None  # cumulative num_alloc_retries
+    cuda_ooms: int | None = None  # cumulative num_ooms
+
+
+@dataclass(slots=True)
+class DataLoaderRecord:
+    """Configuration of one DataLoader as the job built it, and its start-up latency."""
+
+    pid: int
+    rank: int | None
+    loader_id: int  # stable within the process, in creation order
+    t: float
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    drop_last: bool
+    multiprocessing_context: str | None
+    dataset_type: str
+    dataset_len: int | None
+    sampler_type: str | None
+    first_batch_s: float | None = None  # first next() of the first iterator: worker start-up
+
+
+@dataclass(slots=True)
+class SettingRecord:
+    """One setting in force in a process (threads, env, amp, matmul precision...)."""
+
+    pid: int
+    rank: int | None
+    t: float
+    key: str  # e.g. "torch.num_threads", "env.OMP_NUM_THREADS", "optimizer.class"
+    value: str  # JSON-encoded
+
+
+@dataclass(slots=True)
+class JobEvent:
+    """Something that happened at one instant: an epoch start, a CUDA OOM, instrumentation off."""
+
+    pid: int
+    rank: int | None
+    t: float
+    kind: str  # "epoch-start", "cuda-oom", "instrumentation-disabled", "process-start", ...
+    detail: str  # JSON-encoded object
