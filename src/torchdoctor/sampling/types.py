@@ -62,6 +62,7 @@ class HostSample:
     psi_io_full: float | None = None
     cgroup_throttled_per_s: float | None = None  # share of wall time throttled (0-1 per s)
     cgroup_nr_throttled: int | None = None  # periods throttled since the previous sample
+    per_core_ids: list[int] | None = None  # CPU number of each ``per_core`` entry (allowed CPUs)
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
@@ -149,6 +150,7 @@ class GpuInfo:
     memory_total: int | None
     compute_capability: str | None
     power_limit_w: float | None
+    unavailable: dict[str, str] = field(default_factory=dict)  # field name -> reason
 
 
 @dataclass(slots=True)
@@ -161,6 +163,9 @@ class GpuStatus:
     cuda_driver_version: str | None = None
     nvml_version: str | None = None
     gpus: list[GpuInfo] = field(default_factory=list)
+    # Why NVML's process PIDs (host PID namespace) cannot be joined to the job's PIDs here,
+    # e.g. inside a container; None when they can. Per-process GPU memory is then unknown.
+    process_pids_unresolved: str | None = None
 
 
 @dataclass(slots=True)

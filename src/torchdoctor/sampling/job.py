@@ -1,0 +1,435 @@
+"""The job: a process tree found again at every read, sampled per process from /proc.
+
+Discovery. This kernel interface has no cheap "descendants of PID" call:
+``/proc/<pid>/task/<tid>/children`` needs CONFIG_PROC_CHILDREN and one read per *thread*
+(a torch trainer runs dozens), so the tree is found from the PPIDs instead. Every read lists
+/proc (one getdents) and reads the ``stat`` of PIDs it has not classified yet; PIDs already
+known to be outside the job are remembered, so a steady job costs no extra reads. That memory
+is dropped every ``slow_refresh_s`` in case a PID was reused by a new child of the job.
+
+Membership is sticky: a process found in the tree stays part of the job until it exits,
+even if its parent dies and it is reparented outside the tree (an orphaned DataLoader worker
+still eats the job's CPU and memory).
+
+Identity. A process is keyed by (PID, start time). Its /proc files are opened once and
+re-read through the same descriptors, which fail once that process is gone even if the PID
+has been reused, so rates never mix two processes. Zombies count as gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from torchdoctor.sampling import procfs, roles
+from torchdoctor.sampling.types import ProcessInfo, ProcessSample
+
+_ENV_NAMES = ("RANK", "LOCAL_RANK")
+_DEAD_STATES = ("Z", "X", "x")
+
+
+class _Proc:
+    """Everything kept about one live process between reads."""
+
+    __slots__ = (
+        "pid",
+        "starttime",
+        "create_time",
+        "ppid",
+        "comm",
+        "name",
+        "cmdline",
+        "traits",
+        "rank",
+        "local_rank",
+        "role",
+        "stat_fd",
+        "status_fd",
+        "io_fd",
+        "io_error",
+        "prev_mono",
+        "prev_cpu",
+        "prev_vol",
+        "prev_invol",
+        "prev_read",
+        "prev_write",
+        "pss",
+        "uss",
+        "smaps_error",
+        "slow_due",
+        "stat",
+    )
+
+    def close(self) -> None:
+        for name in ("stat_fd", "status_fd", "io_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, None)
+
+
+def _per_s(now: int | None, before: int | None, dt: float) -> float | None:
+    if now is None or before is None or dt <= 0:
+        return None
+    return max(0.0, (now - before) / dt)
+
+
+class JobReader:
+    """The processes of the tree rooted at ``root_pid``.
+
+    ``read()`` returns (samples of every live process, ProcessInfo of processes seen for the
+    first time, PIDs gone since the previous read). Per-process rates (CPU %, context
+    switches, I/O) are ``None`` in a process's first sample. PSS/USS come from smaps_rollup,
+    which costs the kernel a walk of every mapping, so they are refreshed every
+    ``slow_refresh_s`` per process and carried over in between.
+    """
+
+    def __init__(
+        self, root_pid: int, *, slow_refresh_s: float = 5.0, include_root: bool = True
+    ) -> None:
+        self.root_pid = root_pid
+        self.slow_refresh_s = slow_refresh_s
+        self.include_root = include_root
+        self._btime = procfs.boot_time()
+        self._procs: dict[int, _Proc] = {}
+        self._outside: set[int] = set()  # PIDs known not to belong to the job
+        self._outside_reset = time.monotonic() + slow_refresh_s
+        self._root_start: int | None = None
+        self._root_fd: int | None = None
+        try:
+            self._root_fd = procfs.open_ro(f"/proc/{root_pid}/stat")
+            st = procfs.parse_pid_stat(procfs.pread_single(self._root_fd, 1024))
+            if st.state not in _DEAD_STATES:
+                self._root_start = st.starttime
+        except (OSError, ValueError, IndexError):
+            self._close_root()
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> set[int]:
+        """PIDs of the job's live processes as of the last read (the root included when
+        ``include_root``)."""
+        return {pid for pid, p in self._procs.items() if self.include_root or not self._is_root(p)}
+
+    def root_alive(self) -> bool:
+        """Whether the root process still runs (a zombie root, exited but not yet reaped by
+        its parent, counts as ended)."""
+        if self._root_fd is None:
+            return False
+        try:
+            st = procfs.parse_pid_stat(procfs.pread_single(self._root_fd, 1024))
+        except (OSError, ValueError, IndexError):
+            self._close_root()
+            return False
+        if st.state in _DEAD_STATES:
+            self._close_root()
+            return False
+        return True
+
+    def close(self) -> None:
+        for p in self._procs.values():
+            p.close()
+        self._procs.clear()
+        self._close_root()
+
+    def read(self) -> tuple[list[ProcessSample], list[ProcessInfo], list[int]]:
+        t = time.time()
+        mono = time.monotonic()
+        try:
+            listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+        except OSError:
+            listing = set()
+
+        procs = self._procs
+        ended: list[int] = []
+        # 1. Known processes: one stat read each tells whether they still run.
+        for pid in list(procs):
+            p = procs[pid]
+            st = None
+            if pid in listing:
+                try:
+                    st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
+                except (OSError, ValueError, IndexError):
+                    st = None
+            if st is None or st.state in _DEAD_STATES:
+                p.close()
+                del procs[pid]
+                ended.append(pid)
+                self._outside.add(pid)  # a zombie keeps its PID listed; do not rediscover it
+                continue
+            p.stat = st
+            if st.comm != p.comm:
+                self._exec_changed(p, st)
+
+        # 2. New members: unclassified PIDs whose parent is in the job.
+        new = self._discover(listing, mono)
+
+        # 3. Fast fields, slow tier, roles.
+        samples: list[ProcessSample] = []
+        infos: list[ProcessInfo] = []
+        children: dict[int, list[_Proc]] = {}
+        for p in procs.values():
+            children.setdefault(p.stat.ppid, []).append(p)
+        self._assign_roles(children)
+        new_set = {p.pid for p in new}
+        gone_now: list[int] = []
+        for pid, p in procs.items():
+            s = self._sample(p, t, mono)
+            if s is None:
+                gone_now.append(pid)
+                continue
+            if not self.include_root and self._is_root(p):
+                continue
+            samples.append(s)
+            if pid in new_set:
+                infos.append(
+                    ProcessInfo(
+                        pid=p.pid,
+                        ppid=p.ppid,
+                        create_time=p.create_time,
+                        name=p.name,
+                        cmdline=p.cmdline,
+                        role=p.role,
+                        rank=p.rank,
+                        local_rank=p.local_rank,
+                    )
+                )
+        for pid in gone_now:
+            procs.pop(pid).close()
+            self._outside.add(pid)
+            if pid not in new_set:
+                ended.append(pid)
+        if not self.include_root:
+            ended = [pid for pid in ended if pid != self.root_pid]
+        return samples, infos, ended
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _close_root(self) -> None:
+        if self._root_fd is not None:
+            try:
+                os.close(self._root_fd)
+            except OSError:
+                pass
+            self._root_fd = None
+
+    def _is_root(self, p: _Proc) -> bool:
+        return p.pid == self.root_pid and p.starttime == self._root_start
+
+    def _discover(self, listing: set[int], mono: float) -> list[_Proc]:
+        procs = self._procs
+        outside = self._outside
+        if mono >= self._outside_reset:
+            outside.clear()
+            self._outside_reset = mono + self.slow_refresh_s
+        else:
+            outside &= listing
+        unknown = listing - procs.keys() - outside
+        if not unknown:
+            return []
+        found: dict[int, tuple[int, procfs.PidStat]] = {}
+        for pid in unknown:
+            fd = None
+            try:
+                fd = procfs.open_ro(f"/proc/{pid}/stat")
+                st = procfs.parse_pid_stat(procfs.pread_single(fd, 1024))
+            except (OSError, ValueError, IndexError):
+                if fd is not None:
+                    os.close(fd)
+                continue
+            is_root = pid == self.root_pid and st.starttime == self._root_start
+            if st.state in _DEAD_STATES or (pid == self.root_pid and not is_root):
+                os.close(fd)
+                outside.add(pid)
+                continue
+            found[pid] = (fd, st)
+        # Attach candidates whose parent is in the job, until nothing changes (a new child of
+        # a new child is attached in a later pass).
+        added: list[_Proc] = []
+        changed = True
+        while changed and found:
+            changed = False
+            for pid in sorted(found):
+                fd, st = found[pid]
+                is_root = pid == self.root_pid
+                if is_root or st.ppid in procs:
+                    del found[pid]
+                    p = self._new_proc(pid, fd, st)
+                    if p is None:
+                        outside.add(pid)
+                        continue
+                    procs[pid] = p
+                    added.append(p)
+                    changed = True
+        for pid, (fd, _st) in found.items():
+            os.close(fd)
+            outside.add(pid)
+        return added
+
+    def _new_proc(self, pid: int, stat_fd: int, st: procfs.PidStat) -> _Proc | None:
+        p = _Proc()
+        p.pid = pid
+        p.starttime = st.starttime
+        p.create_time = self._btime + st.starttime / procfs.CLK_TCK
+        p.ppid = st.ppid
+        p.stat = st
+        p.stat_fd = stat_fd
+        p.status_fd = p.io_fd = None
+        p.io_error = None
+        p.role = roles.OTHER
+        p.prev_mono = None
+        p.prev_cpu = p.prev_vol = p.prev_invol = p.prev_read = p.prev_write = None
+        p.pss = p.uss = None
+        p.smaps_error = None
+        p.slow_due = 0.0
+        try:
+            p.status_fd = procfs.open_ro(f"/proc/{pid}/status")
+        except procfs.GONE:
+            p.close()
+            return None
+        try:
+            p.io_fd = procfs.open_ro(f"/proc/{pid}/io")
+        except OSError as e:
+            p.io_error = f"/proc/{pid}/io: {e.strerror or e}"
+        self._exec_changed(p, st)
+        return p
+
+    def _exec_changed(self, p: _Proc, st: procfs.PidStat) -> None:
+        """(Re)read what changes only at exec: command line, name, RANK."""
+        p.comm = st.comm
+        try:
+            p.cmdline = procfs.parse_cmdline(procfs.read_path(f"/proc/{p.pid}/cmdline"))
+        except OSError:
+            p.cmdline = []
+        p.name = st.comm
+        if len(st.comm) >= 15 and p.cmdline:
+            # comm is cut at 15 characters; the program name in argv[0] is the full one.
+            full = os.path.basename(p.cmdline[0])
+            if full.startswith(st.comm):
+                p.name = full
+        p.traits = roles.Traits(p.cmdline)
+        p.rank = p.local_rank = None
+        if p.traits.python:
+            try:
+                env = procfs.parse_environ(procfs.read_path(f"/proc/{p.pid}/environ"), _ENV_NAMES)
+            except OSError:
+                env = {}
+            p.rank = _int_or_none(env.get("RANK"))
+            p.local_rank = _int_or_none(env.get("LOCAL_RANK"))
+
+    def _assign_roles(self, children: dict[int, list[_Proc]]) -> None:
+        procs = self._procs
+        done: set[int] = set()
+
+        def visit(p: _Proc) -> None:
+            parent = procs.get(p.stat.ppid)
+            if parent is not None and parent.pid not in done and parent is not p:
+                done.add(p.pid)  # guards against a PPID cycle, which the kernel never makes
+                visit(parent)
+            kids = children.get(p.pid, ())
+            if parent is None and not self._is_root(p):
+                # Orphaned (reparented outside the job): keep the role it had.
+                done.add(p.pid)
+                return
+            p.role = roles.classify(
+                p.traits,
+                p.cmdline,
+                parent.role if parent is not None else None,
+                parent.traits if parent is not None else None,
+                parent.cmdline if parent is not None else None,
+                bool(kids),
+                any(roles.is_worker_like(k.traits, k.cmdline, p.cmdline) for k in kids),
+            )
+            done.add(p.pid)
+
+        for p in list(procs.values()):
+            if p.pid not in done:
+                visit(p)
+
+    def _sample(self, p: _Proc, t: float, mono: float) -> ProcessSample | None:
+        st = p.stat
+        unavailable: dict[str, str] = {}
+        try:
+            swap, vol, invol = procfs.parse_pid_status(procfs.pread_single(p.status_fd, 4096))
+        except procfs.GONE:
+            return None
+        read_b = write_b = None
+        if p.io_fd is not None:
+            try:
+                read_b, write_b = procfs.parse_pid_io(procfs.pread_single(p.io_fd, 512))
+            except ProcessLookupError:
+                return None
+            except OSError as e:
+                p.io_error = f"/proc/{p.pid}/io: {e.strerror or e}"
+                os.close(p.io_fd)
+                p.io_fd = None
+        if p.io_fd is None:
+            unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = (
+                p.io_error or "not readable"
+            )
+        if mono >= p.slow_due:
+            p.slow_due = mono + self.slow_refresh_s
+            try:
+                p.pss, p.uss = procfs.parse_smaps_rollup(
+                    procfs.read_path(f"/proc/{p.pid}/smaps_rollup", 2048)
+                )
+                p.smaps_error = None
+            except ProcessLookupError:
+                return None
+            except OSError as e:
+                p.pss = p.uss = None
+                p.smaps_error = f"/proc/{p.pid}/smaps_rollup: {e.strerror or e}"
+        if p.smaps_error is not None:
+            unavailable["pss"] = unavailable["uss"] = p.smaps_error
+        if swap is None:
+            unavailable["swap"] = "no VmSwap in /proc/<pid>/status"
+
+        cpu_ticks = st.utime + st.stime
+        cpu_pct = vol_s = invol_s = read_s = write_s = None
+        if p.prev_mono is not None:
+            dt = mono - p.prev_mono
+            if dt > 0:
+                cpu_pct = max(0.0, (cpu_ticks - p.prev_cpu) / procfs.CLK_TCK / dt * 100.0)
+            vol_s = _per_s(vol, p.prev_vol, dt)
+            invol_s = _per_s(invol, p.prev_invol, dt)
+            read_s = _per_s(read_b, p.prev_read, dt)
+            write_s = _per_s(write_b, p.prev_write, dt)
+        p.prev_mono = mono
+        p.prev_cpu = cpu_ticks
+        p.prev_vol, p.prev_invol, p.prev_read, p.prev_write = vol, invol, read_b, write_b
+        p.ppid = st.ppid
+        return ProcessSample(
+            t=t,
+            pid=p.pid,
+            ppid=st.ppid,
+            create_time=p.create_time,
+            name=p.name,
+            role=p.role,
+            rank=p.rank if p.role == roles.TRAINER else None,
+            cpu_percent=cpu_pct,
+            cpu_user_s=st.utime / procfs.CLK_TCK,
+            cpu_system_s=st.stime / procfs.CLK_TCK,
+            rss=st.rss_pages * procfs.PAGE_SIZE,
+            pss=p.pss,
+            uss=p.uss,
+            swap=swap,
+            threads=st.threads,
+            ctx_voluntary_per_s=vol_s,
+            ctx_involuntary_per_s=invol_s,
+            read_bytes_per_s=read_s,
+            write_bytes_per_s=write_s,
+            unavailable=unavailable,
+        )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None

@@ -1,0 +1,470 @@
+"""Small, fast parsers of Linux /proc and cgroup files.
+
+Files are read through file descriptors kept open between samples and re-read with
+``pread(fd, n, 0)``: the kernel regenerates a /proc file when it is read from offset 0, and
+skipping open/close halves the cost of a read. A descriptor of ``/proc/<pid>/...`` stays bound
+to the process it was opened for: once that process is gone, reads fail with ESRCH even if the
+PID has been reused, so a reused PID can never feed another process's counters.
+
+Parsers take ``bytes`` and return plain values; they never raise on a missing key (``None``
+instead). Readers raise ``OSError`` (``FileNotFoundError``, ``ProcessLookupError``,
+``PermissionError``) and the callers decide what a failure means.
+"""
+
+from __future__ import annotations
+
+import os
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SECTOR_SIZE = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
+
+# Errors that mean "this process (or file) is not there / not for us": a process that exits
+# while being read raises any of them depending on where the kernel notices.
+GONE = (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def open_ro(path: str | bytes) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def pread_single(fd: int, size: int = 4096) -> bytes:
+    """Read a single-record /proc file (stat, status, io, meminfo, smaps_rollup...).
+
+    Such files are generated whole on every read from offset 0, so a read shorter than the
+    buffer is the complete file; a full buffer means it may be longer and is read again bigger.
+    """
+    while True:
+        data = os.pread(fd, size, 0)
+        if len(data) < size:
+            return data
+        size *= 4
+
+
+def pread_all(fd: int, size: int = 8192) -> bytes:
+    """Read a multi-record /proc file (vmstat, diskstats): the kernel hands it out in chunks,
+    so a short read is not the end; read on until an empty one."""
+    chunks = []
+    offset = 0
+    while True:
+        data = os.pread(fd, size, offset)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+        offset += len(data)
+
+
+def read_path(path: str | bytes, size: int = 4096) -> bytes:
+    """Open, read whole and close: for files read once (cmdline, environ, cgroup limits)."""
+    fd = open_ro(path)
+    try:
+        return pread_all(fd, size)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | bytes) -> str | None:
+    """The whole file as stripped text, or ``None`` when it cannot be read."""
+    try:
+        return read_path(path).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def _find_int(data: bytes, key: bytes, start: int = 0) -> int | None:
+    """Integer after ``key`` (which must include its separator, e.g. b"\\nVmSwap:")."""
+    i = data.find(key, start)
+    if i < 0:
+        return None
+    j = i + len(key)
+    end = data.find(b"\n", j)
+    field = data[j:end] if end >= 0 else data[j:]
+    parts = field.split()
+    if not parts:
+        return None
+    try:
+        return int(parts[0])
+    except ValueError:
+        return None
+
+
+# --- host files ------------------------------------------------------------------------------
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+class ProcStat:
+    """Parsed /proc/stat: cumulative CPU ticks per CPU and system-wide counters."""
+
+    __slots__ = ("total", "per_cpu", "ctxt", "procs_running", "procs_blocked", "btime")
+
+    def __init__(self) -> None:
+        self.total: tuple[int, ...] | None = None
+        self.per_cpu: dict[int, tuple[int, ...]] = {}
+        self.ctxt: int | None = None
+        self.procs_running: int | None = None
+        self.procs_blocked: int | None = None
+        self.btime: int | None = None
+
+
+def parse_proc_stat(data: bytes) -> ProcStat:
+    out = ProcStat()
+    per_cpu = out.per_cpu
+    for line in data.split(b"\n"):
+        if line.startswith(b"cpu"):
+            parts = line.split()
+            # user nice system idle iowait irq softirq steal (guest is already inside user)
+            ticks = tuple(map(int, parts[1:9]))
+            if len(ticks) < 8:
+                ticks = ticks + (0,) * (8 - len(ticks))
+            name = parts[0]
+            if name == b"cpu":
+                out.total = ticks
+            else:
+                per_cpu[int(name[3:])] = ticks
+        elif line.startswith(b"ctxt "):
+            out.ctxt = int(line[5:])
+        elif line.startswith(b"procs_running "):
+            out.procs_running = int(line[14:])
+        elif line.startswith(b"procs_blocked "):
+            out.procs_blocked = int(line[14:])
+        elif line.startswith(b"btime "):
+            out.btime = int(line[6:])
+    return out
+
+
+def boot_time() -> float:
+    """Boot time as UNIX seconds (``btime`` of /proc/stat), the base of process start times."""
+    stat = parse_proc_stat(read_path("/proc/stat", 65536))
+    if stat.btime is None:
+        raise OSError("no btime in /proc/stat")
+    return float(stat.btime)
+
+
+def parse_meminfo(data: bytes) -> dict[str, int]:
+    """MemTotal, MemAvailable, SwapTotal, SwapFree... in bytes (the file says kB = KiB)."""
+    out: dict[str, int] = {}
+    for line in data.split(b"\n"):
+        key, _, rest = line.partition(b":")
+        parts = rest.split()
+        if parts:
+            value = int(parts[0])
+            out[key.decode()] = value * 1024 if len(parts) > 1 else value
+    return out
+
+
+def parse_meminfo_fields(data: bytes) -> tuple[int | None, int | None, int | None, int | None]:
+    """(MemTotal, MemAvailable, SwapTotal, SwapFree) in bytes; the hot-path subset."""
+    values = []
+    for key in (b"MemTotal:", b"\nMemAvailable:", b"\nSwapTotal:", b"\nSwapFree:"):
+        v = _find_int(data, key)
+        values.append(v * 1024 if v is not None else None)
+    return values[0], values[1], values[2], values[3]
+
+
+def parse_vmstat_fields(data: bytes, keys: tuple[bytes, ...]) -> list[int | None]:
+    """Values of the named /proc/vmstat counters (``None`` for a counter this kernel lacks)."""
+    prefixed = b"\n" + data
+    return [_find_int(prefixed, b"\n" + k + b" ") for k in keys]
+
+
+def parse_loadavg(data: bytes) -> tuple[float, float, float]:
+    parts = data.split()
+    return float(parts[0]), float(parts[1]), float(parts[2])
+
+
+def parse_diskstats(data: bytes, include: set[str]) -> tuple[int, int, set[str]]:
+    """(sectors read, sectors written) summed over the devices in ``include``, and the set
+    of all device names seen (so the caller can classify devices it has not met yet)."""
+    read = written = 0
+    names = set()
+    for line in data.split(b"\n"):
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        name = parts[2].decode()
+        names.add(name)
+        if name in include:
+            read += int(parts[5])
+            written += int(parts[9])
+    return read, written, names
+
+
+def is_whole_physical_disk(name: str, sys_block: str = "/sys/block") -> bool:
+    """Whether a diskstats device counts towards disk I/O without double counting.
+
+    Partitions are not in /sys/block (their I/O is already in their disk's); loop, ram and
+    zram devices are memory or files on other disks; stacked devices (device-mapper, md
+    RAID, bcache) have ``slaves`` and their I/O reaches the disks below them anyway.
+    """
+    if name.startswith(("loop", "ram", "zram", "fd", "sr", "nbd")):
+        return False
+    base = os.path.join(sys_block, name.replace("/", "!"))
+    if not os.path.exists(base):
+        return False
+    try:
+        if os.listdir(os.path.join(base, "slaves")):
+            return False
+    except OSError:
+        pass
+    return True
+
+
+def parse_pressure(data: bytes) -> tuple[float | None, float | None]:
+    """avg10 of the ``some`` and ``full`` lines of a /proc/pressure file (percent)."""
+    some = full = None
+    for line in data.split(b"\n"):
+        if line.startswith(b"some "):
+            some = _avg10(line)
+        elif line.startswith(b"full "):
+            full = _avg10(line)
+    return some, full
+
+
+def _avg10(line: bytes) -> float | None:
+    i = line.find(b"avg10=")
+    if i < 0:
+        return None
+    end = line.find(b" ", i)
+    return float(line[i + 6 : end if end >= 0 else None])
+
+
+# --- process files ---------------------------------------------------------------------------
+
+
+class PidStat:
+    """The fields of /proc/<pid>/stat torchdoctor uses."""
+
+    __slots__ = ("comm", "state", "ppid", "utime", "stime", "threads", "starttime", "rss_pages")
+
+    def __init__(self, comm, state, ppid, utime, stime, threads, starttime, rss_pages) -> None:
+        self.comm: str = comm
+        self.state: str = state
+        self.ppid: int = ppid
+        self.utime: int = utime  # clock ticks, whole thread group
+        self.stime: int = stime
+        self.threads: int = threads
+        self.starttime: int = starttime  # clock ticks after boot: with the PID, the identity
+        self.rss_pages: int = rss_pages
+
+
+def parse_pid_stat(data: bytes) -> PidStat:
+    # comm is in parentheses and may itself contain spaces and ')', so split at the last ')'.
+    lpar = data.find(b"(")
+    rpar = data.rfind(b")")
+    f = data[rpar + 2 :].split()
+    # f[0] is field 3 (state); field N of proc(5) is f[N - 3]
+    return PidStat(
+        data[lpar + 1 : rpar].decode("utf-8", "replace"),
+        chr(f[0][0]),
+        int(f[1]),
+        int(f[11]),
+        int(f[12]),
+        int(f[17]),
+        int(f[19]),
+        int(f[21]),
+    )
+
+
+def parse_pid_status(data: bytes) -> tuple[int | None, int | None, int | None]:
+    """(VmSwap bytes, voluntary, involuntary context switches) from /proc/<pid>/status.
+
+    The context switch counts are the main thread's: the kernel does not sum them over the
+    threads here (psutil's num_ctx_switches reports the same numbers).
+    """
+    swap = _find_int(data, b"\nVmSwap:")
+    vol = _find_int(data, b"\nvoluntary_ctxt_switches:")
+    invol = _find_int(data, b"\nnonvoluntary_ctxt_switches:")
+    return (swap * 1024 if swap is not None else None), vol, invol
+
+
+def parse_pid_io(data: bytes) -> tuple[int | None, int | None]:
+    """(read_bytes, write_bytes) from /proc/<pid>/io: bytes that reached the storage layer."""
+    return _find_int(data, b"\nread_bytes:"), _find_int(data, b"\nwrite_bytes:")
+
+
+def parse_smaps_rollup(data: bytes) -> tuple[int | None, int | None]:
+    """(PSS, USS) in bytes. USS = private clean + private dirty, as psutil defines it."""
+    pss = _find_int(data, b"\nPss:")
+    clean = _find_int(data, b"\nPrivate_Clean:")
+    dirty = _find_int(data, b"\nPrivate_Dirty:")
+    uss = (clean + dirty) * 1024 if clean is not None and dirty is not None else None
+    return (pss * 1024 if pss is not None else None), uss
+
+
+def parse_cmdline(data: bytes) -> list[str]:
+    if not data:
+        return []
+    if data.endswith(b"\0"):
+        data = data[:-1]
+    return [a.decode("utf-8", "replace") for a in data.split(b"\0")]
+
+
+def parse_environ(data: bytes, names: tuple[str, ...]) -> dict[str, str]:
+    """The named variables of a /proc/<pid>/environ block (the environment at exec time)."""
+    out: dict[str, str] = {}
+    wanted = {n.encode() + b"=": n for n in names}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            name = wanted.get(key + b"=")
+            if name is not None:
+                out[name] = value.decode("utf-8", "replace")
+    return out
+
+
+# --- cgroups ---------------------------------------------------------------------------------
+
+# v1 stores "no memory limit" as the largest page-aligned counter; anything this big is no limit.
+_NO_LIMIT = 1 << 60
+
+
+class CgroupPaths:
+    """Where the cpu and memory controllers of one process's cgroup live on this machine.
+
+    ``cpu_dirs`` / ``memory_dirs`` run from the process's own cgroup up to the root of the
+    mount: a limit set on any ancestor applies too.
+    """
+
+    __slots__ = ("version", "cpu_version", "cpu_dirs", "memory_version", "memory_dirs")
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.cpu_version: int | None = None
+        self.cpu_dirs: list[str] = []
+        self.memory_version: int | None = None
+        self.memory_dirs: list[str] = []
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(fstype, mount root, mount point, super options) of cgroup mounts, from mountinfo."""
+    out = []
+    try:
+        text = read_path("/proc/self/mountinfo", 65536).decode("utf-8", "replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        rparts = right.split()
+        if len(rparts) < 3 or rparts[0] not in ("cgroup", "cgroup2"):
+            continue
+        lparts = left.split()
+        out.append((rparts[0], lparts[3], lparts[4], set(rparts[2].split(","))))
+    return out
+
+
+def _chain(mount_point: str, mount_root: str, cg_path: str) -> list[str]:
+    """Directories from the cgroup up to the mount point, existing ones only."""
+    rel = cg_path
+    if mount_root != "/" and (rel == mount_root or rel.startswith(mount_root + "/")):
+        rel = rel[len(mount_root) :]
+    rel = rel.strip("/")
+    dirs = []
+    parts = rel.split("/") if rel else []
+    for n in range(len(parts), -1, -1):
+        d = os.path.join(mount_point, *parts[:n])
+        if os.path.isdir(d):
+            dirs.append(d)
+    if not dirs or dirs[-1] != mount_point:
+        # Inside a cgroup namespace the path may not resolve; the mount point is our cgroup.
+        if os.path.isdir(mount_point) and mount_point not in dirs:
+            dirs.append(mount_point)
+    return dirs
+
+
+def cgroup_paths(pid: int | str = "self") -> CgroupPaths:
+    out = CgroupPaths()
+    try:
+        lines = read_path(f"/proc/{pid}/cgroup").decode("utf-8", "replace").splitlines()
+    except OSError:
+        return out
+    v2_path = None
+    v1_paths: dict[str, str] = {}
+    for line in lines:
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            v2_path = path
+        else:
+            for c in controllers.split(","):
+                v1_paths[c] = path
+    mounts = _mounts()
+    for ctrl, attr in (("cpu", "cpu"), ("memory", "memory")):
+        for fstype, root, point, opts in mounts:
+            if fstype == "cgroup" and ctrl in opts and ctrl in v1_paths:
+                setattr(out, attr + "_version", 1)
+                setattr(out, attr + "_dirs", _chain(point, root, v1_paths[ctrl]))
+                break
+            if fstype == "cgroup2" and v2_path is not None:
+                ctl_file = os.path.join(point, "cgroup.controllers")
+                try:
+                    enabled = read_path(ctl_file).split()
+                except OSError:
+                    enabled = []
+                if ctrl.encode() in enabled:
+                    setattr(out, attr + "_version", 2)
+                    setattr(out, attr + "_dirs", _chain(point, root, v2_path))
+                    break
+    versions = {v for v in (out.cpu_version, out.memory_version) if v is not None}
+    if versions:
+        out.version = min(versions) if len(versions) > 1 else versions.pop()
+    elif v2_path is not None and any(m[0] == "cgroup2" for m in mounts):
+        out.version = 2
+    elif v1_paths:
+        out.version = 1
+    return out
+
+
+def cgroup_cpu_quota(paths: CgroupPaths) -> float | None:
+    """CPUs worth of CFS quota (the tightest along the hierarchy), ``None`` when unlimited."""
+    best = None
+    for d in paths.cpu_dirs:
+        quota = period = None
+        if paths.cpu_version == 2:
+            text = read_text(os.path.join(d, "cpu.max"))
+            if text:
+                q, _, p = text.partition(" ")
+                if q != "max" and p:
+                    quota, period = int(q), int(p)
+        else:
+            q = read_text(os.path.join(d, "cpu.cfs_quota_us"))
+            p = read_text(os.path.join(d, "cpu.cfs_period_us"))
+            if q and p and int(q) > 0:
+                quota, period = int(q), int(p)
+        if quota is not None and period:
+            cpus = quota / period
+            best = cpus if best is None else min(best, cpus)
+    return best
+
+
+def cgroup_memory_limit(paths: CgroupPaths) -> int | None:
+    """Memory limit in bytes (the tightest along the hierarchy), ``None`` when unlimited."""
+    best = None
+    name = "memory.max" if paths.memory_version == 2 else "memory.limit_in_bytes"
+    for d in paths.memory_dirs:
+        text = read_text(os.path.join(d, name))
+        if not text or text == "max":
+            continue
+        try:
+            limit = int(text)
+        except ValueError:
+            continue
+        if limit < _NO_LIMIT:
+            best = limit if best is None else min(best, limit)
+    return best
+
+
+def parse_cgroup_cpu_stat(data: bytes, version: int) -> tuple[int | None, float | None]:
+    """(nr_throttled, throttled seconds) from a cgroup cpu.stat (v2 usec, v1 nsec)."""
+    data = b"\n" + data
+    nr = _find_int(data, b"\nnr_throttled ")
+    if version == 2:
+        us = _find_int(data, b"\nthrottled_usec ")
+        return nr, (us / 1e6 if us is not None else None)
+    ns = _find_int(data, b"\nthrottled_time ")
+    return nr, (ns / 1e9 if ns is not None else None)
