@@ -1,0 +1,421 @@
+"""NVIDIA GPUs through NVML: a fast tier every read, slow fields on a slower cadence.
+
+Every read gives utilization, memory and the GPU memory of each process. Power, temperature,
+SM clock, clock-event (throttle) reasons and PCIe throughput change slowly and cost more (one
+PCIe throughput query alone samples the bus for about 20 ms), so they are read every
+``slow_refresh_s`` and carried over in between.
+
+A field NVML cannot give is ``None`` with the reason in ``GpuSample.unavailable``, keyed by the
+field name (``"processes"`` for the process list). A GPU lost mid-run is reported as lost from
+then on while the other GPUs keep being read. All devices NVML sees are recorded:
+``CUDA_VISIBLE_DEVICES`` does not apply to NVML, and indexes are NVML's.
+
+NVML's "GPU utilization" is the share of the last sample window (1/6 s to 1 s, by device) in
+which at least one kernel was running. It is not SM occupancy: one tiny kernel at a time can
+show 100 %.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdoctor.sampling.nvml import GPU_LOST, Nvml, Unavailable, text
+from torchdoctor.sampling.pidns import PidNamespace
+from torchdoctor.sampling.types import GpuInfo, GpuProcessSample, GpuSample, GpuStatus
+
+LOST_REASON = "GPU is lost"
+
+# Bits of nvmlClocksEventReasons (formerly "throttle reasons"), nvml.h; the names are ours.
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+_KNOWN_REASON_BITS = 0x1FF
+
+# Newest first: the first one both the driver and the bindings have is used from then on.
+_COMPUTE_PROCS = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+_GRAPHICS_PROCS = (
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+)
+_TEMPERATURE = ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature")
+_CLOCK_EVENTS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+_POWER_LIMIT = ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+_CUDA_VERSION = ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
+
+# Constants of nvml.h, used when the bindings module does not define them.
+_NVML_TEMPERATURE_GPU = 0
+_NVML_CLOCK_SM = 1
+_NVML_PCIE_UTIL_TX_BYTES = 0
+_NVML_PCIE_UTIL_RX_BYTES = 1
+_NVML_MEMORY_V2 = 0x02000028
+# NVML_VALUE_NOT_AVAILABLE for unsigned long long; recent bindings already turn it into None.
+_VALUE_NOT_AVAILABLE = 2**64 - 1
+
+_FAST_FIELDS = ("utilization_gpu", "utilization_memory", "memory_used", "memory_total")
+_SLOW_FIELDS = (
+    "power_w",
+    "power_limit_w",
+    "temperature_c",
+    "sm_clock_mhz",
+    "clock_event_reasons",
+    "pcie_rx_per_s",
+    "pcie_tx_per_s",
+)
+ALL_FIELDS = _FAST_FIELDS + _SLOW_FIELDS
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """Names of the active clock-event reasons in an NVML bitmask; unknown bits by value."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+    unknown = mask & ~_KNOWN_REASON_BITS
+    if unknown:
+        names.append(f"other_0x{unknown:x}")
+    return names
+
+
+@dataclass(slots=True)
+class _Device:
+    index: int
+    handle: Any
+    uuid: str | None
+    lost: bool = False
+    # Calls that failed for good (NotSupported, FunctionNotFound...): not asked again.
+    settled: dict[str, Unavailable] = field(default_factory=dict)
+    slow_values: dict[str, Any] = field(default_factory=dict)
+    slow_unavailable: dict[str, str] = field(default_factory=dict)
+
+
+class _Lost(Exception):
+    """Raised inside one device's read when NVML says the GPU is gone."""
+
+
+class GpuReader:
+    """Reads every NVIDIA device NVML sees.
+
+    ``nvml_module`` is the NVML bindings module; ``None`` imports ``pynvml``. ``clock`` times
+    the slow tier (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        nvml_module: Any = None,
+        *,
+        slow_refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        proc: str = "/proc",
+    ) -> None:
+        self.slow_refresh_s = slow_refresh_s
+        self._clock = clock
+        self._last_slow: float | None = None
+        self._nvml = Nvml(nvml_module)
+        self._devices: list[_Device] = []
+        self._memory_v2: bool | None = None
+        self._pidns = PidNamespace(proc)
+        self.status = self._start()
+
+    # -- construction -----------------------------------------------------------------------
+
+    def _start(self) -> GpuStatus:
+        nvml = self._nvml
+        if not nvml.start():
+            return GpuStatus(available=False, reason=nvml.reason)
+        count = nvml.call("nvmlDeviceGetCount")
+        if isinstance(count, Unavailable):
+            nvml.shutdown()
+            return GpuStatus(available=False, reason=f"cannot count GPUs: {count.reason}")
+        if count == 0:
+            nvml.shutdown()
+            return GpuStatus(available=False, reason="NVML works but sees no NVIDIA GPU")
+        status = GpuStatus(
+            available=True,
+            reason=None,
+            driver_version=self._system_text("nvmlSystemGetDriverVersion"),
+            cuda_driver_version=self._cuda_driver_version(),
+            nvml_version=self._system_text("nvmlSystemGetNVMLVersion"),
+            process_pids_unresolved=self._pidns.unresolved_reason,
+        )
+        for index in range(count):
+            info = self._open_device(index)
+            status.gpus.append(info)
+        return status
+
+    def _system_text(self, name: str) -> str | None:
+        value = self._nvml.call(name)
+        return None if isinstance(value, Unavailable) else text(value)
+
+    def _cuda_driver_version(self) -> str | None:
+        value = self._nvml.call(_CUDA_VERSION)
+        if isinstance(value, Unavailable):
+            return None
+        # 12040 -> "12.4", as CUDA encodes it (1000 * major + 10 * minor).
+        return f"{value // 1000}.{value % 1000 // 10}"
+
+    def _open_device(self, index: int) -> GpuInfo:
+        nvml = self._nvml
+        unavailable: dict[str, str] = {}
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        if isinstance(handle, Unavailable):
+            # Without a handle nothing can be read; the device is still listed, with the reason.
+            device = _Device(index, None, None, lost=True)
+            device.settled["*"] = handle
+            self._devices.append(device)
+            for name in ("name", "uuid", "memory_total", "compute_capability", "power_limit_w"):
+                unavailable[name] = handle.reason
+            return GpuInfo(index, f"GPU {index}", None, None, None, None, unavailable)
+
+        def value(name: str | tuple[str, ...], key: str, *args: Any) -> Any:
+            result = nvml.call(name, handle, *args)
+            if isinstance(result, Unavailable):
+                unavailable[key] = result.reason
+                return None
+            return result
+
+        name = value("nvmlDeviceGetName", "name")
+        uuid = value("nvmlDeviceGetUUID", "uuid")
+        capability = value("nvmlDeviceGetCudaComputeCapability", "compute_capability")
+        limit_mw = value(_POWER_LIMIT, "power_limit_w")
+        device = _Device(index, handle, text(uuid) if uuid is not None else None)
+        self._devices.append(device)
+        memory = self._memory_info(handle)
+        total = None
+        if isinstance(memory, Unavailable):
+            unavailable["memory_total"] = memory.reason
+        else:
+            total = int(memory.total)
+        return GpuInfo(
+            index=index,
+            name=text(name) if name is not None else f"GPU {index}",
+            uuid=device.uuid,
+            memory_total=total,
+            compute_capability=(
+                f"{capability[0]}.{capability[1]}" if capability is not None else None
+            ),
+            power_limit_w=limit_mw / 1000.0 if limit_mw is not None else None,
+            unavailable=unavailable,
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read(self, job_pids: set[int]) -> tuple[list[GpuSample], list[GpuProcessSample]]:
+        """One sample per device, and the GPU memory of every process NVML lists."""
+        if not self._nvml.available:
+            return [], []
+        t = time.time()
+        now = self._clock()
+        slow_due = self._last_slow is None or now - self._last_slow >= self.slow_refresh_s
+        if slow_due:
+            self._last_slow = now
+        samples: list[GpuSample] = []
+        processes: list[GpuProcessSample] = []
+        for device in self._devices:
+            if device.lost:
+                samples.append(self._lost_sample(t, device))
+                continue
+            try:
+                sample, device_procs = self._read_device(t, device, job_pids, slow_due)
+            except _Lost:
+                device.lost = True
+                samples.append(self._lost_sample(t, device))
+                continue
+            samples.append(sample)
+            processes.extend(device_procs)
+        return samples, processes
+
+    def _lost_sample(self, t: float, device: _Device) -> GpuSample:
+        reason = device.settled["*"].reason if "*" in device.settled else LOST_REASON
+        sample = GpuSample(t, device.index, device.uuid, *([None] * len(ALL_FIELDS)))
+        sample.unavailable = dict.fromkeys(ALL_FIELDS, reason)
+        return sample
+
+    def _call(self, device: _Device, key: str, name: str | tuple[str, ...], *args: Any) -> Any:
+        """One NVML call for one device; a lost GPU ends the device's read."""
+        settled = device.settled.get(key)
+        if settled is not None:
+            return settled
+        result = self._nvml.call(name, device.handle, *args)
+        if isinstance(result, Unavailable):
+            if result.kind == GPU_LOST:
+                raise _Lost
+            if result.permanent:
+                device.settled[key] = result
+        return result
+
+    def _memory_info(self, handle: Any) -> Any:
+        nvml = self._nvml
+        if self._memory_v2 is not False:
+            # v2 reports driver-reserved memory apart, so "used" is what processes hold.
+            version = nvml.constant("nvmlMemory_v2", _NVML_MEMORY_V2)
+            result = nvml.call("nvmlDeviceGetMemoryInfo", handle, version=version)
+            if not isinstance(result, Unavailable):
+                self._memory_v2 = True
+                return result
+            if result.kind == GPU_LOST or self._memory_v2:
+                return result
+            self._memory_v2 = False
+        return nvml.call("nvmlDeviceGetMemoryInfo", handle)
+
+    def _read_device(
+        self, t: float, device: _Device, job_pids: set[int], slow_due: bool
+    ) -> tuple[GpuSample, list[GpuProcessSample]]:
+        unavailable: dict[str, str] = {}
+
+        def got(result: Any, *keys: str) -> bool:
+            if isinstance(result, Unavailable):
+                for key in keys:
+                    unavailable[key] = result.reason
+                return False
+            return True
+
+        settled = device.settled.get("memory")
+        memory = settled if settled is not None else self._memory_info(device.handle)
+        if isinstance(memory, Unavailable):
+            if memory.kind == GPU_LOST:
+                raise _Lost
+            if memory.permanent:
+                device.settled["memory"] = memory
+        memory_used = memory_total = None
+        if got(memory, "memory_used", "memory_total"):
+            memory_used, memory_total = int(memory.used), int(memory.total)
+
+        rates = self._call(device, "utilization", "nvmlDeviceGetUtilizationRates")
+        util_gpu = util_mem = None
+        if got(rates, "utilization_gpu", "utilization_memory"):
+            util_gpu, util_mem = float(rates.gpu), float(rates.memory)
+
+        procs = self._processes(t, device, job_pids, unavailable)
+
+        if slow_due:
+            self._read_slow(device)
+        unavailable.update(device.slow_unavailable)
+        slow = device.slow_values
+        sample = GpuSample(
+            t=t,
+            index=device.index,
+            uuid=device.uuid,
+            utilization_gpu=util_gpu,
+            utilization_memory=util_mem,
+            memory_used=memory_used,
+            memory_total=memory_total,
+            power_w=slow.get("power_w"),
+            power_limit_w=slow.get("power_limit_w"),
+            temperature_c=slow.get("temperature_c"),
+            sm_clock_mhz=slow.get("sm_clock_mhz"),
+            clock_event_reasons=slow.get("clock_event_reasons"),
+            pcie_rx_per_s=slow.get("pcie_rx_per_s"),
+            pcie_tx_per_s=slow.get("pcie_tx_per_s"),
+            unavailable=unavailable,
+        )
+        return sample, procs
+
+    def _processes(
+        self, t: float, device: _Device, job_pids: set[int], unavailable: dict[str, str]
+    ) -> list[GpuProcessSample]:
+        # A process with both a compute and a graphics context is listed twice, with the
+        # same memory: keep one entry per PID.
+        used_by_pid: dict[int, int | None] = {}
+        failures: list[str] = []
+        for key, names in (("compute", _COMPUTE_PROCS), ("graphics", _GRAPHICS_PROCS)):
+            listed = self._call(device, key, names)
+            if isinstance(listed, Unavailable):
+                failures.append(f"{key} processes: {listed.reason}")
+                continue
+            for proc in listed:
+                used = getattr(proc, "usedGpuMemory", None)
+                if used is not None and int(used) == _VALUE_NOT_AVAILABLE:
+                    used = None
+                pid = int(proc.pid)
+                previous = used_by_pid.get(pid)
+                if pid not in used_by_pid or (used is not None and (previous or 0) < used):
+                    used_by_pid[pid] = int(used) if used is not None else None
+        # Graphics lists are NotSupported on many compute GPUs; only a missing compute list
+        # leaves the picture incomplete.
+        if failures and failures[0].startswith("compute"):
+            unavailable["processes"] = "; ".join(failures)
+        samples = []
+        for pid, used in used_by_pid.items():
+            local = self._pidns.local_pid(pid)
+            samples.append(
+                GpuProcessSample(
+                    t=t,
+                    gpu_index=device.index,
+                    pid=pid,
+                    local_pid=local,
+                    used_memory=used,
+                    in_job=local is not None and local in job_pids,
+                )
+            )
+        return samples
+
+    def _read_slow(self, device: _Device) -> None:
+        nvml = self._nvml
+        values: dict[str, Any] = {}
+        reasons: dict[str, str] = {}
+
+        def put(key: str, result: Any, convert: Callable[[Any], Any]) -> None:
+            if isinstance(result, Unavailable):
+                values[key] = None
+                reasons[key] = result.reason
+            else:
+                values[key] = convert(result)
+
+        def milliwatts(v: Any) -> float:
+            return v / 1000.0
+
+        def kib_per_s(v: Any) -> float:
+            return float(v) * 1024.0
+
+        put("power_w", self._call(device, "power", "nvmlDeviceGetPowerUsage"), milliwatts)
+        put("power_limit_w", self._call(device, "power_limit", _POWER_LIMIT), milliwatts)
+        sensor = nvml.constant("NVML_TEMPERATURE_GPU", _NVML_TEMPERATURE_GPU)
+        put("temperature_c", self._call(device, "temperature", _TEMPERATURE, sensor), float)
+        sm = nvml.constant("NVML_CLOCK_SM", _NVML_CLOCK_SM)
+        put("sm_clock_mhz", self._call(device, "sm_clock", "nvmlDeviceGetClockInfo", sm), float)
+        put(
+            "clock_event_reasons",
+            self._call(device, "clock_events", _CLOCK_EVENTS),
+            decode_clock_event_reasons,
+        )
+        rx = nvml.constant("NVML_PCIE_UTIL_RX_BYTES", _NVML_PCIE_UTIL_RX_BYTES)
+        tx = nvml.constant("NVML_PCIE_UTIL_TX_BYTES", _NVML_PCIE_UTIL_TX_BYTES)
+        # NVML gives PCIe throughput in KB/s (1024 bytes); we record bytes/s.
+        put(
+            "pcie_rx_per_s",
+            self._call(device, "pcie_rx", "nvmlDeviceGetPcieThroughput", rx),
+            kib_per_s,
+        )
+        put(
+            "pcie_tx_per_s",
+            self._call(device, "pcie_tx", "nvmlDeviceGetPcieThroughput", tx),
+            kib_per_s,
+        )
+        device.slow_values = values
+        device.slow_unavailable = reasons
+
+    def close(self) -> None:
+        """Shut NVML down; later reads return nothing."""
+        self._nvml.shutdown()
+
+    def __enter__(self) -> GpuReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,488 @@
+"""A fake ``pynvml`` module: the ONLY fake in torchdoctor's test suite.
+
+Why a fake here and nowhere else: the test machines and CI have no NVIDIA GPU and no driver,
+so the real NVML can only ever show its "no driver" path (tested with the real bindings too).
+Everything else in the suite uses real parts: real /proc, real child processes, real SQLite
+files, real torch loops.
+
+It is shaped after the real bindings (nvidia-ml-py, ``import pynvml``) and the C library's
+behaviour, so that code written against it works unchanged against the real module:
+
+- the functions GpuReader uses, with the same names and parameters (a test compares their
+  signatures with the installed pynvml);
+- the same exception hierarchy: ``NVMLError(value)`` maps the code to a generated subclass
+  (``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``, ...), same codes and names, and
+  ``NVMLLibraryMismatchError`` for an unversioned wrapper that finds no symbol;
+- ctypes structures with the real field names (``.total/.used/.free``, ``.gpu/.memory``) and
+  process objects with ``.pid/.usedGpuMemory`` (``None`` when NVML says "not available");
+- calls before ``nvmlInit`` raise Uninitialized; power in mW, PCIe in KB/s, clock-event
+  reasons as a bitmask, CUDA version as 1000 * major + 10 * minor;
+- NVML's pid for a process is its host PID.
+
+Named scenarios: see :func:`scenario` and ``SCENARIOS``.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+import sys
+import types
+from collections import Counter
+from ctypes import Structure, c_uint, c_ulonglong
+from dataclasses import dataclass, field
+
+# -- return codes, as in nvml.h / pynvml ------------------------------------------------------
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
+NVML_ERROR_UNKNOWN = 999
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+nvmlMemory_v2 = 0x02000028
+nvmlTemperature_v1 = 0x1000008
+NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
+
+nvmlClocksEventReasonGpuIdle = 0x001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x002
+nvmlClocksEventReasonSwPowerCap = 0x004
+nvmlClocksEventReasonHwSlowdown = 0x008
+nvmlClocksEventReasonSyncBoost = 0x010
+nvmlClocksEventReasonSwThermalSlowdown = 0x020
+nvmlClocksEventReasonHwThermalSlowdown = 0x040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x080
+nvmlClocksEventReasonDisplayClockSetting = 0x100
+
+_ERROR_STRINGS = {
+    NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+    NVML_ERROR_UNKNOWN: "Unknown Error",
+}
+
+
+class NVMLLibraryMismatchError(Exception):
+    pass
+
+
+class NVMLError(Exception):
+    """Like pynvml's: ``NVMLError(code)`` builds the subclass generated for that code."""
+
+    _valClassMapping: dict[int, type] = {}
+
+    def __new__(typ, value):
+        if typ == NVMLError:
+            typ = NVMLError._valClassMapping.get(value, typ)
+        obj = Exception.__new__(typ)
+        obj.value = value
+        return obj
+
+    def __str__(self):
+        return _ERROR_STRINGS.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other):
+        return self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def _generate_error_classes() -> None:
+    # Same naming rule as pynvml: NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost.
+    module = sys.modules[__name__]
+    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
+        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace(
+            "_", ""
+        )
+        value = getattr(module, name)
+
+        def new(typ, *args, _value=value):
+            return NVMLError.__new__(typ, _value)
+
+        cls = type(class_name, (NVMLError,), {"__new__": new})
+        cls.__module__ = __name__
+        setattr(module, class_name, cls)
+        NVMLError._valClassMapping[value] = cls
+
+
+_generate_error_classes()
+NVMLError_NotSupported = NVMLError._valClassMapping[NVML_ERROR_NOT_SUPPORTED]
+NVMLError_GpuIsLost = NVMLError._valClassMapping[NVML_ERROR_GPU_IS_LOST]
+
+
+# -- structures with the real field names -----------------------------------------------------
+
+
+class c_nvmlMemory_t(Structure):
+    _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
+
+
+class c_nvmlMemory_v2_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("total", c_ulonglong),
+        ("reserved", c_ulonglong),
+        ("free", c_ulonglong),
+        ("used", c_ulonglong),
+    ]
+
+
+class c_nvmlUtilization_t(Structure):
+    _fields_ = [("gpu", c_uint), ("memory", c_uint)]
+
+
+class nvmlFriendlyObject:
+    """What pynvml returns for a process: attributes from the C struct's fields."""
+
+    def __init__(self, dictionary):
+        for key, value in dictionary.items():
+            setattr(self, key, value)
+
+
+class c_nvmlDevice_t:
+    """An opaque device handle, as the real one is to its users."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+STUB_BANNER = (
+    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+    "WARNING:\n\n"
+    "You should always run with libnvidia-ml.so that is installed with your\n"
+    "NVIDIA Display Driver. By default it's installed in /usr/lib and /usr/lib64.\n"
+    "libnvidia-ml.so in GDK package is a stub library that is attached only for\n"
+    "build purposes (e.g. machine that you build your application doesn't have\n"
+    "to have Display Driver installed).\n"
+    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+)
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclass
+class FakeGpu:
+    """The state of one simulated device; tests change it between reads."""
+
+    name: str = "NVIDIA A100-SXM4-80GB"
+    uuid: str = "GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0000"
+    compute_capability: tuple[int, int] = (8, 0)
+    memory_total: int = 80 * GIB
+    memory_reserved: int = 512 * MIB
+    memory_used: int = 1 * GIB  # held by processes (v2 "used"); v1 adds the reserved part
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
+    power_mw: int = 61_000
+    power_limit_mw: int = 400_000
+    temperature_c: int = 34
+    sm_clock_mhz: int = 1410
+    clock_event_reasons: int = nvmlClocksEventReasonGpuIdle
+    pcie_rx_kb: int = 0
+    pcie_tx_kb: int = 0
+    # (host pid, used bytes or None when NVML says "not available")
+    compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    # pynvml function names answering NotSupported on this device
+    not_supported: set[str] = field(default_factory=set)
+    lost_after_calls: int | None = None  # GPU falls off the bus after this many calls
+    calls: Counter = field(default_factory=Counter)
+
+
+class FakeNvml(types.ModuleType):
+    """A module object with pynvml's names; ``gpus`` is the simulated machine."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        init_error: int | None = None,
+        init_banner: str | None = None,
+        driver_version: str = "550.54.15",
+        cuda_driver_version: int = 12040,
+        nvml_version: str = "12.550.54.15",
+        has_memory_v2: bool = True,
+    ) -> None:
+        super().__init__("pynvml")
+        self.__file__ = __file__
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_banner = init_banner
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.nvml_version = nvml_version
+        self.has_memory_v2 = has_memory_v2
+        self.refcount = 0
+        self.init_calls = 0
+        self.calls: Counter = Counter()  # every function, all devices
+        module = sys.modules[__name__]
+        for name in dir(module):
+            if name.startswith(("NVML", "nvmlClocksEventReason", "nvmlMemory_", "nvmlTemp")) or (
+                name.startswith("c_nvml") or name == "nvmlFriendlyObject"
+            ):
+                setattr(self, name, getattr(module, name))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _check_init(self, fn: str) -> None:
+        self.calls[fn] += 1
+        if self.refcount == 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: c_nvmlDevice_t, fn: str) -> FakeGpu:
+        self._check_init(fn)
+        gpu = self.gpus[handle.index]
+        gpu.calls[fn] += 1
+        if gpu.lost_after_calls is not None and sum(gpu.calls.values()) > gpu.lost_after_calls:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if fn in gpu.not_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    # -- initialisation and system ----------------------------------------------------------
+
+    def nvmlInit(self):
+        self.init_calls += 1
+        if self.init_banner:
+            # The stub library prints from C straight to file descriptor 1.
+            os.write(1, self.init_banner.encode())
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
+        self.refcount += 1
+
+    def nvmlShutdown(self):
+        self._check_init("nvmlShutdown")
+        self.refcount -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        self._check_init("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        self._check_init("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        self._check_init("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda_driver_version
+
+    def nvmlSystemGetNVMLVersion(self):
+        self._check_init("nvmlSystemGetNVMLVersion")
+        return self.nvml_version.encode()  # recent bindings return bytes here
+
+    def nvmlDeviceGetCount(self):
+        self._check_init("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._check_init("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        handle = c_nvmlDevice_t(index)
+        self._gpu(handle, "nvmlDeviceGetHandleByIndex")
+        return handle
+
+    # -- static device facts ----------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
+
+    # -- fast tier --------------------------------------------------------------------------
+
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        if version:
+            if not self.has_memory_v2:
+                raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)  # old driver: no _v2 symbol
+            free = gpu.memory_total - gpu.memory_reserved - gpu.memory_used
+            return c_nvmlMemory_v2_t(
+                version, gpu.memory_total, gpu.memory_reserved, free, gpu.memory_used
+            )
+        used = gpu.memory_used + gpu.memory_reserved
+        return c_nvmlMemory_t(gpu.memory_total, gpu.memory_total - used, used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return c_nvmlUtilization_t(gpu.utilization_gpu, gpu.utilization_memory)
+
+    def _processes(self, handle, fn, listed):
+        gpu = self._gpu(handle, fn)
+        return [
+            nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": used,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
+            )
+            for pid, used in listed(gpu)
+        ]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle):
+        return self._processes(
+            handle, "nvmlDeviceGetComputeRunningProcesses_v3", lambda g: g.compute_processes
+        )
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle):
+        return self._processes(
+            handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", lambda g: g.graphics_processes
+        )
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+
+    # -- slow tier --------------------------------------------------------------------------
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetTemperatureV(self, handle, sensor, version=nvmlTemperature_v1):
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(handle, "nvmlDeviceGetTemperatureV").temperature_c
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature_c
+
+    def nvmlDeviceGetClockInfo(self, handle, type):
+        gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")
+        if type != NVML_CLOCK_SM:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
+
+    def nvmlDeviceGetPcieThroughput(self, device, counter):
+        gpu = self._gpu(device, "nvmlDeviceGetPcieThroughput")
+        if counter == NVML_PCIE_UTIL_RX_BYTES:
+            return gpu.pcie_rx_kb
+        if counter == NVML_PCIE_UTIL_TX_BYTES:
+            return gpu.pcie_tx_kb
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+# The pynvml functions this fake provides; a test checks their signatures against the real ones.
+FUNCTIONS = tuple(
+    name for name in vars(FakeNvml) if name.startswith("nvml") and callable(vars(FakeNvml)[name])
+)
+
+SCENARIOS = (
+    "no_driver",
+    "stub_library",
+    "two_gpus",
+    "gpu_lost_mid_run",
+    "not_supported_fields",
+    "foreign_process",
+)
+
+
+def scenario(name: str, *, lost_after_calls: int = 40) -> FakeNvml:
+    """A fake NVML in one named situation.
+
+    - ``no_driver``: libnvidia-ml loads but the kernel driver is not loaded (nvmlInit fails
+      with DriverNotLoaded, as on a machine whose driver failed to build for a new kernel).
+    - ``stub_library``: the CUDA toolkit's stub libnvidia-ml was picked up (a container built
+      against stubs and run without the NVIDIA runtime): it prints its banner on stdout and
+      nvmlInit fails. The code a stub returns is not what identifies it; the banner is.
+    - ``two_gpus``: two healthy A100s, nothing running.
+    - ``gpu_lost_mid_run``: two GPUs; device 1 falls off the bus (GpuIsLost on every call)
+      after ``lost_after_calls`` calls to it.
+    - ``not_supported_fields``: one virtual/consumer GPU where power, temperature, PCIe
+      throughput and the graphics process list are NotSupported.
+    - ``foreign_process``: one GPU; tests put a process outside the job on it.
+    """
+    if name == "no_driver":
+        return FakeNvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED)
+    if name == "stub_library":
+        return FakeNvml([], init_error=NVML_ERROR_UNKNOWN, init_banner=STUB_BANNER)
+    if name == "two_gpus":
+        return FakeNvml(_two_a100s())
+    if name == "gpu_lost_mid_run":
+        gpus = _two_a100s()
+        gpus[1].lost_after_calls = lost_after_calls
+        return FakeNvml(gpus)
+    if name == "not_supported_fields":
+        gpu = FakeGpu(
+            name="GRID A100D-8C",
+            uuid="GPU-7c2a9e10-55d1-4f2e-8b0a-1d2e3f4a5b6c",
+            memory_total=8 * GIB,
+            not_supported={
+                "nvmlDeviceGetPowerUsage",
+                "nvmlDeviceGetTemperatureV",
+                "nvmlDeviceGetTemperature",
+                "nvmlDeviceGetPcieThroughput",
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            },
+        )
+        return FakeNvml([gpu])
+    if name == "foreign_process":
+        return FakeNvml([FakeGpu()])
+    raise ValueError(f"unknown fake NVML scenario {name!r}; known: {', '.join(SCENARIOS)}")
+
+
+def _two_a100s() -> list[FakeGpu]:
+    return [
+        FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0000"),
+        FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0001"),
+    ]
