@@ -1,11 +1,12 @@
 """The job: a process tree found again at every read, sampled per process from /proc.
 
-Discovery. This kernel interface has no cheap "descendants of PID" call:
-``/proc/<pid>/task/<tid>/children`` needs CONFIG_PROC_CHILDREN and one read per *thread*
-(a torch trainer runs dozens), so the tree is found from the PPIDs instead. Every read lists
-/proc (one getdents) and reads the ``stat`` of PIDs it has not classified yet; PIDs already
-known to be outside the job are remembered, so a steady job costs no extra reads. That memory
-is dropped every ``slow_refresh_s`` in case a PID was reused by a new child of the job.
+Discovery. Linux has no cheap "descendants of PID" call: ``/proc/<pid>/task/<tid>/children``
+needs CONFIG_PROC_CHILDREN and one read per *thread* (a torch trainer runs dozens), so the
+tree is found from PPIDs. The last PID the kernel handed out (the 5th field of /proc/loadavg)
+tells whether any process was created since the previous read; only then is /proc listed, and
+only the PIDs allocated since (PIDs are handed out cyclically) or never classified get their
+``stat`` read. PIDs known to be outside the job are remembered, so a steady job costs one
+small read for discovery. The memory is dropped every minute as a safety net.
 
 Membership is sticky: a process found in the tree stays part of the job until it exits,
 even if its parent dies and it is reparented outside the tree (an orphaned DataLoader worker
@@ -18,6 +19,7 @@ has been reused, so rates never mix two processes. Zombies count as gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -26,6 +28,7 @@ from torchdoctor.sampling.types import ProcessInfo, ProcessSample
 
 _ENV_NAMES = ("RANK", "LOCAL_RANK")
 _DEAD_STATES = ("Z", "X", "x")
+_FULL_RESCAN_S = 60.0
 
 
 class _Proc:
@@ -64,17 +67,9 @@ class _Proc:
         for name in ("stat_fd", "status_fd", "io_fd"):
             fd = getattr(self, name)
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
                 setattr(self, name, None)
-
-
-def _per_s(now: int | None, before: int | None, dt: float) -> float | None:
-    if now is None or before is None or dt <= 0:
-        return None
-    return max(0.0, (now - before) / dt)
 
 
 class JobReader:
@@ -96,7 +91,12 @@ class JobReader:
         self._btime = procfs.boot_time()
         self._procs: dict[int, _Proc] = {}
         self._outside: set[int] = set()  # PIDs known not to belong to the job
-        self._outside_reset = time.monotonic() + slow_refresh_s
+        self._outside_reset = time.monotonic() + _FULL_RESCAN_S
+        self._loadavg_fd: int | None = None
+        self._last_pid: int | None = None
+        self._roles_dirty = True
+        with contextlib.suppress(OSError):
+            self._loadavg_fd = procfs.open_ro("/proc/loadavg")
         self._root_start: int | None = None
         self._root_fd: int | None = None
         try:
@@ -131,26 +131,39 @@ class JobReader:
         return True
 
     def close(self) -> None:
+        """Release the descriptors kept open between reads."""
         for p in self._procs.values():
             p.close()
         self._procs.clear()
         self._close_root()
+        if self._loadavg_fd is not None:
+            os.close(self._loadavg_fd)
+            self._loadavg_fd = None
 
     def read(self) -> tuple[list[ProcessSample], list[ProcessInfo], list[int]]:
         t = time.time()
         mono = time.monotonic()
-        try:
-            listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-        except OSError:
-            listing = set()
+        last_pid = self._read_last_pid()
+        listing: set[int] | None = None
+        if (
+            last_pid is None
+            or last_pid != self._last_pid
+            or mono >= self._outside_reset
+            or not self._procs
+        ):
+            try:
+                listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+            except OSError:
+                listing = set()
 
         procs = self._procs
         ended: list[int] = []
-        # 1. Known processes: one stat read each tells whether they still run.
+        # 1. Known processes: one stat read each tells whether they still run (the descriptor
+        # fails once its process is gone).
         for pid in list(procs):
             p = procs[pid]
             st = None
-            if pid in listing:
+            if listing is None or pid in listing:
                 try:
                     st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
                 except (OSError, ValueError, IndexError):
@@ -160,21 +173,29 @@ class JobReader:
                 del procs[pid]
                 ended.append(pid)
                 self._outside.add(pid)  # a zombie keeps its PID listed; do not rediscover it
+                self._roles_dirty = True
                 continue
+            if st.ppid != p.stat.ppid:
+                self._roles_dirty = True
             p.stat = st
             if st.comm != p.comm:
                 self._exec_changed(p, st)
+                self._roles_dirty = True
 
         # 2. New members: unclassified PIDs whose parent is in the job.
-        new = self._discover(listing, mono)
+        new: list[_Proc] = []
+        if listing is not None:
+            new = self._discover(listing, mono, self._last_pid, last_pid)
+            if new:
+                self._roles_dirty = True
+        self._last_pid = last_pid
 
         # 3. Fast fields, slow tier, roles.
         samples: list[ProcessSample] = []
         infos: list[ProcessInfo] = []
-        children: dict[int, list[_Proc]] = {}
-        for p in procs.values():
-            children.setdefault(p.stat.ppid, []).append(p)
-        self._assign_roles(children)
+        if self._roles_dirty:
+            self._assign_roles()
+            self._roles_dirty = False
         new_set = {p.pid for p in new}
         gone_now: list[int] = []
         for pid, p in procs.items():
@@ -199,6 +220,7 @@ class JobReader:
                     )
                 )
         for pid in gone_now:
+            self._roles_dirty = True
             procs.pop(pid).close()
             self._outside.add(pid)
             if pid not in new_set:
@@ -211,23 +233,37 @@ class JobReader:
 
     def _close_root(self) -> None:
         if self._root_fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._root_fd)
-            except OSError:
-                pass
             self._root_fd = None
 
     def _is_root(self, p: _Proc) -> bool:
         return p.pid == self.root_pid and p.starttime == self._root_start
 
-    def _discover(self, listing: set[int], mono: float) -> list[_Proc]:
+    def _read_last_pid(self) -> int | None:
+        if self._loadavg_fd is None:
+            return None
+        try:
+            return int(procfs.pread_single(self._loadavg_fd, 256).split()[4])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _discover(
+        self, listing: set[int], mono: float, prev_last: int | None, last: int | None
+    ) -> list[_Proc]:
         procs = self._procs
         outside = self._outside
         if mono >= self._outside_reset:
             outside.clear()
-            self._outside_reset = mono + self.slow_refresh_s
+            self._outside_reset = mono + _FULL_RESCAN_S
         else:
             outside &= listing
+            if prev_last is not None and last is not None and outside:
+                # PIDs handed out since the previous read may be reused ones: check them again.
+                if prev_last <= last:
+                    outside.difference_update([p for p in outside if prev_last < p <= last])
+                else:  # the allocator wrapped around pid_max
+                    outside.difference_update([p for p in outside if p > prev_last or p <= last])
         unknown = listing - procs.keys() - outside
         if not unknown:
             return []
@@ -321,8 +357,11 @@ class JobReader:
             p.rank = _int_or_none(env.get("RANK"))
             p.local_rank = _int_or_none(env.get("LOCAL_RANK"))
 
-    def _assign_roles(self, children: dict[int, list[_Proc]]) -> None:
+    def _assign_roles(self) -> None:
         procs = self._procs
+        children: dict[int, list[_Proc]] = {}
+        for p in procs.values():
+            children.setdefault(p.stat.ppid, []).append(p)
         done: set[int] = set()
 
         def visit(p: _Proc) -> None:
@@ -394,10 +433,14 @@ class JobReader:
             dt = mono - p.prev_mono
             if dt > 0:
                 cpu_pct = max(0.0, (cpu_ticks - p.prev_cpu) / procfs.CLK_TCK / dt * 100.0)
-            vol_s = _per_s(vol, p.prev_vol, dt)
-            invol_s = _per_s(invol, p.prev_invol, dt)
-            read_s = _per_s(read_b, p.prev_read, dt)
-            write_s = _per_s(write_b, p.prev_write, dt)
+                if vol is not None and p.prev_vol is not None:
+                    vol_s = max(0.0, (vol - p.prev_vol) / dt)
+                if invol is not None and p.prev_invol is not None:
+                    invol_s = max(0.0, (invol - p.prev_invol) / dt)
+                if read_b is not None and p.prev_read is not None:
+                    read_s = max(0.0, (read_b - p.prev_read) / dt)
+                if write_b is not None and p.prev_write is not None:
+                    write_s = max(0.0, (write_b - p.prev_write) / dt)
         p.prev_mono = mono
         p.prev_cpu = cpu_ticks
         p.prev_vol, p.prev_invol, p.prev_read, p.prev_write = vol, invol, read_b, write_b

@@ -144,18 +144,6 @@ def boot_time() -> float:
     return float(stat.btime)
 
 
-def parse_meminfo(data: bytes) -> dict[str, int]:
-    """MemTotal, MemAvailable, SwapTotal, SwapFree... in bytes (the file says kB = KiB)."""
-    out: dict[str, int] = {}
-    for line in data.split(b"\n"):
-        key, _, rest = line.partition(b":")
-        parts = rest.split()
-        if parts:
-            value = int(parts[0])
-            out[key.decode()] = value * 1024 if len(parts) > 1 else value
-    return out
-
-
 def parse_meminfo_fields(data: bytes) -> tuple[int | None, int | None, int | None, int | None]:
     """(MemTotal, MemAvailable, SwapTotal, SwapFree) in bytes; the hot-path subset."""
     values = []
@@ -275,15 +263,32 @@ def parse_pid_status(data: bytes) -> tuple[int | None, int | None, int | None]:
     The context switch counts are the main thread's: the kernel does not sum them over the
     threads here (psutil's num_ctx_switches reports the same numbers).
     """
-    swap = _find_int(data, b"\nVmSwap:")
-    vol = _find_int(data, b"\nvoluntary_ctxt_switches:")
-    invol = _find_int(data, b"\nnonvoluntary_ctxt_switches:")
-    return (swap * 1024 if swap is not None else None), vol, invol
+    # Hot path: find each key and convert the number up to the end of its line.
+    swap = vol = invol = None
+    i = data.find(b"\nVmSwap:")
+    if i >= 0:
+        swap = int(data[i + 8 : data.find(b"kB", i)]) * 1024
+    i = data.find(b"\nvoluntary_ctxt_switches:")
+    if i >= 0:
+        j = data.find(b"\n", i + 25)
+        vol = int(data[i + 25 : j if j >= 0 else None])
+    i = data.find(b"\nnonvoluntary_ctxt_switches:")
+    if i >= 0:
+        j = data.find(b"\n", i + 28)
+        invol = int(data[i + 28 : j if j >= 0 else None])
+    return swap, vol, invol
 
 
 def parse_pid_io(data: bytes) -> tuple[int | None, int | None]:
     """(read_bytes, write_bytes) from /proc/<pid>/io: bytes that reached the storage layer."""
-    return _find_int(data, b"\nread_bytes:"), _find_int(data, b"\nwrite_bytes:")
+    rd = wr = None
+    i = data.find(b"\nread_bytes:")
+    if i >= 0:
+        rd = int(data[i + 12 : data.find(b"\n", i + 12)])
+    i = data.find(b"\nwrite_bytes:")
+    if i >= 0:
+        wr = int(data[i + 13 : data.find(b"\n", i + 13)])
+    return rd, wr
 
 
 def parse_smaps_rollup(data: bytes) -> tuple[int | None, int | None]:
@@ -359,7 +364,11 @@ def _mounts() -> list[tuple[str, str, str, set[str]]]:
 
 
 def _chain(mount_point: str, mount_root: str, cg_path: str) -> list[str]:
-    """Directories from the cgroup up to the mount point, existing ones only."""
+    """Directories from the cgroup up to the mount point, existing ones only.
+
+    Inside a cgroup namespace the path may not resolve under the mount; then the mount
+    point itself (the namespace's root, i.e. our cgroup) is what is left.
+    """
     rel = cg_path
     if mount_root != "/" and (rel == mount_root or rel.startswith(mount_root + "/")):
         rel = rel[len(mount_root) :]
@@ -370,10 +379,6 @@ def _chain(mount_point: str, mount_root: str, cg_path: str) -> list[str]:
         d = os.path.join(mount_point, *parts[:n])
         if os.path.isdir(d):
             dirs.append(d)
-    if not dirs or dirs[-1] != mount_point:
-        # Inside a cgroup namespace the path may not resolve; the mount point is our cgroup.
-        if os.path.isdir(mount_point) and mount_point not in dirs:
-            dirs.append(mount_point)
     return dirs
 
 
