@@ -10,7 +10,8 @@ Tables: ``host_samples``, ``processes``, ``process_samples``, ``gpu_samples``,
 ``gpu_process_samples``, ``steps``, ``dataloaders``, ``settings``, ``events``. Columns are the
 fields of the dataclasses in :mod:`torchdoctor.sampling.types` and
 :mod:`torchdoctor.instrument.events` (nested ``cpu`` split flattened as ``cpu_user``...);
-JSON columns (``per_core``, ``unavailable``, ``cmdline``...) come back decoded.
+JSON columns (``per_core``, ``unavailable``, ``cmdline``...) come back decoded; ``per_core``
+holds one list per core: [user, nice, system, idle, iowait, irq, softirq, steal] in percent.
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ class Recording:
         sql = f"SELECT {cols} FROM {table}" + (f" ORDER BY {order}" if order else "")
         for r in self._db.execute(sql):
             yield from_row(spec, dict(r))
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
+        """Run a read-only SQL query (for aggregates the helpers above do not cover)."""
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            raise UserError("Recording.query runs SELECT statements only")
+        return [dict(r) for r in self._db.execute(sql, params)]
 
     # -- convenience -------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:

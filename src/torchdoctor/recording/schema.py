@@ -123,12 +123,22 @@ def to_row(table: Table, record: Any) -> tuple:
             values.append(int(v) if isinstance(v, bool) else v)
         elif col.kind == "json":
             v = getattr(record, col.name)
-            values.append(None if v is None else json.dumps(v, separators=(",", ":")))
+            values.append(
+                None if v is None else json.dumps(v, separators=(",", ":"), default=_compact)
+            )
         else:
             parent = getattr(record, col.kind[5:])
             sub = col.name[len(col.kind) - 4 :]
             values.append(None if parent is None else getattr(parent, sub))
     return tuple(values)
+
+
+def _compact(value: Any) -> Any:
+    # Dataclasses inside JSON columns (per-core CPU splits) are stored as plain lists of their
+    # field values, in field order: a 128-core host must not write 128 dicts per sample.
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return list(dataclasses.astuple(value))
+    raise TypeError(f"cannot store {type(value).__name__} in a recording")
 
 
 def from_row(table: Table, row: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""`torchdoctor attach PID`: record a running process tree until it exits or Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from torchdoctor.cli.common import (
+    check_interval,
+    default_recording_path,
+    interval_option,
+    out_option,
+    print_end_report,
+    stderr_console,
+    thresholds_option,
+)
+from torchdoctor.errors import UserError
+from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
+from torchdoctor.recording import RecordingWriter, prepare_output
+from torchdoctor.recording.metadata import run_metadata
+from torchdoctor.recording.recorder import Recorder
+from torchdoctor.sampling.sampler import Sampler
+
+
+@click.command("attach")
+@click.argument("pid", type=int)
+@interval_option
+@out_option
+@click.option("--quiet", is_flag=True, help="Print nothing of our own (errors aside).")
+@thresholds_option
+def command(
+    pid: int, interval: float, out: str | None, quiet: bool, thresholds: str | None
+) -> None:
+    """Record the running process PID and all its descendants until it exits or Ctrl-C.
+
+    An attached job is not instrumented: its steps, data wait and PyTorch settings are not
+    seen (start it with `torchdoctor run` or use torchdoctor.watch() for those).
+    """
+    from torchdoctor.sampling.gpus import GpuReader
+    from torchdoctor.sampling.host import HostReader
+    from torchdoctor.sampling.hostinfo import read_host_info
+    from torchdoctor.sampling.job import JobReader
+
+    check_interval(interval)
+    if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+        raise UserError(f"no such process: {pid} (check the PID with `ps` or `torchdoctor top`)")
+    argv = _cmdline(pid) or [f"pid-{pid}"]
+    path = prepare_output(out or default_recording_path(f"pid{pid}-{os.path.basename(argv[0])}"))
+    console = stderr_console()
+    if not quiet:
+        console.print(
+            f"torchdoctor: recording PID {pid} ({' '.join(argv)[:80]}) into {path}; Ctrl-C stops."
+            " Attached jobs are not instrumented: steps and data wait are not seen."
+        )
+    held = hold_signals()
+    try:
+        gpus = GpuReader()
+        meta = run_metadata(
+            mode="attach",
+            command=argv,
+            root_pid=pid,
+            interval_s=interval,
+            env=_process_env(pid),
+            host_info=read_host_info(),
+            gpu_status=gpus.status,
+            instrumented=False,
+        )
+        writer = RecordingWriter(path, meta)
+        job = JobReader(pid)
+        recorder = Recorder(Sampler(HostReader(), job, gpus), writer, interval)
+        recorder.start()
+        stopped_by = None
+        while job.root_alive():
+            signum = wait_for_signal(min(interval, 0.5))
+            if signum is not None:
+                stopped_by = signum
+                break
+        recorder.stop()
+        writer.close(
+            {"ended_at": time.time(), "exit_status": None, "stopped_by_signal": stopped_by}
+        )
+        gpus.close()
+    finally:
+        release_signals(held)
+    if not quiet:
+        print_end_report(path, console, thresholds)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _process_env(pid: int) -> dict[str, str]:
+    """The job's own environment where we may read it (our own processes), else ours."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env

@@ -1,0 +1,30 @@
+"""`torchdoctor show FILE [--json]`: the summary of a recording."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import click
+
+from torchdoctor.recording import open_recording
+from torchdoctor.recording.summary import summarize
+
+
+@click.command("show")
+@click.argument("file", type=click.Path(dir_okay=True))
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary as JSON (documented in README)."
+)
+def command(file: str, as_json: bool) -> None:
+    """Print the summary of the recording FILE: duration, peaks and means, steps, settings."""
+    with open_recording(file) as rec:
+        summary = summarize(rec)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(summary), indent=2))
+        return
+    from rich.console import Console
+
+    from torchdoctor.cli.summary_view import render_summary
+
+    render_summary(summary, Console(highlight=False, soft_wrap=True))

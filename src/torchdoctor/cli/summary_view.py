@@ -1,0 +1,70 @@
+"""Terminal rendering of a RunSummary (end of `run`, and `show`)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from torchdoctor.cli.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate
+from torchdoctor.recording.summary import RunSummary, Stat
+
+
+def render_summary(summary: RunSummary, console: Console) -> None:
+    status = summary.exit_status
+    ended = "still running or cut short" if not summary.complete else f"exit status {status}"
+    console.print(
+        f"[bold]torchdoctor[/bold]: {' '.join(summary.command) or '(unknown command)'}"
+        f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples"
+    )
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("figure")
+    table.add_column("mean", justify="right")
+    table.add_column("peak", justify="right")
+    cpus = f" of {summary.usable_cpus:g} CPUs" if summary.usable_cpus else ""
+    rows = [
+        (f"job CPU (100 % = 1 core{cpus})", summary.job_cpu_pct, fmt_pct),
+        ("job RSS (sum)", summary.job_rss, fmt_bytes),
+        ("job PSS (sum, shared pages split)", summary.job_pss, fmt_bytes),
+        ("job threads", summary.job_threads, _fmt_count),
+        ("job processes", summary.job_processes, _fmt_count),
+        ("host CPU busy", summary.host_cpu_busy_pct, fmt_pct),
+        ("host I/O wait", summary.host_iowait_pct, fmt_pct),
+        ("host RAM used", summary.host_mem_used, fmt_bytes),
+        ("host swap traffic", summary.host_swap_traffic, fmt_rate),
+    ]
+    for gpu in summary.gpus:
+        label = f"GPU {gpu.index}" + (f" {gpu.name}" if gpu.name else "")
+        rows.append((f"{label} busy (a kernel ran)", gpu.utilization_gpu, fmt_pct))
+        rows.append((f"{label} memory used", gpu.memory_used, fmt_bytes))
+    for label, stat, fmt in rows:
+        if stat.peak is not None:
+            table.add_row(label, fmt(stat.mean), fmt(stat.peak))
+    console.print(table)
+    if summary.roles:
+        roles = ", ".join(f"{n} {role}" for role, n in sorted(summary.roles.items()))
+        console.print(f"processes seen: {roles}")
+    if summary.gpu_unavailable:
+        console.print(f"GPUs: unavailable ({summary.gpu_unavailable})")
+    steps = summary.steps
+    if steps and steps.get("steps"):
+        line = (
+            f"steps: {steps['steps']}, median {fmt_duration(steps.get('median_step_s'))},"
+            f" data wait {fmt_pct(_pct(steps.get('data_wait_fraction')))} of step time"
+        )
+        if steps.get("samples_per_s"):
+            line += f", {steps['samples_per_s']:.1f} samples/s"
+        elif steps.get("steps_per_s"):
+            line += f", {steps['steps_per_s']:.2f} steps/s"
+        console.print(line)
+    console.print(f"recording: {summary.path}")
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else 100.0 * fraction
+
+
+def _fmt_count(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+__all__ = ["render_summary", "Stat"]
