@@ -112,7 +112,8 @@ class GpuReader:
     """Reads every NVIDIA device NVML sees.
 
     ``nvml_module`` is the NVML bindings module; ``None`` imports ``pynvml``. ``clock`` times
-    the slow tier (monotonic seconds).
+    the slow tier (monotonic seconds). ``pid_namespace`` says how NVML's host PIDs map to
+    ours; by default it is detected from /proc.
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class GpuReader:
         *,
         slow_refresh_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
-        proc: str = "/proc",
+        pid_namespace: PidNamespace | None = None,
     ) -> None:
         self.slow_refresh_s = slow_refresh_s
         self._clock = clock
@@ -129,7 +130,7 @@ class GpuReader:
         self._nvml = Nvml(nvml_module)
         self._devices: list[_Device] = []
         self._memory_v2: bool | None = None
-        self._pidns = PidNamespace(proc)
+        self._pidns = pid_namespace if pid_namespace is not None else PidNamespace()
         self.status = self._start()
 
     # -- construction -----------------------------------------------------------------------

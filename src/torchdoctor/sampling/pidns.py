@@ -44,11 +44,15 @@ def _ns_inode(path: str) -> int | None:
 
 
 class PidNamespace:
-    """Decides once whether /proc PIDs are host PIDs, and maps NVML PIDs accordingly."""
+    """Decides once whether /proc PIDs are host PIDs, and maps NVML PIDs accordingly.
 
-    def __init__(self, proc: str = "/proc") -> None:
+    ``procfs_is_host`` overrides the detection (for a caller that knows better, and for tests
+    whose fake NVML reports the PIDs they see as host PIDs).
+    """
+
+    def __init__(self, proc: str = "/proc", *, procfs_is_host: bool | None = None) -> None:
         self.proc = proc
-        self.procfs_is_host = self._procfs_is_host()
+        self.procfs_is_host = self._procfs_is_host() if procfs_is_host is None else procfs_is_host
         self.unresolved_reason: str | None = None if self.procfs_is_host else UNRESOLVED_REASON
 
     def _procfs_is_host(self) -> bool:
