@@ -1,0 +1,1153 @@
+"""From a recording to the data of a report: series per chart, process tree, settings, metadata.
+
+Everything here is plain computation over :class:`~torchdoctor.recording.Recording` rows, so
+it is tested without a browser; :mod:`torchdoctor.report.html` only draws the result.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torchdoctor.diagnosis.findings import SEVERITIES, Finding
+from torchdoctor.recording.reader import Recording
+from torchdoctor.report.downsample import Point, downsample_minmax
+from torchdoctor.report.model import (
+    Band,
+    Chart,
+    EventRow,
+    Figure,
+    Marker,
+    MetaSection,
+    ProcessRow,
+    RefLine,
+    ReportData,
+    Series,
+    SettingRow,
+)
+from torchdoctor.report.units import (
+    BYTES,
+    BYTES_PER_S,
+    PERCENT,
+    SECONDS,
+    fmt_duration,
+    fmt_utc,
+    fmt_value,
+)
+from torchdoctor.thresholds import Thresholds
+
+# Points drawn per series: two per bucket, about one per pixel of a 1000 px wide chart.
+MAX_POINTS = 1200
+# Siblings of one role beyond this many are folded into one row of the process tree.
+FOLD_SIBLINGS_OVER = 6
+SHOWN_WHEN_FOLDED = 3
+
+ROLE_LABELS = {
+    "trainer": "trainer",
+    "dataloader-worker": "DataLoader workers",
+    "rank": "ranks",
+    "launcher": "launcher",
+    "other": "other processes",
+}
+
+Diagnose = Callable[[Recording, Thresholds], list[Finding]]
+
+
+def build_report_data(
+    rec: Recording,
+    thresholds: Thresholds,
+    *,
+    diagnose: Diagnose | None = None,
+    max_points: int = MAX_POINTS,
+) -> ReportData:
+    """Read ``rec`` once and compute everything the report shows.
+
+    ``diagnose`` defaults to the diagnosis engine; a failure there is shown in the report
+    instead of costing the user the rest of it.
+    """
+    meta = rec.meta
+    host = rec.rows("host_samples")
+    procs = rec.rows(
+        "process_samples",
+        columns=["t", "pid", "create_time", "role", "cpu_percent", "rss", "pss", "swap"]
+        + ["threads", "read_bytes_per_s"],
+    )
+    gpus = rec.rows("gpu_samples")
+    gpu_procs = rec.rows("gpu_process_samples")
+    steps = rec.rows("steps")
+    events = rec.rows("events")
+
+    t0 = _origin(meta, host, procs, steps)
+    end = rec.ended_at
+    span = max(0.0, (end - t0) if end is not None else 0.0)
+    cpus = usable_cpus(meta, host)
+    ctx = _Ctx(t0=t0, max_points=max_points, thresholds=thresholds)
+
+    findings, note = _run_diagnosis(rec, thresholds, diagnose)
+    markers = _markers(events, ctx)
+    charts = [
+        cpu_chart(host, procs, cpus, ctx),
+        iowait_chart(host, ctx),
+        disk_chart(host, procs, ctx),
+        memory_chart(host, procs, meta, ctx),
+        swap_chart(host, ctx),
+        gpu_util_chart(gpus, meta, ctx),
+        vram_chart(gpus, gpu_procs, meta, ctx),
+        step_chart(steps, markers, ctx),
+    ]
+    process_rows, process_count = process_tree(rec.processes(), procs, t0)
+    summary, verdict, level = _summary(
+        meta, host, procs, gpus, steps, findings, note, span, cpus, thresholds
+    )
+    return ReportData(
+        title=_title(meta, rec),
+        source=str(rec.path),
+        started_at=meta.get("started_at"),
+        span_s=span,
+        complete=rec.complete,
+        verdict=verdict,
+        verdict_level=level,
+        summary=summary,
+        charts=charts,
+        processes=process_rows,
+        process_count=process_count,
+        settings=settings_rows(rec.rows("settings"), rec.processes()),
+        dataloaders=dataloader_rows(rec.rows("dataloaders")),
+        precision=precision_rows(steps),
+        findings=findings,
+        diagnosis_note=note,
+        meta=meta_sections(meta, rec),
+        events=event_rows(events, t0),
+        thresholds=threshold_rows(thresholds),
+    )
+
+
+class _Ctx:
+    __slots__ = ("t0", "max_points", "thresholds")
+
+    def __init__(self, t0: float, max_points: int, thresholds: Thresholds) -> None:
+        self.t0 = t0
+        self.max_points = max_points
+        self.thresholds = thresholds
+
+
+# -- series ------------------------------------------------------------------------------
+
+
+def make_series(
+    label: str, points: Iterable[Point], ctx: _Ctx, *, dashed: bool = False
+) -> Series | None:
+    """A drawable series from (UNIX time, value) points; None when nothing was measured."""
+    shifted = sorted(((t - ctx.t0, v) for t, v in points), key=lambda p: p[0])
+    values = [v for _, v in shifted if v is not None]
+    if not values:
+        return None
+    return Series(
+        label=label,
+        points=downsample_minmax(shifted, ctx.max_points),
+        samples=len(values),
+        mean=sum(values) / len(values),
+        peak=max(values),
+        dashed=dashed,
+    )
+
+
+def _column(rows: list[dict[str, Any]], key: str) -> list[Point]:
+    return [(r["t"], r[key]) for r in rows]
+
+
+def _sum_by_time(
+    rows: list[dict[str, Any]], key: str, keep: Callable[[dict[str, Any]], bool] = lambda r: True
+) -> list[Point]:
+    """Per sampling instant, the sum of ``key`` over the rows kept; None if any is unknown."""
+    totals: dict[float, float | None] = {}
+    for r in rows:
+        if not keep(r):
+            continue
+        value = r[key]
+        if r["t"] not in totals:
+            totals[r["t"]] = value
+        elif totals[r["t"]] is None or value is None:
+            # A sum over part of the job would understate it: unknown, not smaller.
+            totals[r["t"]] = None
+        else:
+            totals[r["t"]] += value
+    return sorted(totals.items())
+
+
+def _unavailable_reason(rows: list[dict[str, Any]], *fields: str) -> str | None:
+    """The reason a reader gave for a field it could not read, if it gave one."""
+    for r in rows:
+        missing = r.get("unavailable") or {}
+        for name in fields:
+            if name in missing:
+                return f"{name}: {missing[name]}"
+    return None
+
+
+def _nothing(chart: Chart, reason: str) -> Chart:
+    chart.series = []
+    chart.unavailable = reason
+    return chart
+
+
+def _present(series: Iterable[Series | None]) -> list[Series]:
+    return [s for s in series if s is not None]
+
+
+# -- charts ------------------------------------------------------------------------------
+
+
+def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: _Ctx) -> Chart:
+    th = ctx.thresholds
+    allowed = f"{fmt_value(cpus, '')} allowed CPUs" if cpus else "all CPUs"
+    chart = Chart(
+        id="cpu",
+        title="CPU",
+        unit=PERCENT,
+        series=[],
+        note=(
+            f"Share of {allowed}. The job's processes are summed per role "
+            "(100 % = every allowed CPU busy). The threshold table's CPU load row is shaded."
+        ),
+        bands=[
+            Band(
+                "best",
+                0.0,
+                th.cpu_load_best_pct,
+                f"best ≤ {fmt_value(th.cpu_load_best_pct, PERCENT)}",
+            ),
+            Band(
+                "alert",
+                th.cpu_load_alert_pct,
+                None,
+                f"alert > {fmt_value(th.cpu_load_alert_pct, PERCENT)} sustained",
+            ),
+        ],
+        y_max=100.0,
+    )
+    series: list[Series | None] = [make_series("machine busy", _column(host, "cpu_busy"), ctx)]
+    if cpus:
+        for role in _roles_in(procs):
+            points = _sum_by_time(procs, "cpu_percent", lambda r, role=role: r["role"] == role)
+            scaled = [(t, None if v is None else v / cpus) for t, v in points]
+            series.append(make_series(f"job: {ROLE_LABELS.get(role, role)}", scaled, ctx))
+    chart.series = _present(series)
+    if not chart.series:
+        return _nothing(chart, _no_host(host) or "no CPU figures were recorded")
+    return chart
+
+
+def iowait_chart(host: list[dict], ctx: _Ctx) -> Chart:
+    th = ctx.thresholds
+    chart = Chart(
+        id="iowait",
+        title="I/O wait",
+        unit=PERCENT,
+        series=_present([make_series("I/O wait", _column(host, "cpu_iowait"), ctx)]),
+        note="Share of CPU time spent idle while waiting for storage (all allowed CPUs).",
+        bands=[
+            Band(
+                "best", 0.0, th.iowait_best_pct, f"best ≤ {fmt_value(th.iowait_best_pct, PERCENT)}"
+            ),
+            Band(
+                "alert",
+                th.iowait_alert_pct,
+                None,
+                f"alert > {fmt_value(th.iowait_alert_pct, PERCENT)}",
+            ),
+        ],
+        y_max=100.0,
+        y_min_top=th.iowait_alert_pct * 2,
+    )
+    if not chart.series:
+        return _nothing(chart, _no_host(host) or _unavailable_reason(host, "cpu") or "not recorded")
+    return chart
+
+
+def disk_chart(host: list[dict], procs: list[dict], ctx: _Ctx) -> Chart:
+    chart = Chart(
+        id="disk",
+        title="Disk throughput",
+        unit=BYTES_PER_S,
+        series=_present(
+            [
+                make_series("machine reads", _column(host, "disk_read_per_s"), ctx),
+                make_series("machine writes", _column(host, "disk_write_per_s"), ctx),
+                make_series("job reads", _sum_by_time(procs, "read_bytes_per_s"), ctx, dashed=True),
+            ]
+        ),
+        note="Bytes per second over whole disks, and what the job's processes read themselves.",
+    )
+    if not chart.series:
+        reason = _unavailable_reason(host, "disk_read_per_s") or "not recorded"
+        return _nothing(chart, _no_host(host) or reason)
+    return chart
+
+
+def memory_chart(host: list[dict], procs: list[dict], meta: dict, ctx: _Ctx) -> Chart:
+    info = meta.get("host") or {}
+    refs = []
+    total = info.get("mem_total") or next((r["mem_total"] for r in host if r["mem_total"]), None)
+    if total:
+        refs.append(RefLine(float(total), f"RAM {fmt_value(total, BYTES)}"))
+    if info.get("cgroup_memory_limit"):
+        limit = info["cgroup_memory_limit"]
+        refs.append(RefLine(float(limit), f"cgroup limit {fmt_value(limit, BYTES)}"))
+    series: list[Series | None] = [
+        make_series("machine used", _column(host, "mem_used"), ctx),
+        make_series("job PSS (shared pages split)", _sum_by_time(procs, "pss"), ctx),
+        make_series(
+            "job RSS (shared pages counted per process)",
+            _sum_by_time(procs, "rss"),
+            ctx,
+            dashed=True,
+        ),
+    ]
+    if len({r["role"] for r in procs}) > 1:
+        trainer = _sum_by_time(procs, "rss", lambda r: r["role"] in ("trainer", "rank"))
+        series.append(make_series("trainer RSS", trainer, ctx))
+    chart = Chart(
+        id="memory",
+        title="Memory (RAM)",
+        unit=BYTES,
+        series=_present(series),
+        refs=refs,
+        note=(
+            "PSS splits pages shared between the trainer and its DataLoader workers, so it is "
+            "what the job really costs; RSS counts a shared page once per process."
+        ),
+    )
+    if not chart.series:
+        return _nothing(chart, _no_host(host) or "no memory figures were recorded")
+    return chart
+
+
+def swap_chart(host: list[dict], ctx: _Ctx) -> Chart:
+    th = ctx.thresholds
+    chart = Chart(
+        id="swap",
+        title="Swap traffic",
+        unit=BYTES_PER_S,
+        series=_present(
+            [
+                make_series("swap in", _column(host, "swap_in_per_s"), ctx),
+                make_series("swap out", _column(host, "swap_out_per_s"), ctx),
+            ]
+        ),
+        note="Pages moved between RAM and swap, per second. Any sustained traffic slows the job.",
+        bands=[
+            Band(
+                "best",
+                0.0,
+                th.swap_best_bytes_per_s,
+                f"best ≈ {fmt_value(th.swap_best_bytes_per_s, BYTES_PER_S)}",
+            ),
+            Band(
+                "alert",
+                th.swap_alert_bytes_per_s,
+                None,
+                f"alert > {fmt_value(th.swap_alert_bytes_per_s, BYTES_PER_S)} sustained",
+            ),
+        ],
+        y_min_top=th.swap_alert_bytes_per_s * 1.6,
+    )
+    if not chart.series:
+        reason = _unavailable_reason(host, "swap_in_per_s") or "not recorded"
+        return _nothing(chart, _no_host(host) or reason)
+    used = [r["swap_used"] for r in host if r["swap_used"] is not None]
+    if used:
+        chart.note += f" Swap in use peaked at {fmt_value(max(used), BYTES)}."
+    return chart
+
+
+def gpu_util_chart(gpus: list[dict], meta: dict, ctx: _Ctx) -> Chart:
+    chart = Chart(
+        id="gpu-util",
+        title="GPU utilization",
+        unit=PERCENT,
+        series=[],
+        note=(
+            "NVML utilization: the share of time in which at least one kernel was running on "
+            "the GPU. 100 % does not mean every streaming multiprocessor was busy."
+        ),
+        y_max=100.0,
+    )
+    reason = gpu_unavailable_reason(meta, gpus)
+    if reason:
+        return _nothing(chart, reason)
+    names = _gpu_names(meta)
+    for index in sorted({r["index"] for r in gpus}):
+        rows = [r for r in gpus if r["index"] == index]
+        chart.series += _present(
+            [make_series(_gpu_label(index, names), _column(rows, "utilization_gpu"), ctx)]
+        )
+    if not chart.series:
+        return _nothing(
+            chart,
+            "no GPU / NVML unavailable: "
+            + (_unavailable_reason(gpus, "utilization_gpu") or "utilization not reported"),
+        )
+    return chart
+
+
+def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: _Ctx) -> Chart:
+    th = ctx.thresholds
+    chart = Chart(
+        id="vram",
+        title="GPU memory (VRAM)",
+        unit=PERCENT,
+        series=[],
+        note="Memory in use on each GPU as NVML reports it, and the part held by this job.",
+        bands=[
+            Band(
+                "best",
+                th.gpu_memory_best_low_pct,
+                th.gpu_memory_best_high_pct,
+                f"best {fmt_value(th.gpu_memory_best_low_pct, '')}-{fmt_value(th.gpu_memory_best_high_pct, PERCENT)}",
+            ),
+            Band(
+                "alert",
+                th.gpu_memory_alert_pct,
+                None,
+                f"alert > {fmt_value(th.gpu_memory_alert_pct, PERCENT)}",
+            ),
+        ],
+        y_max=100.0,
+    )
+    reason = gpu_unavailable_reason(meta, gpus)
+    if reason:
+        return _nothing(chart, reason)
+    names = _gpu_names(meta)
+    for index in sorted({r["index"] for r in gpus}):
+        rows = [r for r in gpus if r["index"] == index]
+        totals = {r["t"]: r["memory_total"] for r in rows}
+        used = [(t, _share(v, totals.get(t))) for t, v in _column(rows, "memory_used")]
+        label = _gpu_label(index, names)
+        job_rows = [r for r in gpu_procs if r["gpu_index"] == index and r["in_job"]]
+        job = _sum_by_time(job_rows, "used_memory")
+        chart.series += _present(
+            [
+                make_series(f"{label}: all processes", used, ctx),
+                make_series(
+                    f"{label}: this job",
+                    [(t, _share(v, totals.get(t))) for t, v in job],
+                    ctx,
+                    dashed=True,
+                ),
+            ]
+        )
+    if not chart.series:
+        return _nothing(
+            chart,
+            "no GPU / NVML unavailable: "
+            + (_unavailable_reason(gpus, "memory_used") or "memory not reported"),
+        )
+    return chart
+
+
+def step_chart(steps: list[dict], markers: list[Marker], ctx: _Ctx) -> Chart:
+    chart = Chart(
+        id="steps",
+        title="Step time and data wait",
+        unit=SECONDS,
+        series=[],
+        markers=markers,
+        note=(
+            "Each optimizer step's wall time and the part of it spent waiting for the DataLoader. "
+            "A data wait close to the step time means the GPU or CPU waits for input."
+        ),
+    )
+    if not steps:
+        return _nothing(
+            chart,
+            "no training steps were recorded: the job ran without instrumentation "
+            "or never called optimizer.step()",
+        )
+    owners = sorted(
+        {(s["pid"], s["rank"]) for s in steps}, key=lambda o: (o[1] is None, o[1], o[0])
+    )
+    per_owner = len(owners) <= 4
+    groups = owners if per_owner else [None]
+    for owner in groups:
+        mine = steps if owner is None else [s for s in steps if (s["pid"], s["rank"]) == owner]
+        suffix = "" if owner is None or len(owners) == 1 else f" ({_who(*owner)})"
+        chart.series += _present(
+            [
+                make_series(f"step time{suffix}", [(s["t_end"], s["wall_s"]) for s in mine], ctx),
+                make_series(
+                    f"data wait{suffix}",
+                    [(s["t_end"], s["data_wait_s"]) for s in mine],
+                    ctx,
+                    dashed=True,
+                ),
+            ]
+        )
+    if not per_owner:
+        chart.note += f" All {len(owners)} processes' steps are drawn together."
+    return chart
+
+
+def _markers(events: list[dict], ctx: _Ctx) -> list[Marker]:
+    out = []
+    for e in events:
+        if e["kind"] == "epoch-start":
+            detail = _json(e["detail"])
+            epoch = detail.get("epoch") if isinstance(detail, dict) else None
+            out.append(
+                Marker(e["t"] - ctx.t0, f"epoch {epoch}" if epoch is not None else "epoch", "epoch")
+            )
+        elif e["kind"] == "cuda-oom":
+            out.append(Marker(e["t"] - ctx.t0, "CUDA out of memory", "error"))
+    # One label per marker is unreadable for hundreds of epochs: keep the first few labelled.
+    for i, m in enumerate(out):
+        if m.kind == "epoch" and i >= 30:
+            m.label = ""
+    return out
+
+
+# -- machine and GPU facts ---------------------------------------------------------------
+
+
+def usable_cpus(meta: dict, host: list[dict]) -> float | None:
+    """CPUs the job could use: affinity capped by the cgroup quota (see HostInfo.usable_cpus)."""
+    info = meta.get("host") or {}
+    allowed = info.get("allowed_cpus")
+    n: float | None = float(len(allowed)) if allowed else None
+    if n is None:
+        n = next((float(len(r["per_core"])) for r in host if r.get("per_core")), None)
+    quota = info.get("cgroup_cpu_quota")
+    if n is not None and quota:
+        n = min(n, float(quota))
+    return n
+
+
+def gpu_unavailable_reason(meta: dict, gpus: list[dict]) -> str | None:
+    """Why there is no GPU chart, in words, or None when there is GPU data."""
+    status = meta.get("gpus")
+    if isinstance(status, dict) and not status.get("available", True):
+        return f"no GPU / NVML unavailable: {status.get('reason') or 'no reason given'}"
+    if isinstance(status, dict) and status.get("available") and not status.get("gpus") and not gpus:
+        return "no GPU / NVML unavailable: NVML works but found no GPU"
+    if not gpus:
+        return "no GPU / NVML unavailable: no GPU samples were recorded"
+    return None
+
+
+def _gpu_names(meta: dict) -> dict[int, str]:
+    status = meta.get("gpus") or {}
+    return {g["index"]: g.get("name") or "" for g in status.get("gpus") or [] if "index" in g}
+
+
+def _gpu_label(index: int, names: dict[int, str]) -> str:
+    name = names.get(index)
+    return f"GPU {index} ({name})" if name else f"GPU {index}"
+
+
+def _share(value: float | None, total: float | None) -> float | None:
+    if value is None or not total:
+        return None
+    return 100.0 * value / total
+
+
+def _no_host(host: list[dict]) -> str | None:
+    return None if host else "the machine was not sampled in this recording"
+
+
+def _roles_in(procs: list[dict]) -> list[str]:
+    order = list(ROLE_LABELS)
+    roles = {r["role"] for r in procs}
+    return sorted(roles, key=lambda r: (order.index(r) if r in order else len(order), r))
+
+
+def _who(pid: int, rank: int | None) -> str:
+    return f"rank {rank}, pid {pid}" if rank is not None else f"pid {pid}"
+
+
+def _origin(meta: dict, *tables: list[dict]) -> float:
+    started = meta.get("started_at")
+    if isinstance(started, (int, float)):
+        return float(started)
+    firsts = [rows[0].get("t", rows[0].get("t_end")) for rows in tables if rows]
+    firsts = [t for t in firsts if t is not None]
+    return min(firsts) if firsts else time.time()
+
+
+# -- process tree ------------------------------------------------------------------------
+
+
+def process_tree(infos: list[dict], samples: list[dict], t0: float) -> tuple[list[ProcessRow], int]:
+    """The job's processes as a tree (depth-first, oldest first), with their peaks.
+
+    Large groups of siblings of one role (DataLoader workers re-created every epoch) are
+    folded into one row carrying the peaks over the group, so the tree stays readable.
+    """
+    by_key: dict[tuple[int, float], list[dict]] = defaultdict(list)
+    for s in samples:
+        by_key[(s["pid"], s["create_time"])].append(s)
+    rows: dict[tuple[int, float], ProcessRow] = {}
+    for info in infos:
+        key = (info["pid"], info["create_time"])
+        mine = by_key.get(key, [])
+        cpu = [s["cpu_percent"] for s in mine if s["cpu_percent"] is not None]
+        rows[key] = ProcessRow(
+            depth=0,
+            pid=info["pid"],
+            ppid=info["ppid"],
+            role=info["role"],
+            rank=info.get("rank"),
+            name=info["name"],
+            cmdline=list(info.get("cmdline") or []),
+            first_seen=(mine[0]["t"] - t0) if mine else None,
+            last_seen=(mine[-1]["t"] - t0) if mine else None,
+            mean_cpu=(sum(cpu) / len(cpu)) if cpu else None,
+            peak_cpu=max(cpu) if cpu else None,
+            peak_rss=_peak(s["rss"] for s in mine),
+            peak_pss=_peak(s["pss"] for s in mine),
+            peak_threads=_peak(s["threads"] for s in mine),
+            peak_swap=_peak(s["swap"] for s in mine),
+        )
+    ordered = sorted(rows.items(), key=lambda kv: kv[0][1])
+    children: dict[int, list[ProcessRow]] = defaultdict(list)
+    roots: list[ProcessRow] = []
+    alive_pids = {key[0] for key, _ in ordered}
+    for _key, row in ordered:
+        if row.ppid in alive_pids and row.ppid != row.pid:
+            children[row.ppid].append(row)
+        else:
+            roots.append(row)
+    out: list[ProcessRow] = []
+    seen: set[int] = set()
+
+    def visit(row: ProcessRow, depth: int) -> None:
+        if id(row) in seen:  # a reused PID could make a cycle; draw each process once
+            return
+        seen.add(id(row))
+        row.depth = depth
+        out.append(row)
+        kids = [k for k in children.get(row.pid, []) if id(k) not in seen]
+        by_role: dict[str, list[ProcessRow]] = defaultdict(list)
+        for k in kids:
+            by_role[k.role].append(k)
+        for group in by_role.values():
+            if len(group) > FOLD_SIBLINGS_OVER:
+                for k in group[:SHOWN_WHEN_FOLDED]:
+                    visit(k, depth + 1)
+                rest = group[SHOWN_WHEN_FOLDED:]
+                for k in rest:
+                    seen.add(id(k))
+                out.append(_fold(rest, depth + 1))
+            else:
+                for k in group:
+                    visit(k, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return out, len(rows)
+
+
+def _fold(group: list[ProcessRow], depth: int) -> ProcessRow:
+    first = group[0]
+    return ProcessRow(
+        depth=depth,
+        pid=first.pid,
+        ppid=first.ppid,
+        role=first.role,
+        rank=None,
+        name=first.name,
+        cmdline=first.cmdline,
+        first_seen=min((r.first_seen for r in group if r.first_seen is not None), default=None),
+        last_seen=max((r.last_seen for r in group if r.last_seen is not None), default=None),
+        mean_cpu=_mean(r.mean_cpu for r in group),
+        peak_cpu=_peak(r.peak_cpu for r in group),
+        peak_rss=_peak(r.peak_rss for r in group),
+        peak_pss=_peak(r.peak_pss for r in group),
+        peak_threads=_peak(r.peak_threads for r in group),
+        peak_swap=_peak(r.peak_swap for r in group),
+        folded=len(group),
+    )
+
+
+def _peak(values: Iterable[Any]) -> Any:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+# -- settings, DataLoaders, precision ----------------------------------------------------
+
+_GROUP_TITLES = {
+    "torch": "PyTorch threads and backends",
+    "env": "Environment of the job",
+    "optimizer": "Optimizer",
+    "amp": "Mixed precision",
+    "cuda": "CUDA",
+}
+
+
+def settings_rows(settings: list[dict], infos: list[dict]) -> list[SettingRow]:
+    """The last value of each setting per process; processes that agree share one row."""
+    total_pids = {r["pid"] for r in settings}
+    latest: dict[tuple[str, int], dict] = {}
+    for r in settings:
+        latest[(r["key"], r["pid"])] = r
+    by_key: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for (key, _pid), r in latest.items():
+        by_key[key][_pretty_json(r["value"])].append(r)
+    rows = []
+    for key in sorted(by_key, key=lambda k: (_group_of(k)[0], k)):
+        values = by_key[key]
+        for value, holders in sorted(values.items(), key=lambda kv: -len(kv[1])):
+            if len(values) == 1 and len(holders) == len(total_pids):
+                where = (
+                    "all processes"
+                    if len(total_pids) > 1
+                    else _who(holders[0]["pid"], holders[0]["rank"])
+                )
+            else:
+                where = ", ".join(
+                    _who(h["pid"], h["rank"]) for h in sorted(holders, key=lambda h: h["pid"])
+                )
+            rows.append(SettingRow(_group_of(key)[1], key, value, where))
+    return rows
+
+
+def _group_of(key: str) -> tuple[int, str]:
+    prefix = key.split(".", 1)[0]
+    order = list(_GROUP_TITLES)
+    if prefix in _GROUP_TITLES:
+        return order.index(prefix), _GROUP_TITLES[prefix]
+    return len(order), "Other settings"
+
+
+def dataloader_rows(loaders: list[dict]) -> list[dict[str, str]]:
+    out = []
+    for d in loaders:
+        dataset = d["dataset_type"]
+        if d.get("dataset_len") is not None:
+            dataset += f" ({d['dataset_len']:,} items)"
+        out.append(
+            {
+                "process": _who(d["pid"], d["rank"]),
+                "loader": str(d["loader_id"]),
+                "batch_size": _text(d["batch_size"]),
+                "num_workers": str(d["num_workers"]),
+                "prefetch_factor": _text(d["prefetch_factor"]),
+                "pin_memory": _yes(d["pin_memory"]),
+                "persistent_workers": _yes(d["persistent_workers"]),
+                "drop_last": _yes(d["drop_last"]),
+                "context": d["multiprocessing_context"] or "default",
+                "dataset": dataset,
+                "sampler": d["sampler_type"] or "n/a",
+                "first_batch": fmt_value(d["first_batch_s"], SECONDS),
+            }
+        )
+    return out
+
+
+def precision_rows(steps: list[dict]) -> list[tuple[str, str]]:
+    """How the recorded steps ran: autocast dtype, gradient scaler, CUDA allocator figures."""
+    if not steps:
+        return []
+    n = len(steps)
+    dtypes: dict[str, int] = defaultdict(int)
+    for s in steps:
+        dtypes[s["autocast_dtype"] or "off (float32)"] += 1
+    rows = [
+        (
+            "autocast",
+            ", ".join(
+                f"{k} in {100 * v / n:.0f} % of steps"
+                for k, v in sorted(dtypes.items(), key=lambda kv: -kv[1])
+            ),
+        ),
+    ]
+    scaler = [s["grad_scaler"] for s in steps if s["grad_scaler"] is not None]
+    if scaler:
+        rows.append(("gradient scaler", "used" if any(scaler) else "not used"))
+    peak = _peak(s["cuda_max_allocated"] for s in steps)
+    if peak is not None:
+        rows.append(("CUDA peak allocated in a step", fmt_value(peak, BYTES)))
+    reserved = _peak(s["cuda_reserved"] for s in steps)
+    if reserved is not None:
+        rows.append(("CUDA reserved (peak)", fmt_value(reserved, BYTES)))
+    retries = _peak(s["cuda_alloc_retries"] for s in steps)
+    if retries is not None:
+        rows.append(("CUDA allocation retries", str(retries)))
+    ooms = _peak(s["cuda_ooms"] for s in steps)
+    if ooms:
+        rows.append(("CUDA out-of-memory errors", str(ooms)))
+    return rows
+
+
+# -- findings ----------------------------------------------------------------------------
+
+
+def _run_diagnosis(
+    rec: Recording, thresholds: Thresholds, diagnose: Diagnose | None
+) -> tuple[list[Finding], str | None]:
+    if diagnose is None:
+        try:
+            from torchdoctor.diagnosis.engine import diagnose as engine_diagnose
+        except ImportError:
+            return [], "the diagnosis engine is not part of this installation"
+        diagnose = engine_diagnose
+    try:
+        findings = list(diagnose(rec, thresholds))
+    except Exception as exc:  # a rule's bug must not cost the user the charts
+        return [], f"the diagnosis failed ({type(exc).__name__}: {exc}); the charts are complete"
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: (rank.get(f.severity, len(rank)), -f.confidence))
+    return findings, None
+
+
+# -- summary -----------------------------------------------------------------------------
+
+
+def _summary(
+    meta: dict,
+    host: list[dict],
+    procs: list[dict],
+    gpus: list[dict],
+    steps: list[dict],
+    findings: list[Finding],
+    note: str | None,
+    span: float,
+    cpus: float | None,
+    th: Thresholds,
+) -> tuple[list[Figure], str, str]:
+    figures = [Figure("Duration", fmt_duration(span), _exit_text(meta.get("exit_status")), "none")]
+    if steps:
+        walls = [s["wall_s"] for s in steps]
+        wait = sum(s["data_wait_s"] for s in steps)
+        share = 100.0 * wait / sum(walls) if sum(walls) > 0 else 0.0
+        figures.append(
+            Figure(
+                "Steps",
+                f"{len(steps):,}",
+                f"median {fmt_value(statistics.median(walls), SECONDS)} per step",
+                "none",
+            )
+        )
+        figures.append(
+            Figure(
+                "Data wait",
+                fmt_value(share, PERCENT),
+                "of step time spent waiting for input",
+                "none",
+            )
+        )
+    busy = [r["cpu_busy"] for r in host if r["cpu_busy"] is not None]
+    if busy:
+        mean = sum(busy) / len(busy)
+        where = f"of {fmt_value(cpus, '')} allowed CPUs" if cpus else "of all CPUs"
+        figures.append(
+            Figure(
+                "CPU busy (mean)",
+                fmt_value(mean, PERCENT),
+                f"{where}, peak {fmt_value(max(busy), PERCENT)}",
+                th.level("cpu_load_pct", mean),
+            )
+        )
+    iowait = [r["cpu_iowait"] for r in host if r["cpu_iowait"] is not None]
+    if iowait:
+        mean = sum(iowait) / len(iowait)
+        figures.append(
+            Figure(
+                "I/O wait (mean)",
+                fmt_value(mean, PERCENT),
+                f"peak {fmt_value(max(iowait), PERCENT)}",
+                th.level("iowait_pct", mean),
+            )
+        )
+    pss = [v for _, v in _sum_by_time(procs, "pss") if v is not None]
+    rss = [v for _, v in _sum_by_time(procs, "rss") if v is not None]
+    if pss or rss:
+        label, values = ("Job memory (peak PSS)", pss) if pss else ("Job memory (peak RSS)", rss)
+        total = (meta.get("host") or {}).get("mem_total")
+        detail = f"of {fmt_value(total, BYTES)} RAM" if total else ""
+        figures.append(Figure(label, fmt_value(max(values), BYTES), detail, "none"))
+    swap = [
+        (r["swap_in_per_s"] or 0) + (r["swap_out_per_s"] or 0)
+        for r in host
+        if r["swap_in_per_s"] is not None or r["swap_out_per_s"] is not None
+    ]
+    if swap:
+        figures.append(
+            Figure(
+                "Swap traffic (peak)",
+                fmt_value(max(swap), BYTES_PER_S),
+                "in + out",
+                th.level("swap_bytes_per_s", max(swap)),
+            )
+        )
+    util = [r["utilization_gpu"] for r in gpus if r["utilization_gpu"] is not None]
+    if util:
+        figures.append(
+            Figure(
+                "GPU utilization (mean)",
+                fmt_value(sum(util) / len(util), PERCENT),
+                "share of time a kernel was running",
+                "none",
+            )
+        )
+    vram = [_share(r["memory_used"], r["memory_total"]) for r in gpus]
+    vram = [v for v in vram if v is not None]
+    if vram:
+        figures.append(
+            Figure(
+                "VRAM (peak)",
+                fmt_value(max(vram), PERCENT),
+                "of GPU memory in use",
+                th.level("gpu_memory_pct", max(vram)),
+            )
+        )
+    elif not gpus:
+        figures.append(Figure("GPU", "none", gpu_unavailable_reason(meta, gpus) or "", "none"))
+
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+    if note:
+        verdict, level = f"No diagnosis: {note}.", "none"
+    elif counts["critical"] or counts["warning"]:
+        top = findings[0]
+        others = counts["critical"] + counts["warning"] - 1
+        more = f" (and {others} more problem{'s' if others != 1 else ''})" if others else ""
+        verdict, level = f"{top.title}{more}", "alert" if counts["critical"] else "warn"
+    else:
+        extra = (
+            f"; {counts['info']} note{'s' if counts['info'] != 1 else ''} below"
+            if counts["info"]
+            else ""
+        )
+        verdict, level = f"No bottleneck found: the job used the machine well{extra}.", "ok"
+    return figures, verdict, level
+
+
+def _exit_text(status: Any) -> str:
+    if status is None:
+        return "exit status not recorded"
+    if status == 0:
+        return "exited with status 0 (success)"
+    if isinstance(status, int) and status > 128:
+        try:
+            name = signal.Signals(status - 128).name
+            return f"exited with status {status} (ended by {name})"
+        except ValueError:
+            pass
+    return f"exited with status {status}"
+
+
+def threshold_rows(th: Thresholds) -> list[tuple[str, str, str]]:
+    return [
+        (
+            "GPU memory in use",
+            f"> {fmt_value(th.gpu_memory_alert_pct, PERCENT)}",
+            f"{fmt_value(th.gpu_memory_best_low_pct, '')}-{fmt_value(th.gpu_memory_best_high_pct, PERCENT)}",
+        ),
+        (
+            "CPU load (mean)",
+            f"> {fmt_value(th.cpu_load_alert_pct, PERCENT)} sustained",
+            f"≤ {fmt_value(th.cpu_load_best_pct, PERCENT)}",
+        ),
+        (
+            "Swap traffic",
+            f"> {fmt_value(th.swap_alert_bytes_per_s, BYTES_PER_S)} sustained",
+            f"≈ {fmt_value(th.swap_best_bytes_per_s, BYTES_PER_S)}",
+        ),
+        (
+            "I/O wait",
+            f"> {fmt_value(th.iowait_alert_pct, PERCENT)} of CPU time",
+            f"≤ {fmt_value(th.iowait_best_pct, PERCENT)}",
+        ),
+    ]
+
+
+# -- metadata and events -----------------------------------------------------------------
+
+
+def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
+    started, ended = meta.get("started_at"), rec.ended_at
+    run = [
+        ("command", shlex.join(str(a) for a in meta.get("command") or []) or "n/a"),
+        ("working directory", _text(meta.get("cwd"))),
+        ("mode", _text(meta.get("mode"))),
+        ("started", fmt_utc(started)),
+        ("ended", fmt_utc(ended) + ("" if rec.complete else " (recording cut short: last sample)")),
+        ("duration", fmt_duration(ended - started) if started and ended else "n/a"),
+        ("exit status", _exit_text(meta.get("exit_status"))),
+        ("sampling interval", fmt_value(meta.get("interval_s"), SECONDS)),
+        ("instrumented (steps, settings)", _yes(meta.get("instrumented"))),
+        ("torch version", _text(meta.get("torch_version"))),
+        ("torchdoctor version", _text(meta.get("torchdoctor_version"))),
+        ("recording", str(rec.path)),
+    ]
+    sections = [MetaSection("Run", run)]
+    info = meta.get("host") or {}
+    if info:
+        quota = info.get("cgroup_cpu_quota")
+        limit = info.get("cgroup_memory_limit")
+        sections.append(
+            MetaSection(
+                "Machine",
+                [
+                    ("host name", _text(info.get("hostname"))),
+                    ("kernel", _text(info.get("kernel"))),
+                    ("CPU model", _text(info.get("cpu_model"))),
+                    ("logical CPUs", _text(info.get("logical_cpus"))),
+                    ("physical cores", _text(info.get("physical_cores"))),
+                    ("allowed CPUs (affinity)", _cpu_list(info.get("allowed_cpus"))),
+                    (
+                        "cgroup",
+                        f"v{info['cgroup_version']}"
+                        if info.get("cgroup_version")
+                        else "none readable",
+                    ),
+                    ("cgroup CPU quota", f"{fmt_value(quota, '')} CPUs" if quota else "no limit"),
+                    ("cgroup memory limit", fmt_value(limit, BYTES) if limit else "no limit"),
+                    ("RAM", fmt_value(info.get("mem_total"), BYTES)),
+                    (
+                        "swap",
+                        fmt_value(info.get("swap_total"), BYTES)
+                        if info.get("swap_total")
+                        else "none",
+                    ),
+                ],
+            )
+        )
+    status = meta.get("gpus")
+    if isinstance(status, dict):
+        rows = [
+            (
+                "NVML",
+                "available"
+                if status.get("available")
+                else f"unavailable: {status.get('reason') or 'no reason given'}",
+            ),
+        ]
+        for key, label in (
+            ("driver_version", "driver"),
+            ("cuda_driver_version", "CUDA driver"),
+            ("nvml_version", "NVML version"),
+        ):
+            if status.get(key):
+                rows.append((label, str(status[key])))
+        for g in status.get("gpus") or []:
+            parts = [g.get("name") or "unknown model"]
+            if g.get("memory_total"):
+                parts.append(fmt_value(g["memory_total"], BYTES))
+            if g.get("compute_capability"):
+                parts.append(f"compute capability {g['compute_capability']}")
+            if g.get("power_limit_w"):
+                parts.append(f"power limit {fmt_value(g['power_limit_w'], 'W')}")
+            rows.append((f"GPU {g.get('index', '?')}", ", ".join(parts)))
+        sections.append(MetaSection("GPUs", rows))
+    env = meta.get("env")
+    if isinstance(env, dict):
+        rows = [(k, str(v)) for k, v in sorted(env.items())]
+        sections.append(
+            MetaSection(
+                "Environment",
+                rows or [("(none set)", "no thread, CUDA or distributed variables were set")],
+            )
+        )
+    known = {
+        "command",
+        "cwd",
+        "mode",
+        "started_at",
+        "ended_at",
+        "exit_status",
+        "interval_s",
+        "instrumented",
+        "torch_version",
+        "torchdoctor_version",
+        "host",
+        "gpus",
+        "env",
+        "schema_version",
+    }
+    other = [(k, _pretty_json(json.dumps(v))) for k, v in sorted(meta.items()) if k not in known]
+    if other:
+        sections.append(MetaSection("Other metadata", other))
+    return sections
+
+
+def event_rows(events: list[dict], t0: float) -> list[EventRow]:
+    out = []
+    for e in events:
+        kind = e["kind"]
+        level = (
+            "alert"
+            if kind in ("cuda-oom",)
+            else "warn"
+            if "disabled" in kind or "error" in kind
+            else "info"
+        )
+        out.append(
+            EventRow(e["t"] - t0, _who(e["pid"], e["rank"]), kind, _pretty_json(e["detail"]), level)
+        )
+    return out
+
+
+def _cpu_list(cpus: list[int] | None) -> str:
+    """``[0, 1, 2, 3, 8]`` as ``"0-3,8 (5 CPUs)"``, the way taskset and cgroups write it."""
+    if not cpus:
+        return "n/a"
+    ranges: list[str] = []
+    ordered = sorted(cpus)
+    start = prev = ordered[0]
+    for c in ordered[1:] + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return f"{','.join(ranges)} ({len(cpus)} CPUs)"
+
+
+def _json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _pretty_json(text: Any) -> str:
+    value = _json(text)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_pretty_json(json.dumps(v))}" for k, v in value.items()) or "{}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def _text(value: Any) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _yes(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return "yes" if value else "no"
+
+
+def _title(meta: dict, rec: Recording) -> str:
+    command = meta.get("command") or []
+    if command:
+        return shlex.join(str(a) for a in command)
+    return rec.path.name

@@ -1,0 +1,190 @@
+"""One timeline chart as inline SVG: axes, the threshold bands, limit lines, markers and series.
+
+Drawn in Python so the report needs no script to show its charts and opens offline in any
+browser; the report's small script only adds the hover read-out on top of the SVG.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+from torchdoctor.report.model import Chart
+from torchdoctor.report.units import PERCENT, fmt_clock, nice_ticks, scale_for, time_ticks
+
+WIDTH = 1000
+HEIGHT = 250
+LEFT, RIGHT, TOP, BOTTOM = 72, 16, 14, 30
+PLOT_W = WIDTH - LEFT - RIGHT
+PLOT_H = HEIGHT - TOP - BOTTOM
+PALETTE_SIZE = 8  # colours are CSS classes s0..s7 (colour-blind safe palette in report.css)
+
+
+def y_top(chart: Chart) -> float:
+    """The value at the top of the plot: fixed for shares of a whole, else room over the data.
+
+    ``y_max`` alone fixes the top (CPU is 0-100 % of the machine); with ``y_min_top`` as well it
+    caps a top that otherwise follows the data but never hides the alert band.
+    """
+    if chart.y_max is not None and chart.y_min_top == 0:
+        return chart.y_max
+    highest = max([s.peak or 0.0 for s in chart.series] + [r.value for r in chart.refs] + [0.0])
+    top = max(highest * 1.08, chart.y_min_top)
+    if chart.y_max is not None:
+        top = min(top, chart.y_max)
+    if top <= 0:
+        top = 1.0
+    _, factor = scale_for(chart.unit, top)
+    ticks = nice_ticks(0.0, top / factor)
+    if ticks and ticks[-1] * factor < top:
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else ticks[-1]
+        ticks.append(ticks[-1] + step)
+    return (
+        max(top, ticks[-1] * factor)
+        if chart.y_max is None
+        else min(chart.y_max, ticks[-1] * factor)
+    )
+
+
+def render_chart(chart: Chart, span: float) -> str:
+    """The chart as an ``<svg>`` element plus the JSON its hover read-out uses."""
+    top = y_top(chart)
+    span = max(span, max((p[0] for s in chart.series for p in s.points), default=0.0), 1e-9)
+
+    def x(t: float) -> float:
+        return LEFT + PLOT_W * min(max(t / span, 0.0), 1.0)
+
+    def y(v: float) -> float:
+        return TOP + PLOT_H * (1.0 - min(max(v / top, 0.0), 1.0))
+
+    parts: list[str] = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{escape(chart.title)} over time" data-chart="{escape(chart.id)}" '
+        f'data-span="{span:.6g}" data-top="{top:.6g}">'
+    ]
+    parts.append(f'<rect class="plot" x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}"/>')
+    for band in chart.bands:
+        high = top if band.high is None else min(band.high, top)
+        if band.low >= top or high <= band.low:
+            continue
+        y1, y2 = y(high), y(band.low)
+        parts.append(
+            f'<rect class="band band-{band.kind}" x="{LEFT}" y="{y1:.1f}" width="{PLOT_W}" '
+            f'height="{max(y2 - y1, 0.8):.1f}" data-low="{band.low:.6g}"><title>{escape(band.label)}</title></rect>'
+        )
+        label_y = y1 + 12 if y2 - y1 >= 14 else y1 - 3
+        parts.append(
+            f'<text class="band-label band-label-{band.kind}" x="{LEFT + PLOT_W - 6}" '
+            f'y="{label_y:.1f}" text-anchor="end">{escape(band.label)}</text>'
+        )
+    name, factor = scale_for(chart.unit, top)
+    for tick in nice_ticks(0.0, top / factor):
+        value = tick * factor
+        if value > top * 1.0001:
+            continue
+        ty = y(value)
+        label = (
+            f"{_tick_text(tick)} {name}".strip()
+            if chart.unit != PERCENT
+            else f"{_tick_text(tick)} %"
+        )
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{ty:.1f}" y2="{ty:.1f}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{LEFT - 6}" y="{ty + 4:.1f}" text-anchor="end">{escape(label)}</text>'
+        )
+    for tick in time_ticks(span):
+        tx = x(tick)
+        parts.append(
+            f'<line class="xtick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP + PLOT_H}" y2="{TOP + PLOT_H + 4}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{tx:.1f}" y="{TOP + PLOT_H + 18}" text-anchor="middle">{fmt_clock(tick)}</text>'
+        )
+    for ref in chart.refs:
+        if ref.value > top:
+            continue
+        ry = y(ref.value)
+        parts.append(
+            f'<line class="ref" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{ry:.1f}" y2="{ry:.1f}"/>'
+        )
+        parts.append(
+            f'<text class="ref-label" x="{LEFT + 6}" y="{ry - 4:.1f}">{escape(ref.label)}</text>'
+        )
+    for i, marker in enumerate(chart.markers):
+        mx = x(marker.t)
+        parts.append(
+            f'<line class="marker marker-{marker.kind}" x1="{mx:.1f}" x2="{mx:.1f}" y1="{TOP}" y2="{TOP + PLOT_H}">'
+            f"<title>{escape(marker.label or marker.kind)} at {fmt_clock(marker.t)}</title></line>"
+        )
+        if marker.label and (marker.kind == "error" or i < 30):
+            parts.append(
+                f'<text class="marker-label" x="{mx + 3:.1f}" y="{TOP + 10}">{escape(marker.label)}</text>'
+            )
+    for i, series in enumerate(chart.series):
+        cls = f"series s{i % PALETTE_SIZE}" + (" dashed" if series.dashed else "")
+        path, dots = _path(series.points, x, y)
+        drawn = sum(1 for p in series.points if p[1] is not None)
+        parts.append(
+            f'<path class="{cls}" d="{path}" data-points="{drawn}" data-label="{escape(series.label)}"/>'
+        )
+        for cx, cy in dots:
+            parts.append(f'<circle class="{cls} dot" cx="{cx:.1f}" cy="{cy:.1f}" r="2.5"/>')
+    parts.append(
+        f'<line class="crosshair" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{TOP + PLOT_H}" visibility="hidden"/>'
+    )
+    parts.append(
+        f'<rect class="hover" x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="transparent"/>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def chart_json(chart: Chart, span: float) -> str:
+    """The drawn points for the hover read-out, safe to embed in a ``<script>`` element."""
+    data = {
+        "unit": chart.unit,
+        "span": span,
+        "geometry": [LEFT, TOP, PLOT_W, PLOT_H, WIDTH, HEIGHT],
+        "series": [
+            {
+                "label": s.label,
+                "points": [[round(t, 3), None if v is None else _compact(v)] for t, v in s.points],
+            }
+            for s in chart.series
+        ],
+    }
+    # "</" cannot end the script element early once escaped this way.
+    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+
+
+def _path(points, x, y) -> tuple[str, list[tuple[float, float]]]:
+    """SVG path data with a new sub-path after every gap; lone points come back as dots."""
+    commands: list[str] = []
+    dots: list[tuple[float, float]] = []
+    run: list[tuple[float, float]] = []
+
+    def close_run() -> None:
+        if len(run) == 1:
+            dots.append(run[0])
+        elif run:
+            commands.append("M" + " L".join(f"{px:.1f},{py:.1f}" for px, py in run))
+        run.clear()
+
+    for t, v in points:
+        if v is None:
+            close_run()
+            continue
+        run.append((x(t), y(v)))
+    close_run()
+    return " ".join(commands), dots
+
+
+def _compact(value: float) -> float:
+    return float(f"{value:.5g}")
+
+
+def _tick_text(value: float) -> str:
+    text = f"{value:.6g}"
+    return text
