@@ -1,0 +1,1123 @@
+"""The agent that runs inside the user's job: hooks torch, buffers records, ships them out.
+
+This module is standard-library only on purpose: the bootstrap (``sitecustomize``) loads it by
+path as ``_torchdoctor_agent`` into whatever Python the job runs, which need not be the one that
+has torchdoctor installed. It never imports torch itself; :func:`arm` waits for the user's code
+to import torch and only then patches it.
+
+What it hooks (all restored by :func:`uninstall`):
+
+- ``DataLoader.__init__`` (configuration; tune's overrides), ``DataLoader.__iter__`` (epoch
+  starts, first-batch latency) and ``_BaseDataLoaderIter.__next__`` (time blocked = data wait);
+- the DataLoader worker loop (worker processes report their own settings, never steps);
+- torch's global optimizer step post-hook: the step boundary;
+- ``autocast.__enter__`` and ``GradScaler.scale`` (was AMP really on in the step);
+- ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
+- the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
+
+Safety: every hook body runs under ``try``; the first exception switches the agent off for the
+process (patches restored), is recorded once as an ``instrumentation-disabled`` event and never
+reaches the user's code. The agent never writes to stdout or stderr.
+
+Records leave the process in batches (at most every :data:`FLUSH_INTERVAL_S` seconds or
+:data:`FLUSH_MAX_STEPS` steps, from the step hook: no thread) as JSON messages over a Unix
+``SOCK_SEQPACKET`` connection to the collector, or to in-process sinks (``watch``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+import weakref
+
+WIRE_VERSION = 1
+ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
+ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
+ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
+ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+
+# Exit status of a process stopped by TORCHDOCTOR_STOP_AFTER_STEPS (EX_TEMPFAIL: Python itself
+# never uses it). The recording also gets a "stopped-after-steps" event.
+STOPPED_EXIT_STATUS = 75
+
+FLUSH_INTERVAL_S = 0.25
+FLUSH_MAX_STEPS = 128
+MAX_PENDING_MESSAGES = 512  # kept while the collector is slow; oldest dropped beyond
+
+# Order of the values of one step on the wire; every message names it, so the collector never
+# depends on this module's version.
+STEP_FIELDS = (
+    "step",
+    "t_start",
+    "t_end",
+    "wall_s",
+    "data_wait_s",
+    "batch_size",
+    "samples",
+    "autocast_dtype",
+    "grad_scaler",
+    "cuda_allocated",
+    "cuda_reserved",
+    "cuda_max_allocated",
+    "cuda_alloc_retries",
+    "cuda_ooms",
+)
+
+# tune's overrides: key -> accepted Python type.
+OVERRIDE_TYPES = {
+    "num_workers": int,
+    "prefetch_factor": int,
+    "pin_memory": bool,
+    "persistent_workers": bool,
+    "num_threads": int,
+}
+_DATALOADER_OVERRIDES = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+
+# Settings that can change while the job runs: re-read at every flush, sent when they change.
+_VOLATILE_SETTINGS = (
+    "torch.num_threads",
+    "torch.num_interop_threads",
+    "matmul.float32_precision",
+    "matmul.allow_tf32",
+    "cudnn.allow_tf32",
+    "cudnn.benchmark",
+    "cudnn.deterministic",
+)
+
+_perf = time.perf_counter
+_now = time.time
+
+
+def env_flag(value: str | None) -> bool:
+    """True for a set variable other than an explicit no ("", "0", "false", "no", "off")."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def parse_overrides(text: str | None) -> dict:
+    """Parse TORCHDOCTOR_OVERRIDES (a JSON object); raise ValueError saying what is wrong."""
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_OVERRIDES} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
+    out = {}
+    for key, value in data.items():
+        kind = OVERRIDE_TYPES.get(key)
+        if kind is None:
+            known = ", ".join(sorted(OVERRIDE_TYPES))
+            raise ValueError(f"{ENV_OVERRIDES}: unknown key {key!r} (known: {known})")
+        # bool is an int in Python: reject it where a count is expected, and vice versa.
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{ENV_OVERRIDES}: {key} must be an integer, got {value!r}")
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"{ENV_OVERRIDES}: {key} must be true or false, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def _qualname(obj) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+class SocketSink:
+    """Sends messages to the collector over one SOCK_SEQPACKET connection per process.
+
+    Sends never block the job: a message the socket cannot take now waits for the next flush
+    (the exit flush waits up to ``exit_timeout``). A missing collector drops messages quietly.
+    """
+
+    def __init__(self, address: str, exit_timeout: float = 2.0) -> None:
+        self.address = address
+        self.exit_timeout = exit_timeout
+        self._sock: socket.socket | None = None
+        self._pid: int | None = None
+        self._pending: list[bytes] = []
+        self.dropped = 0
+        self._gone = False
+
+    def __call__(self, message: dict) -> None:
+        self._pending.append(_dumps(message).encode())
+        if len(self._pending) > MAX_PENDING_MESSAGES:
+            del self._pending[0]
+            self.dropped += 1
+        self.drain(block=False)
+
+    def _connect(self) -> socket.socket | None:
+        if self._pid != os.getpid():
+            # A forked child shares the parent's connection: never write to it.
+            self._sock = None
+            self._pid = os.getpid()
+            self._gone = False
+        if self._sock is None and not self._gone:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                sock.connect(self.address)
+            except OSError:
+                sock.close()
+                self._gone = True
+                return None
+            sock.setblocking(False)
+            self._sock = sock
+        return self._sock
+
+    def drain(self, block: bool) -> None:
+        if not self._pending:
+            return
+        sock = self._connect()
+        if sock is None:
+            self.dropped += len(self._pending)
+            self._pending.clear()
+            return
+        deadline = _perf() + self.exit_timeout
+        while self._pending:
+            try:
+                sock.send(self._pending[0])
+            except BlockingIOError:
+                if not block or _perf() > deadline:
+                    return
+                time.sleep(0.005)
+                continue
+            except OSError:
+                # Collector gone (recorder ended or killed): nothing to deliver to.
+                self._gone = True
+                self._sock = None
+                self.dropped += len(self._pending)
+                self._pending.clear()
+                return
+            del self._pending[0]
+
+    def close(self) -> None:
+        self.drain(block=True)
+
+
+class _LoaderInfo:
+    __slots__ = ("loader_id", "record", "sent", "epochs", "batch_size")
+
+    def __init__(self, loader_id: int, record: dict, batch_size: int | None) -> None:
+        self.loader_id = loader_id
+        self.record = record
+        self.sent = False
+        self.epochs = 0
+        self.batch_size = batch_size
+
+
+class Agent:
+    """Per-process state of the instrumentation. One instance: :data:`AGENT`."""
+
+    def __init__(self) -> None:
+        self.armed = False  # import hook or patches in place
+        self.active = False  # patches in place and working
+        self.disabled_reason: str | None = None
+        self.torch = None
+        self.sinks: list = []
+        self.overrides: dict = {}
+        self.stop_after: int | None = None
+        self._patches: list[tuple[object, str, object, object]] = []
+        self._hook_handle = None
+        self._fork_registered = False
+        self._atexit_registered = False
+        self._finder = None
+        self._reset_process()
+
+    # -- per-process state ------------------------------------------------------------------
+
+    def _reset_process(self) -> None:
+        self.pid = os.getpid()
+        self.rank = _env_int("RANK")
+        self.role = "trainer"
+        self.steps: list[list] = []
+        self.loaders: list[dict] = []
+        self.settings: list[list] = []
+        self.events: list[list] = []
+        self.pending_loaders: list[_LoaderInfo] = []
+        self.next_loader_id = 0
+        self.step = 0
+        self.boundary: float | None = None  # perf_counter of the last step boundary
+        self.start_perf = _perf()
+        self.data_wait = 0.0
+        self.samples = 0
+        self.last_batch_size: int | None = None
+        self.loader_batch_size: int | None = None
+        self.autocast_dtype: str | None = None
+        self.scaler_used = False
+        self.primary = None  # weakref to the optimizer whose step is the boundary
+        self.settings_done = False
+        self.setting_values: dict[str, str] = {}
+        self.last_flush = _perf()
+        self.cuda_seen = False
+        self.cuda_stats_ok = True
+        self.oom_observer = False
+        self.oom_recorded_step: int | None = None
+        self.threads_override_pending = False
+        self.stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def configure_from_env(self, environ=os.environ) -> bool:
+        """Read the collector address, overrides and stop rule; False when told not to run."""
+        if env_flag(environ.get(ENV_NO_INSTRUMENT)):
+            return False
+        address = environ.get(ENV_COLLECTOR)
+        if address:
+            self.sinks.append(SocketSink(address))
+        try:
+            self.overrides = parse_overrides(environ.get(ENV_OVERRIDES))
+        except ValueError as exc:
+            self.overrides = {}
+            self.event("overrides-invalid", {"error": str(exc)})
+        stop = environ.get(ENV_STOP_AFTER_STEPS)
+        if stop:
+            try:
+                self.stop_after = max(1, int(stop))
+            except ValueError:
+                self.event("stop-after-invalid", {"value": stop})
+        return True
+
+    def arm(self) -> None:
+        """Install as soon as torch is imported (now, when it already is)."""
+        if self.armed:
+            return
+        self.armed = True
+        self._register_process_hooks()
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "optim"):
+            self._install_guarded(torch)
+            return
+        self._finder = _TorchImportFinder(self._install_guarded)
+        sys.meta_path.insert(0, self._finder)
+
+    def _register_process_hooks(self) -> None:
+        if not self._fork_registered:
+            os.register_at_fork(after_in_child=self._after_fork)
+            self._fork_registered = True
+        if not self._atexit_registered:
+            atexit.register(self._at_exit)
+            self._atexit_registered = True
+
+    def _install_guarded(self, torch) -> None:
+        if self.finder_active():
+            self._remove_finder()
+        if self.active or not self.armed:
+            return
+        try:
+            self._install(torch)
+        except Exception as exc:
+            self.disable("install", exc)
+
+    def finder_active(self) -> bool:
+        return self._finder is not None
+
+    def _remove_finder(self) -> None:
+        finder, self._finder = self._finder, None
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+    def uninstall(self) -> None:
+        """Restore everything torch had before and stop recording (buffers are flushed)."""
+        self._remove_finder()
+        was_active = self.active
+        self.active = False
+        self.armed = False
+        self._restore_patches()
+        if was_active:
+            self._emit_pending_loaders()
+            self.flush(final=True)
+
+    def disable(self, where: str, exc: BaseException) -> None:
+        """Switch off for this process after a failure inside the instrumentation."""
+        if self.disabled_reason is not None:
+            return
+        self.disabled_reason = f"{type(exc).__name__}: {exc}"[:500]
+        self.active = False
+        self.armed = False
+        self._remove_finder()
+        with contextlib.suppress(Exception):
+            self._restore_patches()
+        try:
+            self.event("instrumentation-disabled", {"where": where, "error": self.disabled_reason})
+            self.flush(final=True)
+        except Exception:
+            pass
+
+    # -- installation -------------------------------------------------------------------------
+
+    def _patch(self, owner, name: str, replacement) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._patches.append((owner, name, original, replacement))
+        setattr(owner, name, replacement)
+
+    def _restore_patches(self) -> None:
+        while self._patches:
+            owner, name, original, replacement = self._patches.pop()
+            current = owner.__dict__.get(name) if isinstance(owner, type) else None
+            if current is None:
+                current = getattr(owner, name, None)
+            if current is not replacement:
+                continue  # someone patched over us since: theirs stays (ours is inert now)
+            with contextlib.suppress(Exception):
+                setattr(owner, name, original)
+        handle, self._hook_handle = self._hook_handle, None
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                handle.remove()
+
+    def _install(self, torch) -> None:
+        import torch.optim.optimizer as optimizer_mod
+        import torch.utils.data._utils.worker as worker_mod
+        import torch.utils.data.dataloader as dataloader_mod
+
+        self.torch = torch
+        self.start_perf = _perf()
+        self.role = _guess_role()
+        dl_cls = dataloader_mod.DataLoader
+        it_cls = dataloader_mod._BaseDataLoaderIter
+        self._patch(dl_cls, "__init__", _make_dataloader_init(self, dl_cls.__init__))
+        self._patch(dl_cls, "__iter__", _make_dataloader_iter(self, dl_cls.__iter__))
+        self._patch(it_cls, "__next__", _make_iterator_next(self, it_cls.__next__))
+        self._patch(worker_mod, "_worker_loop", _make_worker_loop(self, worker_mod._worker_loop))
+        self._patch(torch, "set_num_threads", _make_set_num_threads(self, torch.set_num_threads))
+        autocast_cls = getattr(getattr(torch, "amp", None), "autocast_mode", None)
+        autocast_cls = getattr(autocast_cls, "autocast", None)
+        if autocast_cls is not None and "__enter__" in autocast_cls.__dict__:
+            self._patch(
+                autocast_cls, "__enter__", _make_autocast_enter(self, autocast_cls.__enter__)
+            )
+        scaler_mod = getattr(torch.amp, "grad_scaler", None)
+        scaler_cls = getattr(scaler_mod, "GradScaler", None)
+        if scaler_cls is not None and "scale" in scaler_cls.__dict__:
+            self._patch(scaler_cls, "scale", _make_scaler_scale(self, scaler_cls.scale))
+        self._patch(sys, "excepthook", _make_excepthook(self, sys.excepthook))
+        self._hook_handle = optimizer_mod.register_optimizer_step_post_hook(_make_step_hook(self))
+        self.active = True
+        self.event("process-start", self._process_detail())
+        if self.overrides:
+            self.setting("overrides", self.overrides)
+        if "num_threads" in self.overrides:
+            # In a multiprocessing child (DataLoader worker or mp.spawn rank) wait until the
+            # process shows what it is: a worker must keep torch's one thread.
+            if _in_multiprocessing_child():
+                self.threads_override_pending = True
+            else:
+                self._apply_threads_override()
+        if self._cuda_initialized():
+            self._on_cuda_seen()
+
+    def _process_detail(self) -> dict:
+        argv = [a[:200] for a in sys.argv[:32]]
+        return {
+            "argv": argv,
+            "executable": sys.executable,
+            "ppid": os.getppid(),
+            "role": self.role,
+            "rank": self.rank,
+            "local_rank": _env_int("LOCAL_RANK"),
+            "world_size": _env_int("WORLD_SIZE"),
+            "torch_version": getattr(self.torch, "__version__", None),
+            "python_version": sys.version.split()[0],
+        }
+
+    def _apply_threads_override(self) -> None:
+        self.threads_override_pending = False
+        if self.role == "dataloader-worker":
+            return
+        n = self.overrides["num_threads"]
+        self._original_set_num_threads()(n)
+        self.event("override-applied", {"num_threads": n})
+
+    def _original_set_num_threads(self):
+        for owner, name, original, _ in self._patches:
+            if owner is self.torch and name == "set_num_threads":
+                return original
+        return self.torch.set_num_threads
+
+    # -- records ------------------------------------------------------------------------------
+
+    def event(self, kind: str, detail: dict) -> None:
+        self.events.append([_now(), kind, _dumps(detail)])
+
+    def setting(self, key: str, value) -> None:
+        encoded = _dumps(value)
+        if self.setting_values.get(key) == encoded:
+            return
+        self.setting_values[key] = encoded
+        self.settings.append([_now(), key, encoded])
+
+    def on_batch(self, it, batch, t0: float, dt: float) -> None:
+        self.data_wait += dt
+        if self.boundary is None:
+            self.boundary = t0
+        n = _batch_len(batch, self.torch.Tensor)
+        if n is None:
+            n = self.loader_batch_size
+        if n is not None:
+            self.samples += n
+            self.last_batch_size = n
+        first = it.__dict__.pop("_torchdoctor_first", None)
+        if first is not None:
+            info, t_iter = first
+            info.record["first_batch_s"] = t0 + dt - t_iter
+            self._emit_loader(info)
+
+    def on_step(self, optimizer) -> None:
+        now = _perf()
+        t_end = _now()
+        primary = self.primary() if self.primary is not None else None
+        if primary is None:
+            self.primary = weakref.ref(optimizer)
+        elif primary is not optimizer:
+            return  # a second optimizer (GAN, multi-task) steps within the same step
+        if self.role == "dataloader-worker":
+            return
+        if self.threads_override_pending:
+            self._apply_threads_override()
+        if not self.settings_done:
+            self.settings_done = True
+            self._capture_settings(optimizer)
+        boundary = self.boundary if self.boundary is not None else self.start_perf
+        wall = now - boundary
+        cuda = self._cuda_step_stats() if (self.cuda_seen or self._cuda_initialized()) else None
+        self.steps.append(
+            [
+                self.step,
+                t_end - wall,
+                t_end,
+                wall,
+                self.data_wait,
+                self.last_batch_size,
+                self.samples or None,
+                self.autocast_dtype,
+                self.scaler_used,
+                *(cuda or (None, None, None, None, None)),
+            ]
+        )
+        self.step += 1
+        self.boundary = now
+        self.data_wait = 0.0
+        self.samples = 0
+        self.autocast_dtype = None
+        self.scaler_used = False
+        if len(self.steps) >= FLUSH_MAX_STEPS or now - self.last_flush >= FLUSH_INTERVAL_S:
+            self.flush()
+        if self.stop_after is not None and self.step >= self.stop_after and not self.stopping:
+            self.stopping = True
+            self.event("stopped-after-steps", {"steps": self.step, "status": STOPPED_EXIT_STATUS})
+            self.flush(final=True)
+            raise SystemExit(STOPPED_EXIT_STATUS)
+
+    def _capture_settings(self, optimizer) -> None:
+        torch = self.torch
+        self._refresh_rank()
+        self.setting("process.role", self.role)
+        self.setting("torch.version", torch.__version__)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            self.setting(f"env.{name}", os.environ.get(name))
+        self._capture_volatile()
+        self.setting("optimizer.class", _qualname(optimizer))
+        defaults = getattr(optimizer, "defaults", {}) or {}
+        self.setting("optimizer.foreach", defaults.get("foreach"))
+        self.setting("optimizer.fused", defaults.get("fused"))
+        seen: set[int] = set()
+        count = nbytes = 0
+        devices: set[str] = set()
+        dtypes: set[str] = set()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                numel = p.numel()
+                count += numel
+                nbytes += numel * p.element_size()
+                devices.add(str(p.device))
+                dtypes.add(str(p.dtype).replace("torch.", ""))
+        self.setting("optimizer.param_groups", len(optimizer.param_groups))
+        self.setting("params.count", count)
+        self.setting("params.bytes", nbytes)
+        self.setting("params.devices", sorted(devices))
+        self.setting("params.dtypes", sorted(dtypes))
+        self.setting("amp.autocast", self.autocast_dtype)
+        self.setting("amp.grad_scaler", self.scaler_used)
+        self.setting("distributed.rank", self.rank)
+        self.setting("distributed.local_rank", _env_int("LOCAL_RANK"))
+        self.setting("distributed.world_size", _env_int("WORLD_SIZE"))
+        self.setting("distributed.backend", self._dist_backend())
+
+    def _capture_volatile(self) -> None:
+        import warnings
+
+        torch = self.torch
+        backends = torch.backends
+        # Reading some flags warns about their successors in newer torch: the user's stderr
+        # must not change, so warnings are silenced for these reads only.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = {
+                "torch.num_threads": torch.get_num_threads(),
+                "torch.num_interop_threads": torch.get_num_interop_threads(),
+                "matmul.float32_precision": torch.get_float32_matmul_precision(),
+                "matmul.allow_tf32": bool(backends.cuda.matmul.allow_tf32),
+                "cudnn.allow_tf32": bool(backends.cudnn.allow_tf32),
+                "cudnn.benchmark": bool(backends.cudnn.benchmark),
+                "cudnn.deterministic": bool(backends.cudnn.deterministic),
+            }
+        for key in _VOLATILE_SETTINGS:
+            self.setting(key, values[key])
+
+    def _refresh_rank(self) -> None:
+        if self.rank is not None:
+            return
+        dist = getattr(self.torch, "distributed", None)
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                self.rank = dist.get_rank()
+        except Exception:
+            pass
+
+    def _dist_backend(self) -> str | None:
+        dist = getattr(self.torch, "distributed", None)
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return str(dist.get_backend())
+
+    # -- DataLoaders --------------------------------------------------------------------------
+
+    def on_loader_created(self, loader) -> None:
+        dataset = loader.dataset
+        try:
+            dataset_len = len(dataset)
+        except Exception:
+            dataset_len = None  # IterableDataset without __len__, or a failing __len__
+        sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+        sampler_type = type(loader.sampler).__name__ if loader.sampler is not None else None
+        if sampler is not None and getattr(loader, "batch_size", None) is None:
+            sampler_type = type(sampler).__name__
+        record = {
+            "loader_id": self.next_loader_id,
+            "t": _now(),
+            "batch_size": loader.batch_size,
+            "num_workers": loader.num_workers,
+            "pin_memory": bool(loader.pin_memory),
+            "persistent_workers": bool(loader.persistent_workers),
+            "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
+            "drop_last": bool(loader.drop_last),
+            "multiprocessing_context": _start_method(loader),
+            "dataset_type": _qualname(dataset),
+            "dataset_len": dataset_len,
+            "sampler_type": sampler_type,
+            "first_batch_s": None,
+        }
+        info = _LoaderInfo(self.next_loader_id, record, loader.batch_size)
+        self.next_loader_id += 1
+        object.__setattr__(loader, "_torchdoctor_info", info)
+        self.pending_loaders.append(info)
+
+    def on_loader_iter(self, loader, it, t_iter: float) -> None:
+        info = loader.__dict__.get("_torchdoctor_info")
+        if info is None:
+            return
+        self.loader_batch_size = info.batch_size
+        self.event(
+            "epoch-start", {"loader_id": info.loader_id, "epoch": info.epochs, "step": self.step}
+        )
+        info.epochs += 1
+        if not info.sent:
+            it.__dict__["_torchdoctor_first"] = (info, t_iter)
+
+    def _emit_loader(self, info: _LoaderInfo) -> None:
+        if info.sent:
+            return
+        info.sent = True
+        if info in self.pending_loaders:
+            self.pending_loaders.remove(info)
+        record = info.record
+        if record["num_workers"] > 0 and record["multiprocessing_context"] is None:
+            import multiprocessing
+
+            # Workers have started by now, so this is the method they were started with.
+            record["multiprocessing_context"] = multiprocessing.get_start_method(allow_none=True)
+        self.loaders.append(record)
+
+    def _emit_pending_loaders(self) -> None:
+        for info in list(self.pending_loaders):
+            self._emit_loader(info)
+
+    def apply_loader_overrides(self, init, args: tuple, kwargs: dict):
+        """Return (args, kwargs, changes) for DataLoader.__init__ with tune's overrides."""
+        import inspect
+
+        bound = inspect.signature(init).bind(*args, **kwargs)
+        arguments = bound.arguments
+        changes = {}
+        user_workers = arguments.get("num_workers", 0)
+        iterable = isinstance(arguments.get("dataset"), self.torch.utils.data.IterableDataset)
+        for key in _DATALOADER_OVERRIDES:
+            if key not in self.overrides:
+                continue
+            if key == "num_workers" and iterable and user_workers == 0:
+                # An IterableDataset that was never split across workers would yield every
+                # sample once per worker: more workers would change what the job trains on.
+                self.event("override-skipped", {"num_workers": "iterable dataset, no workers"})
+                continue
+            arguments[key] = self.overrides[key]
+            changes[key] = self.overrides[key]
+        if not changes:
+            return args, kwargs, changes
+        if arguments.get("num_workers", 0) == 0:
+            # Multiprocessing-only options are rejected without workers.
+            arguments["prefetch_factor"] = None
+            arguments["persistent_workers"] = False
+        return bound.args, bound.kwargs, changes
+
+    # -- DataLoader workers -------------------------------------------------------------------
+
+    def enter_worker(self, worker_id, num_workers) -> None:
+        self.role = "dataloader-worker"
+        self.threads_override_pending = False
+        self.event("dataloader-worker-start", {"worker_id": worker_id, "ppid": os.getppid()})
+        self.setting("process.role", self.role)
+        self.setting("dataloader.worker_id", worker_id)
+        self.setting("dataloader.num_workers", num_workers)
+        self.setting("dataloader.parent_pid", os.getppid())
+        import multiprocessing
+
+        self.setting("dataloader.start_method", multiprocessing.get_start_method(allow_none=True))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            self.setting(f"env.{name}", os.environ.get(name))
+
+    def on_set_num_threads(self) -> None:
+        self.setting("torch.num_threads", self.torch.get_num_threads())
+        if self.role == "dataloader-worker":
+            self.flush(final=True)  # a worker's settings are all it ever sends
+
+    # -- CUDA ---------------------------------------------------------------------------------
+
+    def _cuda_initialized(self) -> bool:
+        cuda = getattr(self.torch, "cuda", None)
+        return cuda is not None and cuda.is_initialized()
+
+    def _on_cuda_seen(self) -> None:
+        self.cuda_seen = True
+        attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is not None and not self.oom_observer:
+            attach(_make_oom_observer(self))
+            self.oom_observer = True
+
+    def _cuda_step_stats(self):
+        if not self.cuda_seen:
+            self._on_cuda_seen()
+        if not self.cuda_stats_ok:
+            return None
+        try:
+            cuda = self.torch.cuda
+            device = cuda.current_device()
+            stats = cuda.memory_stats(device)
+            cuda.reset_peak_memory_stats(device)
+            return (
+                stats.get("allocated_bytes.all.current"),
+                stats.get("reserved_bytes.all.current"),
+                stats.get("allocated_bytes.all.peak"),
+                stats.get("num_alloc_retries"),
+                stats.get("num_ooms"),
+            )
+        except Exception as exc:
+            # Memory figures are a bonus: lose them, keep the steps.
+            self.cuda_stats_ok = False
+            self.event("cuda-stats-unavailable", {"error": f"{type(exc).__name__}: {exc}"})
+            return None
+
+    def on_cuda_oom(self, device, requested, allocated, free) -> None:
+        self.oom_recorded_step = self.step
+        self.event(
+            "cuda-oom",
+            {
+                "step": self.step,
+                "batch_size": self.last_batch_size,
+                "device": device,
+                "requested_bytes": requested,
+                "allocated_bytes": allocated,
+                "free_bytes": free,
+                "source": "allocator",
+            },
+        )
+        self.flush(final=True)
+
+    def on_uncaught(self, exc_type) -> None:
+        if exc_type.__name__ != "OutOfMemoryError" or self.oom_recorded_step == self.step:
+            return
+        detail = {"step": self.step, "batch_size": self.last_batch_size, "source": "uncaught"}
+        if self._cuda_initialized():
+            cuda = self.torch.cuda
+            detail["allocated_bytes"] = cuda.memory_allocated()
+            detail["reserved_bytes"] = cuda.memory_reserved()
+            detail["max_allocated_bytes"] = cuda.max_memory_allocated()
+        self.event("cuda-oom", detail)
+        self.flush(final=True)
+
+    # -- shipping -----------------------------------------------------------------------------
+
+    def flush(self, final: bool = False) -> None:
+        """Send what is buffered to every sink; at most FLUSH_MAX_STEPS steps per message."""
+        self.last_flush = _perf()
+        if self.active and self.settings_done and not final:
+            with contextlib.suppress(Exception):
+                self._capture_volatile()
+        if not (self.steps or self.loaders or self.settings or self.events):
+            if final:
+                for sink in self.sinks:
+                    _close_sink(sink)
+            return
+        steps, self.steps = self.steps, []
+        loaders, self.loaders = self.loaders, []
+        settings, self.settings = self.settings, []
+        events, self.events = self.events, []
+        header = {"v": WIRE_VERSION, "pid": self.pid, "rank": self.rank, "role": self.role}
+        chunks = [steps[i : i + FLUSH_MAX_STEPS] for i in range(0, len(steps), FLUSH_MAX_STEPS)]
+        messages = []
+        for i, chunk in enumerate(chunks or [[]]):
+            msg = dict(header)
+            msg["step_fields"] = STEP_FIELDS
+            msg["steps"] = chunk
+            if i == 0:
+                msg["dataloaders"] = loaders
+                msg["settings"] = settings
+                msg["events"] = events
+            messages.append(msg)
+        for sink in self.sinks:
+            for msg in messages:
+                sink(msg)
+            if final:
+                _close_sink(sink)
+
+    def _after_fork(self) -> None:
+        # The child must never resend what the parent buffered, nor write on its connection.
+        self._reset_process()
+        self.role = "forked-child"
+
+    def _at_exit(self) -> None:
+        try:
+            if self.active or self.events:
+                self._emit_pending_loaders()
+                self.flush(final=True)
+        except Exception:
+            pass
+
+
+def _close_sink(sink) -> None:
+    close = getattr(sink, "close", None)
+    if close is not None:
+        close()
+
+
+def _start_method(loader) -> str | None:
+    context = loader.multiprocessing_context
+    return context.get_start_method() if context is not None else None
+
+
+def _in_multiprocessing_child() -> bool:
+    import multiprocessing
+
+    parent = getattr(multiprocessing, "parent_process", None)
+    return parent is not None and parent() is not None
+
+
+def _guess_role() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if argv0 == "torchrun" or sys.argv[0].endswith(os.path.join("distributed", "run.py")):
+        return "launcher"
+    if _in_multiprocessing_child():
+        return "multiprocessing-child"  # a spawned DataLoader worker says so when it starts
+    if _env_int("RANK") is not None:
+        return "rank"
+    return "trainer"
+
+
+def _batch_len(batch, tensor_type) -> int | None:
+    """Samples in a collated batch: the leading dimension of its first tensor."""
+    for _ in range(4):
+        if isinstance(batch, tensor_type):
+            return int(batch.shape[0]) if batch.dim() > 0 else None
+        if isinstance(batch, (list, tuple)):
+            if not batch:
+                return None
+            first = batch[0]
+            if not isinstance(first, (tensor_type, list, tuple, dict)):
+                return len(batch)  # e.g. a list of strings
+            batch = first
+        elif isinstance(batch, dict):
+            if not batch:
+                return None
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None
+
+
+# -- the hooks ------------------------------------------------------------------------------
+# Each hook checks ``agent.active`` first so that a disabled agent costs one attribute read,
+# and catches every exception of its own so that none reaches the user's code.
+
+
+def _make_iterator_next(agent: Agent, original):
+    def __next__(self):
+        if not agent.active:
+            return original(self)
+        t0 = _perf()
+        try:
+            batch = original(self)
+        except BaseException:
+            agent.data_wait += _perf() - t0
+            raise
+        dt = _perf() - t0
+        if agent.active:
+            try:
+                agent.on_batch(self, batch, t0, dt)
+            except Exception as exc:
+                agent.disable("dataloader-next", exc)
+        return batch
+
+    __next__.__wrapped__ = original
+    return __next__
+
+
+def _make_dataloader_iter(agent: Agent, original):
+    def __iter__(self):
+        if not agent.active:
+            return original(self)
+        t0 = _perf()
+        it = original(self)
+        if agent.active:
+            try:
+                agent.on_loader_iter(self, it, t0)
+            except Exception as exc:
+                agent.disable("dataloader-iter", exc)
+        return it
+
+    __iter__.__wrapped__ = original
+    return __iter__
+
+
+def _make_dataloader_init(agent: Agent, original):
+    def __init__(self, *args, **kwargs):
+        if not agent.active:
+            return original(self, *args, **kwargs)
+        applied = None
+        if agent.overrides and agent.role != "dataloader-worker":
+            try:
+                new_args, new_kwargs, applied = agent.apply_loader_overrides(
+                    original, (self, *args), kwargs
+                )
+            except Exception as exc:
+                agent.disable("dataloader-overrides", exc)
+        if applied:
+            try:
+                original(*new_args, **new_kwargs)
+            except Exception as exc:
+                # Rejected override: build the loader exactly as the user asked (their own
+                # error, if any, propagates from here), then switch off.
+                original(self, *args, **kwargs)
+                agent.disable("dataloader-overrides", exc)
+                return None
+        else:
+            original(self, *args, **kwargs)
+        if agent.active:
+            try:
+                agent.on_loader_created(self)
+                if applied:
+                    agent.event(
+                        "override-applied",
+                        {"loader_id": agent.next_loader_id - 1, **applied},
+                    )
+                    if agent.threads_override_pending:
+                        agent._apply_threads_override()
+            except Exception as exc:
+                agent.disable("dataloader-init", exc)
+        return None
+
+    __init__.__wrapped__ = original
+    return __init__
+
+
+def _make_worker_loop(agent: Agent, original):
+    def _worker_loop(*args, **kwargs):
+        if agent.active:
+            try:
+                import inspect
+
+                bound = inspect.signature(original).bind(*args, **kwargs).arguments
+                agent.enter_worker(bound.get("worker_id"), bound.get("num_workers"))
+            except Exception as exc:
+                agent.disable("dataloader-worker", exc)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            # Forked workers end with os._exit (no atexit): send what is left now.
+            with contextlib.suppress(Exception):
+                agent.flush(final=True)
+
+    _worker_loop.__wrapped__ = original
+    _worker_loop.__module__ = original.__module__
+    _worker_loop.__qualname__ = original.__qualname__
+    _worker_loop.__name__ = original.__name__
+    return _worker_loop
+
+
+def _make_set_num_threads(agent: Agent, original):
+    def set_num_threads(n):
+        if not agent.active:
+            return original(n)
+        wanted = agent.overrides.get("num_threads")
+        if wanted is not None and agent.role != "dataloader-worker":
+            if n != wanted:
+                agent.event("override-applied", {"num_threads": wanted, "requested": n})
+            n = wanted
+        result = original(n)
+        try:
+            agent.on_set_num_threads()
+        except Exception as exc:
+            agent.disable("set-num-threads", exc)
+        return result
+
+    set_num_threads.__wrapped__ = original
+    set_num_threads.__doc__ = original.__doc__
+    set_num_threads.__name__ = "set_num_threads"
+    return set_num_threads
+
+
+def _make_autocast_enter(agent: Agent, original):
+    def __enter__(self):
+        result = original(self)
+        if agent.active:
+            try:
+                if self._enabled:
+                    agent.autocast_dtype = str(self.fast_dtype).replace("torch.", "")
+            except Exception as exc:
+                agent.disable("autocast", exc)
+        return result
+
+    __enter__.__wrapped__ = original
+    return __enter__
+
+
+def _make_scaler_scale(agent: Agent, original):
+    def scale(self, outputs):
+        if agent.active:
+            try:
+                if self._enabled:
+                    agent.scaler_used = True
+            except Exception as exc:
+                agent.disable("grad-scaler", exc)
+        return original(self, outputs)
+
+    scale.__wrapped__ = original
+    return scale
+
+
+def _make_step_hook(agent: Agent):
+    def torchdoctor_step_hook(optimizer, args, kwargs):
+        if not agent.active:
+            return
+        try:
+            agent.on_step(optimizer)
+        except Exception as exc:
+            agent.disable("optimizer-step", exc)
+
+    return torchdoctor_step_hook
+
+
+def _make_oom_observer(agent: Agent):
+    def torchdoctor_oom_observer(device, requested, allocated, free):
+        if not agent.active:
+            return
+        try:
+            agent.on_cuda_oom(device, requested, allocated, free)
+        except Exception as exc:
+            agent.disable("cuda-oom", exc)
+
+    return torchdoctor_oom_observer
+
+
+def _make_excepthook(agent: Agent, previous):
+    def excepthook(exc_type, exc, tb):
+        if agent.active:
+            with contextlib.suppress(Exception):
+                agent.on_uncaught(exc_type)
+        return previous(exc_type, exc, tb)
+
+    excepthook.__wrapped__ = previous
+    return excepthook
+
+
+class _TorchImportFinder:
+    """A meta-path finder that lets the real finders load torch, then calls ``on_loaded``."""
+
+    def __init__(self, on_loaded) -> None:
+        self.on_loaded = on_loaded
+        self._busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch" or self._busy:
+            return None
+        import importlib.util
+
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec("torch")
+        except Exception:
+            return None
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _NotifyingLoader(spec.loader, self.on_loaded)
+        return spec
+
+
+class _NotifyingLoader:
+    def __init__(self, loader, on_loaded) -> None:
+        self._loader = loader
+        self._on_loaded = on_loaded
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # torch sees its own loader, as without torchdoctor.
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._on_loaded(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+AGENT = Agent()
+
+
+def arm_from_env() -> bool:
+    """Entry point of the bootstrap: arm the agent unless the environment says no."""
+    if not AGENT.configure_from_env():
+        return False
+    AGENT.arm()
+    return True
