@@ -1,0 +1,83 @@
+"""``torchdoctor top``: live view of the machine and its PyTorch jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from torchdoctor.errors import UserError
+
+
+@click.command("top")
+@click.option(
+    "--interval",
+    "interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between refreshes (and the window rates are measured over).",
+)
+@click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="With --once: the snapshot as JSON (schema in docs)."
+)
+@click.option(
+    "--thresholds",
+    "thresholds_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="TOML file overriding the threshold table used for colours.",
+)
+def command(interval: float, once: bool, as_json: bool, thresholds_file: str | None) -> None:
+    """Live view: host CPU/memory/PSI, GPUs and every PyTorch job with its workers and ranks.
+
+    Jobs running under `torchdoctor run` also show their step rate, data-wait share and
+    current findings. Keys: arrows select, enter detail, s sort, / filter, k signal, q quit.
+    """
+    from rich.console import Console
+
+    from torchdoctor.live.collect import TopCollector
+    from torchdoctor.live.model import UiState, build_view
+    from torchdoctor.live.render import render
+    from torchdoctor.live.snapshot import snapshot
+    from torchdoctor.thresholds import load_thresholds
+
+    if not interval > 0 or interval > 3600:
+        raise UserError(f"--interval must be between 0 and 3600 seconds, got {interval:g}")
+    if as_json and not once:
+        raise UserError(
+            "--json prints one snapshot: use it with --once (torchdoctor top --once --json)"
+        )
+    thresholds = load_thresholds(thresholds_file)
+    if not once and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError(
+            "torchdoctor top needs a terminal; in scripts use `torchdoctor top --once` "
+            "(or --once --json)"
+        )
+
+    collector = TopCollector(thresholds, interval_s=interval)
+    try:
+        if not once:
+            from torchdoctor.live.app import run_interactive
+
+            run_interactive(collector, thresholds, interval, Console())
+            return
+        collector.read()
+        # Rates (CPU %, swap traffic) are measured over one interval between two readings.
+        time.sleep(interval)
+        readings = collector.read()
+        view = build_view(readings, thresholds, UiState())
+        if as_json:
+            click.echo(json.dumps(snapshot(readings, view, thresholds), indent=2))
+            return
+        console = Console(highlight=False)
+        # --once prints everything: no height limit but the content's. Piped output is as
+        # wide as $COLUMNS, else 80 columns (rich's default).
+        console.print(render(view, console.width, 10_000, interactive=False))
+    finally:
+        collector.close()

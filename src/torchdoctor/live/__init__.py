@@ -1,0 +1,1 @@
+"""The live view (``torchdoctor top``): readings -> view model -> terminal or JSON."""

@@ -1,0 +1,146 @@
+"""The interactive loop of ``torchdoctor top``: read, draw, wait for a key or the next refresh.
+
+Drawn with rich's ``Live`` on the alternate screen; keys are read from the terminal in cbreak
+mode (no Enter needed, no echo) with ``select``, so a key redraws at once and the refresh
+never sleeps past its time. Works over SSH in any terminal rich can size, 80 x 24 included.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import termios
+import time
+import tty
+from types import TracebackType
+
+import psutil
+from rich.console import Console
+from rich.live import Live
+
+from torchdoctor.live.collect import TopCollector
+from torchdoctor.live.keys import Quit, SendSignal, handle_key
+from torchdoctor.live.model import UiState, build_view
+from torchdoctor.live.render import render
+from torchdoctor.thresholds import Thresholds
+
+_SEQUENCES = {
+    b"\x1b[A": "up",
+    b"\x1bOA": "up",
+    b"\x1b[B": "down",
+    b"\x1bOB": "down",
+    b"\x1b[5~": "pgup",
+    b"\x1b[6~": "pgdn",
+    b"\x1b[H": "home",
+    b"\x1b[1~": "home",
+    b"\x1b[F": "end",
+    b"\x1b[4~": "end",
+    b"\r": "enter",
+    b"\n": "enter",
+    b"\x1b": "esc",
+    b"\x7f": "backspace",
+    b"\x08": "backspace",
+    b"\x03": "ctrl-c",
+}
+
+
+def decode_keys(data: bytes) -> list[str]:
+    """Key names in a chunk read from the terminal (several keys may arrive at once)."""
+    keys = []
+    i = 0
+    while i < len(data):
+        for seq in sorted(_SEQUENCES, key=len, reverse=True):
+            if data.startswith(seq, i):
+                keys.append(_SEQUENCES[seq])
+                i += len(seq)
+                break
+        else:
+            if data[i] == 0x1B:
+                # An escape sequence we do not use (F-keys...): skip it whole.
+                j = i + 1
+                if j < len(data) and data[j] in b"[O":
+                    j += 1
+                    while j < len(data) and not 0x40 <= data[j] <= 0x7E:
+                        j += 1
+                    j += 1
+                i = j
+                continue
+            ch = data[i : i + 1].decode("latin-1")
+            keys.append(ch)
+            i += 1
+    return keys
+
+
+class KeyReader:
+    """stdin in cbreak mode for the duration of a ``with`` block."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._saved: list | None = None
+
+    def __enter__(self) -> KeyReader:
+        self._saved = termios.tcgetattr(self.fd)
+        tty.setcbreak(self.fd)
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._saved is not None:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+
+    def read(self, timeout: float) -> list[str]:
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
+        if not ready:
+            return []
+        data = os.read(self.fd, 64)
+        if not data:
+            raise EOFError
+        return decode_keys(data)
+
+
+def deliver(action: SendSignal) -> str:
+    """Send the confirmed signal if the process is still the one confirmed and ours."""
+    try:
+        proc = psutil.Process(action.pid)
+        if abs(proc.create_time() - action.create_time) > 1.0:
+            return f"process {action.pid} has exited (its PID was reused): no signal sent"
+        if os.getuid() != 0 and proc.uids().real != os.getuid():
+            return f"process {action.pid} belongs to {proc.username()}: no signal sent"
+        os.kill(action.pid, action.signal)
+    except psutil.NoSuchProcess:
+        return f"process {action.pid} has exited: no signal sent"
+    except PermissionError:
+        return f"not allowed to signal process {action.pid}"
+    return f"sent {action.signal.name} to {action.pid}"
+
+
+def run_interactive(
+    collector: TopCollector, thresholds: Thresholds, interval_s: float, console: Console
+) -> None:
+    """Until ``q``: refresh every ``interval_s``, redraw at once after each key."""
+    state = UiState()
+    with (
+        KeyReader(sys.stdin.fileno()) as keys,
+        Live(console=console, screen=True, auto_refresh=False) as live,
+    ):
+        readings = collector.read()
+        # Rates need two readings: the first full screen comes sooner than a whole interval.
+        deadline = time.monotonic() + min(interval_s, 0.5)
+        while True:
+            view = build_view(readings, thresholds, state)
+            size = console.size
+            live.update(render(view, size.width, size.height), refresh=True)
+            pressed = keys.read(deadline - time.monotonic())
+            detail_before = state.detail_pid
+            for key in pressed:
+                state, action = handle_key(state, key, view)
+                if isinstance(action, Quit):
+                    return
+                if isinstance(action, SendSignal):
+                    state.message = deliver(action)
+                view = build_view(readings, thresholds, state)
+            if time.monotonic() >= deadline or state.detail_pid != detail_before:
+                readings = collector.read(detail_pid=state.detail_pid)
+                deadline = time.monotonic() + interval_s

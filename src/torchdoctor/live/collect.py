@@ -1,0 +1,250 @@
+"""One refresh of ``torchdoctor top``: reads host, GPUs and every PyTorch job into TopReadings.
+
+The readers are the recorder's own (:mod:`torchdoctor.sampling`), so ``top`` and a recording
+agree on every figure. One :class:`~torchdoctor.sampling.job.JobReader` follows each job found
+by :mod:`torchdoctor.live.discover`; readers of jobs that ended are closed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.live import registry
+from torchdoctor.live.discover import TorchProcessFinder
+from torchdoctor.live.model import (
+    ENV_OF_INTEREST,
+    JobReading,
+    ProcessDetail,
+    ProcessHistory,
+    TopReadings,
+    env_of_interest,
+)
+from torchdoctor.live.recordings import RecordingWatcher
+from torchdoctor.sampling import procfs
+from torchdoctor.sampling.gpus import GpuReader
+from torchdoctor.sampling.host import HostReader
+from torchdoctor.sampling.job import JobReader
+from torchdoctor.sampling.types import ProcessInfo
+from torchdoctor.thresholds import Thresholds
+
+HISTORY = 120  # samples kept per process for the detail sparklines
+
+
+class _History:
+    __slots__ = ("cpu", "rss", "vram")
+
+    def __init__(self) -> None:
+        self.cpu: deque[float | None] = deque(maxlen=HISTORY)
+        self.rss: deque[float | None] = deque(maxlen=HISTORY)
+        self.vram: deque[float | None] = deque(maxlen=HISTORY)
+
+
+class TopCollector:
+    """Reads everything ``top`` shows. Call :meth:`read` once per refresh.
+
+    ``nvml_module`` is handed to :class:`GpuReader` (``None``: the real ``pynvml``).
+    """
+
+    def __init__(
+        self,
+        thresholds: Thresholds,
+        *,
+        interval_s: float = 1.0,
+        nvml_module: Any = None,
+    ) -> None:
+        self.interval_s = interval_s
+        self.host = HostReader()
+        self.gpu = GpuReader(nvml_module)
+        self.finder = TorchProcessFinder()
+        self.recordings = RecordingWatcher(thresholds)
+        self._jobs: dict[int, tuple[float, JobReader]] = {}  # root pid -> (create time, reader)
+        self._history: dict[int, _History] = {}
+        self._infos: dict[int, ProcessInfo] = {}  # every live job process, by PID
+        self._hostname = socket.gethostname()
+        self._uid = os.getuid()
+
+    def close(self) -> None:
+        for _, reader in self._jobs.values():
+            reader.close()
+        self._jobs.clear()
+        self.gpu.close()
+        self.host.close()
+        self.recordings.close()
+
+    def read(self, detail_pid: int | None = None) -> TopReadings:
+        t = time.time()
+        host = self.host.read()
+        found = self.finder.scan()
+        notes: list[str] = []
+
+        jobs: list[JobReading] = []
+        roots = set(found.roots)
+        for root in list(self._jobs):
+            if root not in roots or not self._jobs[root][1].root_alive():
+                self._jobs.pop(root)[1].close()
+        for root in found.roots:
+            if root not in self._jobs:
+                try:
+                    reader = JobReader(root)
+                except OSError:
+                    continue  # gone between the scan and now
+                self._jobs[root] = (time.time(), reader)
+        infos = self._infos
+        for root, (_, reader) in sorted(self._jobs.items()):
+            samples, new_infos, ended = reader.read()
+            for info in new_infos:
+                infos[info.pid] = info
+            for pid in ended:
+                infos.pop(pid, None)
+            if samples:
+                jobs.append(
+                    JobReading(
+                        root_pid=root,
+                        processes=samples,
+                        info={p.pid: infos[p.pid] for p in samples if p.pid in infos},
+                    )
+                )
+
+        all_pids = {p.pid for job in jobs for p in job.processes}
+        gpus, gpu_procs = self.gpu.read(all_pids)
+        if self.gpu.status.available and gpus:
+            # NVML lists every process holding GPU memory, so one absent from the lists holds
+            # none: a measured zero (as the recorder's Sampler does).
+            vram: dict[int, int] = {}
+            for gp in gpu_procs:
+                if gp.local_pid is not None and gp.used_memory is not None:
+                    vram[gp.local_pid] = vram.get(gp.local_pid, 0) + gp.used_memory
+            for job in jobs:
+                for p in job.processes:
+                    p.gpu_memory = vram.get(p.pid, 0)
+
+        self._attach_recordings(jobs, found.ppid, notes)
+        self._update_history(jobs)
+        if found.unreadable and self._uid != 0:
+            notes.append(
+                f"{found.unreadable} processes of other users cannot be inspected for PyTorch "
+                "(run as root to see every job)"
+            )
+        detail = self._detail(detail_pid, all_pids) if detail_pid is not None else None
+        return TopReadings(
+            t=t,
+            interval_s=self.interval_s,
+            hostname=self._hostname,
+            host=host,
+            usable_cpus=len(self.host.allowed_cpus),
+            gpu_status=self.gpu.status,
+            gpus=gpus,
+            gpu_processes=gpu_procs,
+            jobs=jobs,
+            history={
+                pid: ProcessHistory(list(h.cpu), list(h.rss), list(h.vram))
+                for pid, h in self._history.items()
+            },
+            detail=detail,
+            notes=notes,
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _attach_recordings(
+        self, jobs: list[JobReading], ppid: dict[int, int], notes: list[str]
+    ) -> None:
+        try:
+            entries = registry.active()
+        except OSError as exc:
+            notes.append(f"recordings of `torchdoctor run` not shown: {exc}")
+            return
+        by_pid = {e.pid: e for e in entries}
+        in_use: set[Path] = set()
+        for job in jobs:
+            entry = None
+            for p in job.processes:
+                entry = by_pid.get(p.pid)
+                if entry is not None:
+                    break
+            if entry is None:
+                # ``torchdoctor run`` may have registered itself, the parent of the job's root.
+                parent = ppid.get(job.root_pid)
+                for _ in range(4):
+                    if parent is None or parent <= 1:
+                        break
+                    entry = by_pid.get(parent)
+                    if entry is not None:
+                        break
+                    parent = ppid.get(parent)
+            if entry is not None:
+                job.recording = self.recordings.status(entry.recording_path)
+                in_use.add(entry.recording_path)
+        self.recordings.forget_except(in_use)
+
+    def _update_history(self, jobs: list[JobReading]) -> None:
+        live = set()
+        for job in jobs:
+            for p in job.processes:
+                live.add(p.pid)
+                h = self._history.get(p.pid)
+                if h is None:
+                    h = self._history[p.pid] = _History()
+                h.cpu.append(p.cpu_percent)
+                h.rss.append(float(p.rss))
+                h.vram.append(float(p.gpu_memory) if p.gpu_memory is not None else None)
+        for pid in self._history.keys() - live:
+            del self._history[pid]
+
+    def _detail(self, pid: int, job_pids: set[int]) -> ProcessDetail | None:
+        if pid not in job_pids:
+            return None
+        return read_process_detail(pid, self._uid)
+
+
+def read_process_detail(pid: int, uid: int | None = None) -> ProcessDetail | None:
+    """Command line, owner and environment of interest of one process (None if it is gone)."""
+    uid = os.getuid() if uid is None else uid
+    try:
+        cmdline = procfs.parse_cmdline(procfs.read_path(f"/proc/{pid}/cmdline"))
+        st = procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat", 1024))
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        username = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        username = str(owner)
+    env: dict[str, str] | None = None
+    env_unavailable = None
+    try:
+        raw = procfs.read_path(f"/proc/{pid}/environ", 16384)
+        names = tuple(
+            {*ENV_OF_INTEREST}
+            | {
+                item.split(b"=", 1)[0].decode("utf-8", "replace")
+                for item in raw.split(b"\0")
+                if b"=" in item
+            }
+        )
+        env = env_of_interest(procfs.parse_environ(raw, names))
+    except PermissionError:
+        env_unavailable = "environment not readable: the process belongs to another user"
+    except OSError as exc:
+        env_unavailable = f"environment not readable: {exc.strerror or exc}"
+    try:
+        affinity: list[int] | None = sorted(os.sched_getaffinity(pid))
+    except OSError:
+        affinity = None
+    return ProcessDetail(
+        pid=pid,
+        cmdline=cmdline,
+        username=username,
+        own=uid == 0 or owner == uid,
+        state=st.state,
+        create_time=procfs.boot_time() + st.starttime / procfs.CLK_TCK,
+        env=env,
+        env_unavailable=env_unavailable,
+        cpu_affinity=affinity,
+    )

@@ -1,0 +1,145 @@
+"""Which jobs are being recorded right now, so that ``torchdoctor top`` can find their recordings.
+
+``torchdoctor run`` calls :func:`register` once the job's process has started and
+:func:`unregister` when it ends. Each entry is one small JSON file named after the PID, in a
+folder only this user can write: ``$XDG_RUNTIME_DIR/torchdoctor`` or ``/tmp/torchdoctor-$UID``.
+An entry whose process is gone (or whose PID now belongs to another process) is stale: a
+recorder killed with SIGKILL never unregisters, so :func:`active` prunes such entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryEntry:
+    pid: int  # the recorded job's root process
+    create_time: float  # psutil create time of ``pid``: guards against PID reuse
+    recording_path: Path
+    registered_at: float
+
+
+def registry_dir() -> Path:
+    """The folder holding the entries (not created here)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK | os.X_OK):
+        return Path(runtime) / "torchdoctor"
+    return Path(tempfile.gettempdir()) / f"torchdoctor-{os.getuid()}"
+
+
+def register(pid: int, recording_path: str | os.PathLike[str]) -> Path:
+    """Announce that process ``pid`` is being recorded into ``recording_path``.
+
+    Returns the entry's file. Raises ``ProcessLookupError`` when ``pid`` is not running and
+    ``OSError`` when the folder cannot be written.
+    """
+    try:
+        create_time = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        raise ProcessLookupError(f"process {pid} is not running") from None
+    folder = _own_folder(create=True)
+    entry = {
+        "pid": pid,
+        "create_time": create_time,
+        "recording": str(Path(recording_path).resolve()),
+        "registered_at": time.time(),
+    }
+    target = folder / f"{pid}.json"
+    # Write then rename, so a reader never sees half an entry.
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{pid}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(entry, fh)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def unregister(pid: int) -> None:
+    """Remove the entry of ``pid``; removing one that is not there is not an error."""
+    folder = _own_folder(create=False)
+    if folder is not None:
+        with contextlib.suppress(FileNotFoundError):
+            (folder / f"{pid}.json").unlink()
+
+
+def active() -> list[RegistryEntry]:
+    """Entries whose process is still the one that registered, oldest first; prunes the rest."""
+    folder = _own_folder(create=False)
+    if folder is None:
+        return []
+    entries: list[RegistryEntry] = []
+    for path in folder.glob("*.json"):
+        entry = _load(path)
+        if entry is None or not _alive(entry):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        entries.append(entry)
+    entries.sort(key=lambda e: e.registered_at)
+    return entries
+
+
+def _load(path: Path) -> RegistryEntry | None:
+    try:
+        data = json.loads(path.read_text())
+        return RegistryEntry(
+            pid=int(data["pid"]),
+            create_time=float(data["create_time"]),
+            recording_path=Path(data["recording"]),
+            registered_at=float(data["registered_at"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable or foreign file: pruned like a stale entry
+
+
+def _alive(entry: RegistryEntry) -> bool:
+    try:
+        # create_time is rounded differently across psutil versions; a reused PID differs by
+        # far more than this.
+        return abs(psutil.Process(entry.pid).create_time() - entry.create_time) < 1.0
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _own_folder(create: bool) -> Path | None:
+    """The registry folder, checked to be ours and private; ``None`` if absent and not created.
+
+    In /tmp another user could create the folder first to feed us entries, so a folder that
+    is a symlink, not ours or writable by others is refused.
+    """
+    folder = registry_dir()
+    if create:
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700, parents=False)
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or st.st_uid != os.getuid()
+        or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise PermissionError(
+            f"{folder} is not a private folder owned by this user; remove it so torchdoctor "
+            "can recreate it"
+        )
+    return folder

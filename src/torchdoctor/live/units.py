@@ -1,0 +1,48 @@
+"""Short human figures for a narrow terminal: sizes, rates, percentages and sparklines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_UNITS = ("B", "K", "M", "G", "T", "P")
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def size(n: float | None, missing: str = "-") -> str:
+    """Bytes in at most 5 characters: ``512B``, ``3.4K``, ``12M``, ``1.2G``."""
+    if n is None:
+        return missing
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.1f}{unit}" if abs(value) < 10 else f"{value:.0f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def rate(n: float | None, missing: str = "-") -> str:
+    """Bytes per second, e.g. ``1.2M/s``."""
+    return missing if n is None else f"{size(n)}/s"
+
+
+def pct(value: float | None, missing: str = "-", digits: int = 0) -> str:
+    return missing if value is None else f"{value:.{digits}f}%"
+
+
+def sparkline(values: Sequence[float | None], width: int, top: float | None = None) -> str:
+    """The last ``width`` values as block characters scaled to ``top`` (default: the max)."""
+    tail = list(values)[-width:]
+    known = [v for v in tail if v is not None]
+    scale = top if top is not None else (max(known) if known else 0.0)
+    out = []
+    for v in tail:
+        if v is None:
+            out.append(" ")
+        elif scale <= 0:
+            out.append(_BLOCKS[1])
+        else:
+            i = round(min(max(v / scale, 0.0), 1.0) * (len(_BLOCKS) - 1))
+            out.append(_BLOCKS[max(i, 1)])
+    return "".join(out).rjust(width)
