@@ -35,6 +35,10 @@ class Thresholds:
     swap_best_bytes_per_s: float = 1_000.0  # ~0 KB/s
     iowait_alert_pct: float = 5.0  # > 5 % of CPU time: alert
     iowait_best_pct: float = 2.0
+    # Beyond the published table: limits of torchdoctor's own rules.
+    data_wait_alert_pct: float = 10.0  # steps wait on the DataLoader above this share: alert
+    gpu_busy_alert_pct: float = 50.0  # GPU busy below this while the job runs: underused
+    leak_min_growth_bytes: float = 64 * 2**20  # trainer memory growth worth reporting
     sustained_s: float = 10.0  # a condition counts as sustained over this window
     sustained_fraction: float = 0.6  # share of the window's samples that must exceed the limit
 

@@ -1,0 +1,411 @@
+"""What every rule needs from a recording, computed once: the job window, the job's processes,
+per-time aggregates, step statistics, DataLoader configurations, settings and GPU series.
+
+Rules read from a :class:`DiagnosisContext`; each figure is computed lazily on first use, so a
+recording without GPUs or without steps costs nothing for the rules that stay silent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from torchdoctor.diagnosis.findings import Finding
+from torchdoctor.recording.reader import Recording
+from torchdoctor.thresholds import Thresholds
+
+COMPUTE_ROLES = ("trainer", "rank")  # processes that run the model (not workers, launchers)
+WORKER_ROLE = "dataloader-worker"
+
+
+@dataclass(slots=True)
+class Span:
+    """A stretch of time over which a condition held, with the series' figures over it."""
+
+    t_start: float
+    t_end: float
+    mean: float  # mean of the series over the span
+    peak: float
+    samples: int
+
+    @property
+    def duration(self) -> float:
+        return self.t_end - self.t_start
+
+
+@dataclass(slots=True)
+class StepSummary:
+    """Steady-state step figures (warm-up steps left out), over all compute processes."""
+
+    count: int  # steady steps used for the figures
+    total_count: int  # every recorded step
+    median_wall_s: float
+    p90_wall_s: float
+    mean_wall_s: float
+    mean_data_wait_s: float
+    median_data_wait_s: float
+    p90_data_wait_s: float
+    data_wait_share: float  # 0-1: data wait over step wall time, summed over steady steps
+    steps_per_s: float
+    samples_per_s: float | None
+    batch_size: int | None
+    t_start: float
+    t_end: float
+
+
+class DiagnosisContext:
+    """Read-only view of one recording, shaped for the rules."""
+
+    def __init__(self, recording: Recording, thresholds: Thresholds) -> None:
+        self.recording = recording
+        self.thresholds = thresholds
+        self.meta: dict[str, Any] = recording.meta
+        self.findings: list[Finding] = []  # filled by the engine; read by AFTER_OTHERS rules
+
+    # -- the machine --------------------------------------------------------------------
+    @cached_property
+    def host(self) -> dict[str, Any]:
+        return self.meta.get("host") or {}
+
+    @cached_property
+    def allowed_cpus(self) -> int:
+        allowed = self.host.get("allowed_cpus") or []
+        return len(allowed) or int(self.host.get("logical_cpus") or 1)
+
+    @cached_property
+    def usable_cpus(self) -> float:
+        """CPUs the job can really use: its affinity, capped by a cgroup CPU quota."""
+        n = float(self.allowed_cpus)
+        quota = self.host.get("cgroup_cpu_quota")
+        if quota:
+            n = min(n, float(quota))
+        return max(n, 1.0)
+
+    @cached_property
+    def cpu_limit_text(self) -> str:
+        quota = self.host.get("cgroup_cpu_quota")
+        if quota and float(quota) < self.allowed_cpus:
+            return f"{_num(float(quota))} CPUs of cgroup quota ({self.allowed_cpus} CPUs allowed)"
+        return f"{self.allowed_cpus} allowed CPUs"
+
+    @cached_property
+    def gpu_status(self) -> dict[str, Any]:
+        return self.meta.get("gpus") or {}
+
+    @cached_property
+    def gpu_infos(self) -> dict[int, dict[str, Any]]:
+        if not self.gpu_status.get("available"):
+            return {}
+        return {int(g["index"]): g for g in self.gpu_status.get("gpus") or []}
+
+    # -- the job's time window ----------------------------------------------------------
+    @cached_property
+    def t_start(self) -> float:
+        start = self.meta.get("started_at")
+        if start is None:
+            first = self.host_samples_all[:1] or self.process_samples[:1]
+            start = first[0]["t"] if first else 0.0
+        return float(start)
+
+    @cached_property
+    def t_end(self) -> float:
+        end = self.recording.ended_at
+        if end is None:
+            end = self.t_start
+        return float(end)
+
+    @property
+    def duration(self) -> float:
+        return max(self.t_end - self.t_start, 0.0)
+
+    # -- host series --------------------------------------------------------------------
+    @cached_property
+    def host_samples_all(self) -> list[dict[str, Any]]:
+        return self.recording.rows("host_samples")
+
+    @cached_property
+    def host_samples(self) -> list[dict[str, Any]]:
+        """Host samples taken while the job ran."""
+        return [
+            s for s in self.host_samples_all if self.t_start - 1e-6 <= s["t"] <= self.t_end + 1e-6
+        ]
+
+    def host_series(self, column: str) -> list[tuple[float, float]]:
+        return [(s["t"], float(s[column])) for s in self.host_samples if s.get(column) is not None]
+
+    # -- the job's processes ------------------------------------------------------------
+    @cached_property
+    def processes(self) -> dict[int, dict[str, Any]]:
+        """Each process of the job by pid (the latest one when a pid was reused)."""
+        return {p["pid"]: p for p in self.recording.processes()}
+
+    @cached_property
+    def process_samples(self) -> list[dict[str, Any]]:
+        return self.recording.rows("process_samples")
+
+    @cached_property
+    def samples_by_pid(self) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for s in self.process_samples:
+            out[s["pid"]].append(s)
+        return dict(out)
+
+    def role_of(self, pid: int) -> str:
+        info = self.processes.get(pid)
+        if info is not None:
+            return info["role"]
+        samples = self.samples_by_pid.get(pid)
+        return samples[-1]["role"] if samples else "other"
+
+    @cached_property
+    def compute_pids(self) -> list[int]:
+        """Processes that run the model: trainers and ranks, plus any process that recorded steps."""
+        pids = {pid for pid in self.samples_by_pid if self.role_of(pid) in COMPUTE_ROLES}
+        pids |= {s["pid"] for s in self.steps}
+        pids |= {p for p, info in self.processes.items() if info["role"] in COMPUTE_ROLES}
+        return sorted(pids)
+
+    @cached_property
+    def worker_pids(self) -> list[int]:
+        return sorted(pid for pid in self.samples_by_pid if self.role_of(pid) == WORKER_ROLE)
+
+    @cached_property
+    def job_cpu_series(self) -> list[tuple[float, float]]:
+        """CPU used by the whole job at each sample, in percent of the usable CPUs."""
+        by_t: dict[float, float] = defaultdict(float)
+        seen: dict[float, bool] = {}
+        for s in self.process_samples:
+            if s["cpu_percent"] is None:
+                continue
+            by_t[s["t"]] += s["cpu_percent"]
+            seen[s["t"]] = True
+        return [(t, by_t[t] / self.usable_cpus) for t in sorted(seen)]
+
+    # -- steps --------------------------------------------------------------------------
+    @cached_property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.recording.steps()
+
+    @cached_property
+    def steady_steps(self) -> list[dict[str, Any]]:
+        """Steps without each process's warm-up (the first step and the first 5 %)."""
+        by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for s in self.steps:
+            by_pid[s["pid"]].append(s)
+        out: list[dict[str, Any]] = []
+        for rows in by_pid.values():
+            rows.sort(key=lambda r: r["step"])
+            skip = max(1, int(len(rows) * 0.05)) if len(rows) >= 4 else 0
+            out.extend(rows[skip:])
+        out.sort(key=lambda r: r["t_end"])
+        return out
+
+    @cached_property
+    def step_summary(self) -> StepSummary | None:
+        steps = self.steady_steps
+        if len(steps) < 3:
+            return None
+        walls = [s["wall_s"] for s in steps]
+        waits = [min(s["data_wait_s"] or 0.0, s["wall_s"]) for s in steps]
+        total_wall = sum(walls)
+        # Throughput from the process with the most steps: ranks run side by side.
+        by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for s in steps:
+            by_pid[s["pid"]].append(s)
+        main = max(by_pid.values(), key=len)
+        span = main[-1]["t_end"] - main[0]["t_start"]
+        steps_per_s = len(main) / span if span > 0 else 0.0
+        samples = [s["samples"] or s["batch_size"] for s in main]
+        samples_per_s = sum(samples) / span * len(by_pid) if span > 0 and all(samples) else None
+        sizes = [s["batch_size"] for s in steps if s["batch_size"]]
+        return StepSummary(
+            count=len(steps),
+            total_count=len(self.steps),
+            median_wall_s=statistics.median(walls),
+            p90_wall_s=_quantile(walls, 0.9),
+            mean_wall_s=total_wall / len(walls),
+            mean_data_wait_s=sum(waits) / len(waits),
+            median_data_wait_s=statistics.median(waits),
+            p90_data_wait_s=_quantile(waits, 0.9),
+            data_wait_share=sum(waits) / total_wall if total_wall > 0 else 0.0,
+            steps_per_s=steps_per_s,
+            samples_per_s=samples_per_s,
+            batch_size=statistics.mode(sizes) if sizes else None,
+            t_start=steps[0]["t_start"],
+            t_end=steps[-1]["t_end"],
+        )
+
+    # -- in-job records -----------------------------------------------------------------
+    @cached_property
+    def dataloaders(self) -> list[dict[str, Any]]:
+        return self.recording.rows("dataloaders")
+
+    @cached_property
+    def settings(self) -> dict[int, dict[str, Any]]:
+        """The latest value of each setting per process, JSON-decoded."""
+        out: dict[int, dict[str, Any]] = defaultdict(dict)
+        for row in self.recording.rows("settings"):
+            out[row["pid"]][row["key"]] = _decode(row["value"])
+        return dict(out)
+
+    def setting(self, key: str, pid: int | None = None) -> Any:
+        """A setting of ``pid``, or of the first compute process that has it."""
+        if pid is not None:
+            return self.settings.get(pid, {}).get(key)
+        for p in [*self.compute_pids, *self.settings]:
+            value = self.settings.get(p, {}).get(key)
+            if value is not None:
+                return value
+        return None
+
+    @cached_property
+    def events(self) -> list[dict[str, Any]]:
+        rows = self.recording.rows("events")
+        for r in rows:
+            r["detail"] = _decode(r["detail"]) if isinstance(r["detail"], str) else r["detail"]
+        return rows
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+    # -- GPUs ---------------------------------------------------------------------------
+    @cached_property
+    def gpu_samples(self) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for s in self.recording.rows("gpu_samples"):
+            if self.t_start - 1e-6 <= s["t"] <= self.t_end + 1e-6:
+                out[s["index"]].append(s)
+        return dict(out)
+
+    @cached_property
+    def job_gpu_indices(self) -> list[int]:
+        """GPUs the job holds memory on (NVML per-process memory), else none."""
+        found = {
+            r["gpu_index"]
+            for r in self.recording.rows("gpu_process_samples")
+            if r["in_job"] and (r["used_memory"] or 0) > 0
+        }
+        return sorted(found)
+
+    @cached_property
+    def steps_use_cuda(self) -> bool:
+        return any((s["cuda_reserved"] or 0) > 0 for s in self.steps)
+
+    @cached_property
+    def uses_gpu(self) -> bool:
+        device = str(self.setting("model.device") or self.setting("params.device") or "")
+        return bool(self.job_gpu_indices) or self.steps_use_cuda or device.startswith("cuda")
+
+    @cached_property
+    def job_gpus(self) -> list[int]:
+        """GPUs the job runs on: where it holds memory, else the only GPU when it uses CUDA."""
+        if self.job_gpu_indices:
+            return [i for i in self.job_gpu_indices if i in self.gpu_samples]
+        if self.uses_gpu and len(self.gpu_samples) == 1:
+            return list(self.gpu_samples)
+        return []
+
+    def gpu_series(self, index: int, column: str) -> list[tuple[float, float]]:
+        return [
+            (s["t"], float(s[column]))
+            for s in self.gpu_samples.get(index, [])
+            if s.get(column) is not None
+        ]
+
+    # -- conditions over time -----------------------------------------------------------
+    def sustained(
+        self, series: list[tuple[float, float]], limit: float, *, above: bool = True
+    ) -> Span | None:
+        """The longest stretch where the series stays beyond ``limit``, if it is sustained.
+
+        Sustained means: over a window of ``thresholds.sustained_s`` (or the whole job when it
+        ran shorter), at least ``thresholds.sustained_fraction`` of the samples are beyond the
+        limit. Overlapping qualifying windows merge into one span. One sample never counts.
+        """
+        return sustained_span(series, limit, self.thresholds, above=above)
+
+
+def sustained_span(
+    series: list[tuple[float, float]], limit: float, thresholds: Thresholds, *, above: bool = True
+) -> Span | None:
+    if len(series) < 3:
+        return None
+    series = sorted(series)
+    total = series[-1][0] - series[0][0]
+    window = min(thresholds.sustained_s, total)
+    beyond = [(v > limit) if above else (v < limit) for _, v in series]
+    spans: list[tuple[int, int]] = []
+    j = 0
+    n = len(series)
+    for i in range(n):
+        j = max(j, i)
+        while j + 1 < n and series[j + 1][0] - series[i][0] <= window + 1e-9:
+            j += 1
+        if series[j][0] - series[i][0] < window - 1e-9 or j - i + 1 < 3:
+            break  # the remaining windows are shorter than the sustained window
+        hits = sum(beyond[i : j + 1])
+        if hits / (j - i + 1) >= thresholds.sustained_fraction:
+            if spans and i <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], j)
+            else:
+                spans.append((i, j))
+    if not spans:
+        return None
+    i, j = max(spans, key=lambda s: series[s[1]][0] - series[s[0]][0])
+    values = [v for _, v in series[i : j + 1]]
+    return Span(
+        t_start=series[i][0],
+        t_end=series[j][0],
+        mean=sum(values) / len(values),
+        peak=max(values) if above else min(values),
+        samples=len(values),
+    )
+
+
+def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """Least-squares (slope, intercept, r²) of y on x; None when x does not vary."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    syy = sum((y - my) ** 2 for _, y in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return slope, my - slope * mx, r2
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"

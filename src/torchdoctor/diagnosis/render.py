@@ -1,0 +1,104 @@
+"""Findings for people (a rich terminal rendering) and for programs (the documented JSON).
+
+JSON form, stable for tools and CI checks::
+
+    {"findings": [{"id": "dataloader-bound", "severity": "critical" | "warning" | "info",
+                   "title": str,
+                   "evidence": [{"label": str, "value": number | str, "unit": str,
+                                 "t_start": float | null, "t_end": float | null}],
+                   "recommendation": str, "expected_effect": str, "confidence": 0..1,
+                   "settings": {machine-readable fix, e.g. "num_workers": 2},
+                   "details": str}]}
+
+Times are UNIX seconds; ``settings`` keys are DataLoader arguments (``num_workers``,
+``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``batch_size``), ``device``,
+``autocast_dtype``, ``grad_scaler``, ``torch.num_threads`` and ``env.<VARIABLE>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.units import fmt_bytes, fmt_rate, fmt_s
+
+STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def findings_to_dict(findings: list[Finding]) -> dict[str, Any]:
+    return {"findings": [dataclasses.asdict(f) for f in findings]}
+
+
+def findings_to_json(findings: list[Finding]) -> str:
+    return json.dumps(findings_to_dict(findings), indent=2)
+
+
+def format_value(ev: Evidence) -> str:
+    """An evidence figure with its unit, bytes and seconds in readable units."""
+    value, unit = ev.value, ev.unit
+    if isinstance(value, str):
+        return f"{value} {unit}".strip()
+    if unit == "B":
+        return fmt_bytes(value)
+    if unit == "B/s":
+        return fmt_rate(value)
+    if unit == "s":
+        return fmt_s(float(value))
+    if unit == "%" or unit.startswith("% "):
+        return f"{value:.1f} {unit}" if isinstance(value, float) else f"{value} {unit}"
+    text = f"{value:g}" if isinstance(value, float) else f"{value:,}"
+    return f"{text} {unit}".strip()
+
+
+def render_findings(findings: list[Finding], console: Console | None = None) -> None:
+    """Print findings as panels, most severe first; a clean bill when there are none that matter."""
+    console = console or Console()
+    serious = [f for f in findings if f.severity in ("critical", "warning")]
+    if not findings:
+        console.print(Text("torchdoctor: no problems found in this job.", style="bold green"))
+        return
+    if not serious:
+        console.print(
+            Text("torchdoctor: no problems found; notes for this job:", style="bold green")
+        )
+    else:
+        counts = ", ".join(
+            f"{n} {sev}"
+            for sev in ("critical", "warning", "info")
+            if (n := sum(f.severity == sev for f in findings))
+        )
+        console.print(Text(f"torchdoctor diagnosis: {counts}", style="bold"))
+    for f in findings:
+        console.print(_panel(f))
+
+
+def _panel(f: Finding) -> Panel:
+    style = STYLES.get(f.severity, "")
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="dim")
+    table.add_column()
+    for ev in f.evidence:
+        table.add_row(ev.label, format_value(ev))
+    parts: list[Any] = [table, Text("")]
+    parts.append(Text.assemble(("Fix: ", "bold"), f.recommendation))
+    if f.expected_effect:
+        parts.append(Text.assemble(("Expected: ", "bold"), f.expected_effect))
+    if f.settings:
+        fix = ", ".join(f"{k}={v!r}" for k, v in f.settings.items())
+        parts.append(Text.assemble(("Settings: ", "bold"), fix))
+    title = Text.assemble((f"{f.severity.upper()} ", style), (f.id, "bold"), f"  {f.title}")
+    return Panel(
+        Group(*parts),
+        title=title,
+        title_align="left",
+        subtitle=f"confidence {f.confidence:.0%}",
+        subtitle_align="right",
+        border_style=style,
+    )

@@ -1,0 +1,26 @@
+"""One module per rule. Each exposes ``ID`` (the finding id) and ``check(ctx)``, which returns
+the rule's findings for a :class:`~torchdoctor.diagnosis.context.DiagnosisContext` (an empty
+list when the data it needs is absent: rules never guess). A rule that sets
+``AFTER_OTHERS = True`` runs last and may read ``ctx.findings``, the findings made before it.
+
+Adding a rule means adding its module here and its test in tests/diagnosis/.
+"""
+
+RULE_MODULES: tuple[str, ...] = (
+    "dataloader_bound",
+    "thread_oversubscription",
+    "cpu_saturated",
+    "io_wait",
+    "swap_thrash",
+    "host_memory_leak",
+    "dataloader_copy_on_access",
+    "vram_near_full",
+    "vram_underused",
+    "cuda_fragmentation",
+    "no_mixed_precision",
+    "pin_memory_off",
+    "workers_not_persistent",
+    "gpu_throttled",
+    "gpu_idle_cpu_training",
+    "gpu_underused",
+)

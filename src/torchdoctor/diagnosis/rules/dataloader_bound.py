@@ -1,0 +1,150 @@
+"""dataloader-bound: steps wait on the DataLoader for a significant share of step time.
+
+The fix is sized from the measurements. With ``num_workers=0`` the main process loads each
+batch itself, so the wait per step is the load time L of one batch; with n workers running
+flat out a batch is ready every L/n, so L ~ n * (wait + compute). Keeping ahead of the model
+needs about L / compute workers (plus 20 % for jitter), limited by the CPU the loading costs:
+one CPU is left to the training process, and each worker costs at most its measured share of
+a core (or, with no workers yet, the most the main process could have spent loading).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.rules._common import (
+    mean_cpu_cores,
+    per_process_mean_cores,
+    training_loader,
+)
+from torchdoctor.diagnosis.units import fmt_cpus, fmt_s
+
+ID = "dataloader-bound"
+CRITICAL_SHARE = 0.5  # half of every step spent waiting for data
+
+
+def check(ctx: DiagnosisContext) -> list[Finding]:
+    summary = ctx.step_summary
+    if summary is None:
+        return []
+    share = summary.data_wait_share
+    if share * 100 < ctx.thresholds.data_wait_alert_pct:
+        return []
+    loader = training_loader(ctx)
+    wait = summary.mean_data_wait_s
+    compute = max(summary.mean_wall_s - wait, 1e-6)
+    t0, t1 = summary.t_start, summary.t_end
+    current = loader["num_workers"] if loader else None
+
+    if current:
+        load_per_batch = current * (wait + compute)
+        worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1)
+    else:
+        load_per_batch = wait
+        worker_cores = None
+        trainer_cores = mean_cpu_cores(ctx, ctx.compute_pids, t0, t1)
+        if trainer_cores is not None and share > 0:
+            # The trainer's main thread is busy while it computes on the CPU; what is left
+            # of its CPU time is the most that loading can have cost.
+            busy_computing = (1 - share) if not ctx.uses_gpu else 0.0
+            worker_cores = max(trainer_cores - busy_computing, 0.0) / share
+    cost = min(max(worker_cores if worker_cores is not None else 1.0, 0.15), 1.0)
+    budget = max(ctx.usable_cpus - 1.0, 1.0)
+    cpu_cap = max(1, math.floor(budget / cost + 1e-9))
+    needed = max(1, math.ceil(1.2 * load_per_batch / compute))
+    floor_workers = (current or 0) + 1
+    workers = min(max(needed, floor_workers), cpu_cap)
+
+    evidence = [
+        Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
+        Evidence("mean data wait per step", round(wait, 6), "s", t0, t1),
+        Evidence("mean step time", round(summary.mean_wall_s, 6), "s", t0, t1),
+        Evidence("steady steps measured", summary.count, "steps", t0, t1),
+        Evidence("usable CPUs", ctx.usable_cpus, "CPUs"),
+    ]
+    if loader is not None:
+        evidence.append(Evidence("DataLoader num_workers", current or 0, "workers"))
+    if worker_cores is not None:
+        label = "CPU per loading worker" if current else "most CPU the loading can cost"
+        evidence.append(Evidence(label, round(worker_cores * 100, 1), "% of a core", t0, t1))
+    idle = _idle_cpus(ctx, t0, t1)
+    if idle is not None:
+        evidence.append(Evidence("idle CPUs while the job ran", round(idle, 1), "CPUs", t0, t1))
+
+    severity = "critical" if share >= CRITICAL_SHARE else "warning"
+    title = f"Steps wait {share * 100:.0f} % of their time for the DataLoader"
+    settings: dict[str, object] = {}
+    if loader is None:
+        recommendation = (
+            "Load the data with a torch.utils.data.DataLoader with num_workers="
+            f"{workers} and persistent_workers=True so batches are prepared in parallel."
+        )
+        settings = {"num_workers": workers, "persistent_workers": True}
+        expected, predicted = _expected(summary.mean_wall_s, compute, load_per_batch, workers)
+    elif workers > (current or 0):
+        settings = {"num_workers": workers, "persistent_workers": True}
+        bursty = summary.p90_data_wait_s > 4 * max(summary.median_data_wait_s, 1e-4)
+        prefetch = 4 if bursty else (loader["prefetch_factor"] or 2)
+        settings["prefetch_factor"] = prefetch
+        if ctx.uses_gpu:
+            settings["pin_memory"] = True
+        args = ", ".join(f"{k}={v}" for k, v in settings.items())
+        idle_text = f" and {idle:.1f} of {fmt_cpus(ctx.usable_cpus)} CPUs sit idle" if idle else ""
+        recommendation = (
+            f"DataLoader({args}): {share * 100:.0f} % of each step waits for data "
+            f"({fmt_s(wait)} of {fmt_s(summary.mean_wall_s)}){idle_text}. "
+            f"Loading one batch takes about {fmt_s(load_per_batch)} against "
+            f"{fmt_s(compute)} of compute, so {needed} workers would keep ahead"
+            + (f"; {workers} fit the {ctx.cpu_limit_text}." if workers < needed else ".")
+        )
+        expected, predicted = _expected(summary.mean_wall_s, compute, load_per_batch, workers)
+    else:
+        recommendation = (
+            f"The {current} workers already use the CPU the job can spare "
+            f"({ctx.cpu_limit_text}): make each batch cheaper to produce - cache decoded "
+            "samples, store the data set as tensors/NumPy arrays, move augmentation to the "
+            "GPU - or give the job more CPUs."
+        )
+        expected = "Step time falls with the cost of producing a batch."
+        predicted = None
+    details = (
+        "Data wait is the time each step blocks in next() on the DataLoader iterator, measured "
+        "inside the job; warm-up steps are left out."
+    )
+    if predicted is not None:
+        evidence.append(Evidence("predicted step time after the fix", round(predicted, 6), "s"))
+    return [
+        Finding(
+            id=ID,
+            severity=severity,
+            title=title,
+            evidence=evidence,
+            recommendation=recommendation,
+            expected_effect=expected,
+            confidence=0.9 if summary.count >= 20 else 0.7,
+            settings=settings,
+            details=details,
+        )
+    ]
+
+
+def _expected(
+    step: float, compute: float, load_per_batch: float, workers: int
+) -> tuple[str, float]:
+    predicted = max(compute, load_per_batch / workers) * 1.05
+    predicted = min(predicted, step)
+    speedup = step / predicted if predicted > 0 else 1.0
+    return (
+        f"About {speedup:.1f}x more steps per second ({fmt_s(step)} -> about "
+        f"{fmt_s(predicted)} per step) while the loader keeps ahead of the model.",
+        predicted,
+    )
+
+
+def _idle_cpus(ctx: DiagnosisContext, t0: float, t1: float) -> float | None:
+    busy = [v for t, v in ctx.host_series("cpu_busy") if t0 <= t <= t1]
+    if not busy:
+        return None
+    return max(ctx.allowed_cpus * (100 - sum(busy) / len(busy)) / 100, 0.0)

@@ -1,0 +1,120 @@
+"""host-memory-leak: a training process's own memory grows in step with the steps.
+
+Memory is the process's private memory (USS) when the recording has it, else RSS. The first
+fifth of the run is left out (allocator and library warm-up). Growth counts as a leak when a
+straight line over the steps explains it (r^2 >= 0.8) and it adds up to at least
+``leak_min_growth_bytes``. DataLoader workers are judged by their own rule
+(dataloader-copy-on-access): their growth is bounded by the data set.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from torchdoctor.diagnosis.context import DiagnosisContext, linear_fit
+from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.units import fmt_bytes, fmt_s
+
+ID = "host-memory-leak"
+MIN_R2 = 0.8
+WARMUP_SHARE = 0.2
+
+
+def check(ctx: DiagnosisContext) -> list[Finding]:
+    findings: list[Finding] = []
+    for pid in ctx.compute_pids:
+        finding = _check_process(ctx, pid)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def memory_series(samples: list[dict]) -> tuple[str, list[tuple[float, float]]]:
+    """(label, [(t, bytes)]): private memory when most samples have it, else RSS."""
+    uss = [(s["t"], float(s["uss"])) for s in samples if s["uss"] is not None]
+    if len(uss) >= 0.8 * len(samples) and len(uss) >= 3:
+        return "private memory (USS)", uss
+    return "resident memory (RSS)", [(s["t"], float(s["rss"])) for s in samples]
+
+
+def _check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
+    samples = ctx.samples_by_pid.get(pid, [])
+    if len(samples) < 5:
+        return None
+    label, series = memory_series(samples)
+    t_first, t_last = series[0][0], series[-1][0]
+    cut = t_first + WARMUP_SHARE * (t_last - t_first)
+    series = [(t, v) for t, v in series if t >= cut]
+    if len(series) < 4:
+        return None
+    step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
+    if len(step_ends) >= 10:
+        x_unit = "step"
+        points = [(float(bisect.bisect_right(step_ends, t)), v) for t, v in series]
+    else:
+        x_unit = "s"
+        points = list(series)
+    fit = linear_fit(points)
+    if fit is None:
+        return None
+    slope, _, r2 = fit
+    span_x = points[-1][0] - points[0][0]
+    growth = slope * span_x
+    if slope <= 0 or r2 < MIN_R2 or growth < ctx.thresholds.leak_min_growth_bytes:
+        return None
+    t0, t1 = series[0][0], series[-1][0]
+    per_s = growth / (t1 - t0) if t1 > t0 else 0.0
+    headroom = _headroom(ctx)
+    evidence = [
+        Evidence(f"growth of the {label}", round(growth), "B", t0, t1),
+        Evidence(f"growth per {x_unit}", round(slope), "B", t0, t1),
+        Evidence("growth rate", round(per_s), "B/s", t0, t1),
+        Evidence("linear fit r^2", round(r2, 3), ""),
+        Evidence(f"{label} at the end", round(series[-1][1]), "B", t1, t1),
+    ]
+    exhaustion = None
+    if headroom is not None and per_s > 0:
+        exhaustion = headroom[0] / per_s
+        evidence.append(Evidence(headroom[1], headroom[0], "B", t1, t1))
+        evidence.append(Evidence("time until that is used up", round(exhaustion), "s"))
+    per_what = f"{fmt_bytes(slope)} per step" if x_unit == "step" else f"{fmt_bytes(slope)}/s"
+    until = ""
+    if exhaustion is not None:
+        until = f"; at this rate the {headroom[1]} runs out in {fmt_s(exhaustion)}"
+        if x_unit == "step" and slope > 0:
+            until += f" (about {headroom[0] / slope:,.0f} more steps)"
+    severity = "critical" if exhaustion is not None and exhaustion < 3600 else "warning"
+    return Finding(
+        id=ID,
+        severity=severity,
+        title=f"The {ctx.role_of(pid)} process (pid {pid}) grows by {per_what}",
+        evidence=evidence,
+        recommendation=(
+            f"pid {pid} keeps {fmt_bytes(growth)} more after {span_x:,.0f} {x_unit}s "
+            f"(r^2 {r2:.2f}){until}. Look for references kept across steps: accumulating the "
+            "loss tensor (`total += loss` keeps every step's autograd graph; use "
+            "`loss.item()` or `loss.detach()`), appending outputs/logits to a list, caches "
+            "keyed by step. `tracemalloc` snapshots two steps apart name the line that allocates."
+        ),
+        expected_effect="Flat memory over the run: the job no longer ends in swapping or the OOM killer.",
+        confidence=min(0.95, 0.5 + r2 / 2),
+        details=(
+            "Growth is a least-squares line of the process's memory against its step count, "
+            "after the first fifth of the run."
+        ),
+    )
+
+
+def _headroom(ctx: DiagnosisContext) -> tuple[float, str] | None:
+    """Memory the job can still take: the cgroup limit's rest, else the machine's available."""
+    last = ctx.host_samples[-1] if ctx.host_samples else None
+    limit = ctx.host.get("cgroup_memory_limit")
+    if limit:
+        used = 0.0
+        t_last = max((s["t"] for s in ctx.process_samples), default=None)
+        if t_last is not None:
+            used = sum(s["rss"] for s in ctx.process_samples if s["t"] == t_last)
+        return max(limit - used, 0.0), "cgroup memory limit"
+    if last is not None:
+        return float(last["mem_available"]), "available memory"
+    return None
