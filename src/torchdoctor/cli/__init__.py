@@ -61,7 +61,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turn UserError into one line on stderr and its exit status."""
     try:
-        cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit(code)'s code instead of exiting.
+        status = cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
     except UserError as exc:
         click.echo(f"torchdoctor: error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
@@ -73,4 +74,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    sys.exit(0)
+    sys.exit(status if isinstance(status, int) else 0)

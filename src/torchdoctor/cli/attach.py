@@ -16,6 +16,7 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.units import one_line
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
 from torchdoctor.recording import RecordingWriter, prepare_output
@@ -51,7 +52,7 @@ def command(
     console = stderr_console()
     if not quiet:
         console.print(
-            f"torchdoctor: recording PID {pid} ({' '.join(argv)[:80]}) into {path}; Ctrl-C stops."
+            f"torchdoctor: recording PID {pid} ({one_line(argv, 80)}) into {path}; Ctrl-C stops."
             " Attached jobs are not instrumented: steps and data wait are not seen."
         )
     held = hold_signals()

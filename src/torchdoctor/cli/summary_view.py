@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from torchdoctor.cli.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate
+from torchdoctor.cli.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 from torchdoctor.recording.summary import RunSummary, Stat
 
 
@@ -13,7 +13,7 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     status = summary.exit_status
     ended = "still running or cut short" if not summary.complete else f"exit status {status}"
     console.print(
-        f"[bold]torchdoctor[/bold]: {' '.join(summary.command) or '(unknown command)'}"
+        f"[bold]torchdoctor[/bold]: {one_line(summary.command) or '(unknown command)'}"
         f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples"
     )
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")

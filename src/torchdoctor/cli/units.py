@@ -32,3 +32,9 @@ def fmt_duration(s: float | None) -> str:
         return f"{m} min {sec:02d} s"
     h, m = divmod(m, 60)
     return f"{h} h {m:02d} min"
+
+
+def one_line(argv: list[str], limit: int = 100) -> str:
+    """A command line on one line (scripts passed with -c hold newlines), cut at ``limit``."""
+    text = " ".join(" ".join(argv).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
