@@ -306,6 +306,27 @@ class Agent:
         self._finder = _TorchImportFinder(self._install_guarded)
         sys.meta_path.insert(0, self._finder)
 
+    def start_session(self, sink) -> bool:
+        """Send records to ``sink`` too (in-process ``watch``); True when this call armed the
+        agent (then :meth:`end_session` uninstalls it), False when it was already running."""
+        if self.active or self.finder_active():
+            self.sinks.append(sink)
+            return False
+        self.disabled_reason = None
+        self._reset_process()
+        self.sinks = [sink]
+        self.arm()
+        return True
+
+    def end_session(self, sink, armed_here: bool) -> None:
+        """Deliver what is buffered, stop sending to ``sink``; uninstall if armed for it."""
+        if armed_here:
+            self.uninstall()
+        else:
+            self.flush()
+        if sink in self.sinks:
+            self.sinks.remove(sink)
+
     def _register_process_hooks(self) -> None:
         if not self._fork_registered:
             os.register_at_fork(after_in_child=self._after_fork)

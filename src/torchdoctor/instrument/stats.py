@@ -1,0 +1,187 @@
+"""Step figures of a recording: step time, data-wait share, throughput, per rank.
+
+Pure functions over the rows of the ``steps``, ``dataloaders`` and ``settings`` tables (as
+:meth:`Recording.rows` returns them), so ``show --json``, the diagnosis and tune agree.
+
+Warm-up rule: in every process, the first ``warmup_steps(n)`` of its ``n`` steps are left out
+of the figures: ``max(1, min(5, n // 10))`` steps, i.e. at least the first step (it carries
+worker start-up, lazy initialisation and the first allocations) and up to 10 % of the steps,
+at most 5. A process with a single step keeps it. ``step_count`` still counts every step.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def warmup_steps(n: int) -> int:
+    """Steps left out at the start of a process that recorded ``n`` steps."""
+    if n <= 1:
+        return 0
+    return max(1, min(5, n // 10))
+
+
+@dataclass(slots=True)
+class RankStats:
+    """The figures of one process that stepped (a rank, or the single trainer)."""
+
+    pid: int
+    rank: int | None
+    step_count: int
+    measured_steps: int
+    median_step_s: float | None
+    p90_step_s: float | None
+    data_wait_fraction: float | None  # data wait / step wall time, over measured steps
+    steps_per_s: float | None
+    samples_per_s: float | None  # None when the batch size is unknown
+
+
+@dataclass(slots=True)
+class StepStats:
+    """Whole-job figures; ``per_rank`` has one entry per process that stepped."""
+
+    step_count: int
+    measured_steps: int
+    warmup_rule: str
+    median_step_s: float | None
+    p90_step_s: float | None
+    data_wait_fraction: float | None
+    steps_per_s: float | None  # job steps per second (ranks step in parallel: their mean)
+    samples_per_s: float | None  # all ranks together
+    batch_size: int | None
+    per_rank: list[RankStats] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # the main process' settings
+    dataloaders: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+WARMUP_RULE = "first max(1, min(5, n // 10)) steps of each process excluded"
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) of an already sorted list."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> RankStats:
+    rows = sorted(rows, key=lambda r: r["step"])
+    skip = warmup_steps(len(rows))
+    measured = rows[skip:]
+    walls = sorted(float(r["wall_s"]) for r in measured)
+    total_wall = sum(walls)
+    total_wait = sum(float(r["data_wait_s"] or 0.0) for r in measured)
+    span = max(r["t_end"] for r in measured) - min(r["t_start"] for r in measured)
+    steps_per_s = len(measured) / span if span > 0 else None
+    samples = 0
+    known = True
+    for r in measured:
+        n = r.get("samples") or r.get("batch_size") or fallback_batch
+        if n is None:
+            known = False
+            break
+        samples += n
+    samples_per_s = samples / span if known and span > 0 else None
+    return RankStats(
+        pid=pid,
+        rank=rows[0].get("rank"),
+        step_count=len(rows),
+        measured_steps=len(measured),
+        median_step_s=statistics.median(walls),
+        p90_step_s=_percentile(walls, 0.9),
+        data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
+        steps_per_s=steps_per_s,
+        samples_per_s=samples_per_s,
+    )
+
+
+def step_stats(
+    steps_rows: list[dict[str, Any]],
+    dataloader_rows: list[dict[str, Any]],
+    settings_rows: list[dict[str, Any]],
+) -> StepStats:
+    """Summarise the step records of one recording (see the module doc for warm-up)."""
+    by_pid: dict[int, list[dict]] = defaultdict(list)
+    for row in steps_rows:
+        by_pid[row["pid"]].append(row)
+    loaders_by_pid: dict[int, list[dict]] = defaultdict(list)
+    for row in dataloader_rows:
+        loaders_by_pid[row["pid"]].append(row)
+
+    per_rank = []
+    for pid, rows in by_pid.items():
+        sizes = {r["batch_size"] for r in loaders_by_pid.get(pid, []) if r.get("batch_size")}
+        fallback = sizes.pop() if len(sizes) == 1 else None
+        per_rank.append(_process_stats(pid, rows, fallback))
+    per_rank.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.pid))
+
+    main_pid = _main_pid(per_rank, settings_rows)
+    settings = {
+        row["key"]: _decode(row["value"])
+        for row in sorted(settings_rows, key=lambda r: r["t"])
+        if row["pid"] == main_pid
+    }
+    dataloaders = [
+        {k: v for k, v in row.items() if k not in ("rank",)}
+        for row in dataloader_rows
+        if main_pid is None or row["pid"] == main_pid
+    ]
+
+    measured_rows = []
+    for rows in by_pid.values():
+        ordered = sorted(rows, key=lambda r: r["step"])
+        measured_rows.extend(ordered[warmup_steps(len(ordered)) :])
+    walls = sorted(float(r["wall_s"]) for r in measured_rows)
+    total_wall = sum(walls)
+    total_wait = sum(float(r["data_wait_s"] or 0.0) for r in measured_rows)
+    rates = [s.steps_per_s for s in per_rank if s.steps_per_s is not None]
+    samples = [s.samples_per_s for s in per_rank]
+    batch_sizes = {r.get("batch_size") for r in measured_rows if r.get("batch_size")}
+    return StepStats(
+        step_count=len(steps_rows),
+        measured_steps=len(measured_rows),
+        warmup_rule=WARMUP_RULE,
+        median_step_s=statistics.median(walls) if walls else None,
+        p90_step_s=_percentile(walls, 0.9) if walls else None,
+        data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
+        steps_per_s=statistics.fmean(rates) if rates else None,
+        samples_per_s=sum(samples) if samples and None not in samples else None,
+        batch_size=batch_sizes.pop() if len(batch_sizes) == 1 else None,
+        per_rank=per_rank,
+        settings=settings,
+        dataloaders=dataloaders,
+    )
+
+
+def _main_pid(per_rank: list[RankStats], settings_rows: list[dict]) -> int | None:
+    """The process whose settings describe the job: rank 0 or the one that stepped most."""
+    if per_rank:
+        ranked = [s for s in per_rank if s.rank == 0]
+        if ranked:
+            return ranked[0].pid
+        return max(per_rank, key=lambda s: s.step_count).pid
+    trainers = [
+        r["pid"]
+        for r in settings_rows
+        if r["key"] == "process.role" and _decode(r["value"]) in ("trainer", "rank")
+    ]
+    return trainers[0] if trainers else None
