@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The GPU check: what torchdoctor reads from a real NVIDIA GPU, in one short run (< 8 min).
+#
+#   bash benchmarks/gpu_check.sh            # from the repository root, on a machine with a GPU
+#
+# 1. picks a Python whose torch sees CUDA (python3, .venv, or a venv it makes with a pinned
+#    CUDA torch when there is a GPU and a package index can be reached);
+# 2. GpuReader on the real NVML: status, two reads, and the per-read cost (nvml_read_cost.py);
+# 3. `torchdoctor run` on a small CUDA training loop with DataLoader workers, then prints the
+#    NVML readings the recording holds, beside what PyTorch says it holds on the GPU;
+# 4. benchmarks/estimate_cuda_check.py, when it exists.
+# Logs and the recording go to $OUT (or a temporary folder). Each step has its own time limit
+# and a failing step does not stop the others; the exit status is the number of failed steps.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+TORCH_CUDA_PIN="${TORCH_CUDA_PIN:-torch==2.5.1}"
+TORCH_CUDA_INDEX="${TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu124}"
+FAILED=0
+
+step() { echo; echo "=== $* ==="; }
+fail() { echo "!!! failed: $*"; FAILED=$((FAILED + 1)); }
+
+has_deps() {  # torchdoctor's runtime dependencies
+  "$1" -c "import psutil, click, rich, pynvml" >/dev/null 2>&1
+}
+has_cuda_torch() {
+  has_deps "$1" && "$1" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1
+}
+CANDIDATES=("${PYTHON:-}" python3 "$ROOT/.venv/bin/python")
+
+step "Python with CUDA torch"
+PY=""
+CUDA=0
+for cand in "${CANDIDATES[@]}"; do
+  if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && has_cuda_torch "$cand"; then
+    PY="$cand"; CUDA=1; break
+  fi
+done
+if [ -z "$PY" ] && [ -e /dev/nvidiactl ] && [ -z "${GPU_CHECK_NO_INSTALL:-}" ]; then
+  echo "no Python here has a CUDA torch; making /tmp/td-gpu-venv with $TORCH_CUDA_PIN"
+  python3 -m venv /tmp/td-gpu-venv \
+    && timeout 300 /tmp/td-gpu-venv/bin/pip install -q "$TORCH_CUDA_PIN" --index-url "$TORCH_CUDA_INDEX" \
+    && timeout 120 /tmp/td-gpu-venv/bin/pip install -q -e "$ROOT" \
+    && has_cuda_torch /tmp/td-gpu-venv/bin/python && PY=/tmp/td-gpu-venv/bin/python && CUDA=1
+fi
+if [ -z "$PY" ]; then
+  fail "no Python with a CUDA torch (and none could be installed): NVML checks only"
+  for cand in "${CANDIDATES[@]}"; do
+    if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && has_deps "$cand"; then
+      PY="$cand"; break
+    fi
+  done
+  [ -n "$PY" ] || { echo "no Python with torchdoctor's dependencies either"; exit 1; }
+fi
+"$PY" -c "import sys, torch; print(sys.executable, 'torch', torch.__version__, 'CUDA', torch.version.cuda)" 2>&1 \
+  || "$PY" -c "import sys; print(sys.executable, 'without torch')"
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+
+step "GpuReader on the real NVML"
+timeout 60 "$PY" - <<'EOF' || fail "GpuReader"
+import json, os, time
+from dataclasses import asdict
+from torchdoctor.sampling.gpus import GpuReader
+
+reader = GpuReader(slow_refresh_s=0.5)
+print(json.dumps(asdict(reader.status), indent=1))
+if not reader.status.available:
+    raise SystemExit(f"NVML unavailable: {reader.status.reason}")
+for _ in range(2):
+    samples, procs = reader.read({os.getpid()})
+    for s in samples:
+        print(json.dumps(asdict(s)))
+    print(f"{len(procs)} GPU process(es):", [(p.pid, p.local_pid, p.used_memory) for p in procs])
+    time.sleep(0.6)
+reader.close()
+EOF
+
+step "per-read cost of GpuReader (fake and real NVML)"
+timeout 120 "$PY" benchmarks/nvml_read_cost.py --reads 300 || fail "nvml_read_cost"
+
+REC="$OUT/gpu-check.sqlite"
+rm -f "$REC"
+if [ "$CUDA" = 1 ]; then
+step "torchdoctor run on a CUDA training loop"
+if timeout 180 "$PY" -m torchdoctor run --interval 0.25 --out "$REC" -- \
+    "$PY" benchmarks/gpu_train_loop.py --seconds 20 --workers 2 2>&1 | tee "$OUT/train.log"; then
+  :
+else
+  fail "torchdoctor run"
+fi
+
+step "NVML readings in the recording"
+timeout 60 "$PY" - "$REC" "$OUT/train.log" <<'EOF' || fail "reading the recording back"
+import json, sys
+from collections import defaultdict
+
+path, log = sys.argv[1], sys.argv[2]
+loop = {}
+for line in open(log, errors="replace"):
+    if line.startswith("gpu_train_loop:"):
+        loop = json.loads(line.split(":", 1)[1])
+try:
+    from torchdoctor import open_recording
+except ImportError as exc:
+    raise SystemExit(f"no recording reader here ({exc})")
+rec = open_recording(path)
+gpus = rec.meta.get("gpus") or {}
+print("NVML status:", {k: v for k, v in gpus.items() if k != "gpus"})
+for g in gpus.get("gpus") or []:
+    print("  device:", g)
+rows = rec.rows("gpu_samples")
+print(f"{len(rows)} GPU samples")
+by_dev = defaultdict(list)
+for r in rows:
+    by_dev[r["index"]].append(r)
+
+def span(values):
+    vals = [v for v in values if v is not None]
+    return f"{min(vals):.1f}..{max(vals):.1f}" if vals else "none"
+
+for index, rs in sorted(by_dev.items()):
+    gib = [r["memory_used"] / 2**30 if r["memory_used"] is not None else None for r in rs]
+    reasons = sorted({x for r in rs for x in (r["clock_event_reasons"] or [])})
+    missing = {k: v for r in rs for k, v in (r["unavailable"] or {}).items()}
+    print(f"GPU {index}: util% {span(r['utilization_gpu'] for r in rs)}, "
+          f"mem-bus% {span(r['utilization_memory'] for r in rs)}, used GiB {span(gib)}, "
+          f"power W {span(r['power_w'] for r in rs)}, temp C {span(r['temperature_c'] for r in rs)}, "
+          f"SM MHz {span(r['sm_clock_mhz'] for r in rs)}, "
+          f"PCIe rx MB/s {span((r['pcie_rx_per_s'] or 0) / 1e6 for r in rs)}, "
+          f"tx MB/s {span((r['pcie_tx_per_s'] or 0) / 1e6 for r in rs)}")
+    print(f"   clock-event reasons seen: {reasons}; unavailable: {missing or 'nothing'}")
+peak = defaultdict(int)
+for r in rec.rows("gpu_process_samples"):
+    if r["used_memory"] is not None:
+        peak[(r["pid"], r["in_job"])] = max(peak[(r["pid"], r["in_job"])], r["used_memory"])
+for (pid, in_job), used in sorted(peak.items()):
+    print(f"GPU process {pid} ({'job' if in_job else 'outside the job'}): peak {used / 2**20:.0f} MiB")
+roles = {p["pid"]: p["role"] for p in rec.processes()}
+job_peak = defaultdict(int)
+for r in rec.rows("process_samples", columns=["pid", "gpu_memory"]):
+    if r["gpu_memory"] is not None:
+        job_peak[r["pid"]] = max(job_peak[r["pid"]], r["gpu_memory"])
+for pid, used in sorted(job_peak.items()):
+    print(f"job process {pid} ({roles.get(pid)}): peak GPU memory {used / 2**20:.0f} MiB")
+if loop:
+    print(f"loop said: pid {loop['pid']}, {loop['steps']} steps on {loop['device']}, torch "
+          f"reserved {loop['torch_memory_reserved'] / 2**20:.0f} MiB (NVML adds the CUDA "
+          f"context, a few hundred MiB)")
+    nvml = job_peak.get(loop["pid"])
+    if not nvml or nvml < loop["torch_memory_reserved"]:
+        raise SystemExit(f"NVML memory of the trainer ({nvml}) below what torch reserved")
+EOF
+fi
+
+if [ -f benchmarks/estimate_cuda_check.py ] && [ "$CUDA" = 1 ]; then
+  step "estimate_cuda_check.py"
+  timeout 200 "$PY" benchmarks/estimate_cuda_check.py 2>&1 | tee "$OUT/estimate.log" \
+    || fail "estimate_cuda_check"
+fi
+
+step "done: $FAILED failed step(s); files in $OUT"
+exit "$FAILED"
