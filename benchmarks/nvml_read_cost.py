@@ -5,7 +5,8 @@ torchdoctor's own Python overhead per device per read, since the fake's calls co
 nothing. With a working NVIDIA driver it measures the real NVML as well.
 
 Both runs report the fast tier (every read: memory, utilization, process lists) and a read
-that also refreshes the slow tier (power, temperature, clocks, clock events, PCIe). The
+that also refreshes the slow tier (power, temperature, clocks, clock events, PCIe byte
+counters; a driver without those counters makes the reader sample PCIe for 2 x 20 ms instead). The
 baseline is the same bindings calls written inline, without the reader's guards and
 bookkeeping; the ratio is the price of those guards.
 
@@ -53,8 +54,15 @@ def bare_read(nvml: Any, handles: list[Any], slow: bool) -> None:
                 (nvml.nvmlDeviceGetTemperatureV, (nvml.NVML_TEMPERATURE_GPU,)),
                 (nvml.nvmlDeviceGetClockInfo, (nvml.NVML_CLOCK_SM,)),
                 (nvml.nvmlDeviceGetCurrentClocksEventReasons, ()),
-                (nvml.nvmlDeviceGetPcieThroughput, (nvml.NVML_PCIE_UTIL_RX_BYTES,)),
-                (nvml.nvmlDeviceGetPcieThroughput, (nvml.NVML_PCIE_UTIL_TX_BYTES,)),
+                (
+                    nvml.nvmlDeviceGetFieldValues,
+                    (
+                        [
+                            nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+                            nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                        ],
+                    ),
+                ),
             ):
                 with contextlib.suppress(nvml.NVMLError):
                     call(h, *args)
@@ -127,7 +135,7 @@ def main() -> None:
         probe.close()
         import pynvml
 
-        # Real PCIe throughput queries sample the bus for ~20 ms each: few slow reads.
+        # Without PCIe byte counters a slow read samples the bus for 2 x 20 ms: few slow reads.
         measure("real NVML", pynvml, max(50, args.reads // 20), 5, None)
     else:
         print(f"real NVML: not measured here ({probe.status.reason})")

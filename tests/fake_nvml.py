@@ -29,7 +29,19 @@ import string
 import sys
 import types
 from collections import Counter
-from ctypes import Structure, c_uint, c_ulonglong
+from ctypes import (
+    Structure,
+    Union,
+    c_double,
+    c_int,
+    c_int64,
+    c_longlong,
+    c_uint,
+    c_uint32,
+    c_ulong,
+    c_ulonglong,
+    c_ushort,
+)
 from dataclasses import dataclass, field
 
 # -- return codes, as in nvml.h / pynvml ------------------------------------------------------
@@ -73,6 +85,9 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 nvmlMemory_v2 = 0x02000028
 nvmlTemperature_v1 = 0x1000008
 NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
@@ -170,6 +185,31 @@ class c_nvmlUtilization_t(Structure):
     _fields_ = [("gpu", c_uint), ("memory", c_uint)]
 
 
+class c_nvmlValue_t(Union):
+    _fields_ = [
+        ("dVal", c_double),
+        ("uiVal", c_uint),
+        ("ulVal", c_ulong),
+        ("ullVal", c_ulonglong),
+        ("sllVal", c_longlong),
+        ("siVal", c_int),
+        ("usVal", c_ushort),
+    ]
+
+
+class c_nvmlFieldValue_t(Structure):
+    # The enums (valueType, nvmlReturn) are C ints in pynvml's structure too.
+    _fields_ = [
+        ("fieldId", c_uint32),
+        ("scopeId", c_uint32),
+        ("timestamp", c_int64),
+        ("latencyUsec", c_int64),
+        ("valueType", c_uint),
+        ("nvmlReturn", c_uint),
+        ("value", c_nvmlValue_t),
+    ]
+
+
 class nvmlFriendlyObject:
     """What pynvml returns for a process: attributes from the C struct's fields."""
 
@@ -217,8 +257,11 @@ class FakeGpu:
     temperature_c: int = 34
     sm_clock_mhz: int = 1410
     clock_event_reasons: int = nvmlClocksEventReasonGpuIdle
-    pcie_rx_kb: int = 0
+    pcie_rx_kb: int = 0  # nvmlDeviceGetPcieThroughput, KB/s over its 20 ms window
     pcie_tx_kb: int = 0
+    pcie_counters: bool = True  # NVML_FI_DEV_PCIE_COUNT_*_BYTES (recent drivers)
+    pcie_rx_bytes: int = 7_000_000_000  # byte counters since the driver loaded
+    pcie_tx_bytes: int = 3_000_000_000
     # (host pid, used bytes or None when NVML says "not available")
     compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
@@ -413,6 +456,25 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
         return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
 
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        values = (c_nvmlFieldValue_t * len(fieldIds))()
+        counters = {
+            NVML_FI_DEV_PCIE_COUNT_RX_BYTES: gpu.pcie_rx_bytes,
+            NVML_FI_DEV_PCIE_COUNT_TX_BYTES: gpu.pcie_tx_bytes,
+        }
+        for slot, field_id in zip(values, fieldIds, strict=True):
+            if isinstance(field_id, tuple):  # (fieldId, scopeId), as pynvml accepts
+                field_id, slot.scopeId = field_id
+            slot.fieldId = field_id
+            # Per field, as NVML does: the call succeeds and each value carries its own status.
+            if field_id in counters and gpu.pcie_counters:
+                slot.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                slot.value.ullVal = counters[field_id]
+            else:
+                slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return values
+
     def nvmlDeviceGetPcieThroughput(self, device, counter):
         gpu = self._gpu(device, "nvmlDeviceGetPcieThroughput")
         if counter == NVML_PCIE_UTIL_RX_BYTES:
@@ -449,7 +511,7 @@ def scenario(name: str, *, lost_after_calls: int = 40) -> FakeNvml:
     - ``gpu_lost_mid_run``: two GPUs; device 1 falls off the bus (GpuIsLost on every call)
       after ``lost_after_calls`` calls to it.
     - ``not_supported_fields``: one virtual/consumer GPU where power, temperature, PCIe
-      throughput and the graphics process list are NotSupported.
+      throughput (counters and sampled) and the graphics process list are NotSupported.
     - ``foreign_process``: one GPU; tests put a process outside the job on it.
     """
     if name == "no_driver":
@@ -467,6 +529,7 @@ def scenario(name: str, *, lost_after_calls: int = 40) -> FakeNvml:
             name="GRID A100D-8C",
             uuid="GPU-7c2a9e10-55d1-4f2e-8b0a-1d2e3f4a5b6c",
             memory_total=8 * GIB,
+            pcie_counters=False,
             not_supported={
                 "nvmlDeviceGetPowerUsage",
                 "nvmlDeviceGetTemperatureV",

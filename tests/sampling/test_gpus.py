@@ -127,10 +127,19 @@ def test_fake_nvml_mirrors_real_pynvml_names_signatures_and_errors():
             cls_name = type(pynvml.NVMLError(getattr(pynvml, name))).__name__
             assert type(fake.NVMLError(getattr(pynvml, name))).__name__ == cls_name
     assert issubclass(fake.NVMLError_GpuIsLost, fake.NVMLError)
-    for struct in ("c_nvmlMemory_t", "c_nvmlMemory_v2_t", "c_nvmlUtilization_t"):
-        assert getattr(fake, struct)._fields_ == [
-            (n, t) for n, t in getattr(pynvml, struct)._fields_
-        ]
+    for struct in (
+        "c_nvmlMemory_t",
+        "c_nvmlMemory_v2_t",
+        "c_nvmlUtilization_t",
+        "c_nvmlValue_t",
+        "c_nvmlFieldValue_t",
+    ):
+        fake_fields = getattr(fake, struct)._fields_
+        real_fields = getattr(pynvml, struct)._fields_
+        assert [n for n, _ in fake_fields] == [n for n, _ in real_fields], struct
+        assert ctypes.sizeof(getattr(fake, struct)) == ctypes.sizeof(getattr(pynvml, struct))
+    for name in ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"):
+        assert getattr(fake, name) == getattr(pynvml, name)
 
 
 def test_fake_nvml_refuses_calls_before_init_like_the_real_one():
@@ -148,11 +157,11 @@ def test_two_gpus_static_facts_and_units():
     gpu0.utilization_gpu, gpu0.utilization_memory = 97, 41
     gpu0.memory_used = 30 * GIB
     gpu0.power_mw, gpu0.power_limit_mw = 312_500, 400_000
-    gpu0.pcie_rx_kb, gpu0.pcie_tx_kb = 2_000, 3
     gpu0.clock_event_reasons = (
         fake_nvml.nvmlClocksEventReasonSwPowerCap | fake_nvml.nvmlClocksEventReasonHwSlowdown
     )
-    reader = reader_for(fake)
+    now = [10.0]
+    reader = reader_for(fake, clock=lambda: now[0])
     status = reader.status
     assert (status.available, status.reason) == (True, None)
     assert (status.driver_version, status.cuda_driver_version) == ("550.54.15", "12.4")
@@ -162,13 +171,18 @@ def test_two_gpus_static_facts_and_units():
     assert (info.name, info.compute_capability) == ("NVIDIA A100-SXM4-80GB", "8.0")
     assert (info.memory_total, info.power_limit_w, info.unavailable) == (80 * GIB, 400.0, {})
 
+    # PCIe byte counters move on between the reader's start and its first read, 2 s later.
+    gpu0.pcie_rx_bytes += 6_000_000_000
+    gpu0.pcie_tx_bytes += 1_000_000_000
+    now[0] = 12.0
     samples, procs = reader.read(set())
     assert [s.index for s in samples] == [0, 1]
     s = samples[0]
     assert (s.utilization_gpu, s.utilization_memory) == (97.0, 41.0)
     assert (s.memory_used, s.memory_total) == (30 * GIB, 80 * GIB)  # v2: reserved not in used
     assert (s.power_w, s.power_limit_w) == (312.5, 400.0)  # mW -> W
-    assert (s.pcie_rx_per_s, s.pcie_tx_per_s) == (2_000 * 1024, 3 * 1024)  # KB/s -> bytes/s
+    assert (s.pcie_rx_per_s, s.pcie_tx_per_s) == (3e9, 5e8)  # bytes/s over the interval
+    assert fake.gpus[0].calls["nvmlDeviceGetPcieThroughput"] == 0  # no 20 ms bus sampling
     assert s.clock_event_reasons == ["sw_power_cap", "hw_slowdown"]
     assert (s.temperature_c, s.sm_clock_mhz) == (34.0, 1410.0)
     assert s.unavailable == {}
@@ -176,6 +190,29 @@ def test_two_gpus_static_facts_and_units():
     reader.close()
     assert fake.refcount == 0
     assert reader.read(set()) == ([], [])
+
+
+def test_pcie_falls_back_to_sampled_throughput_without_byte_counters():
+    gpu = fake_nvml.FakeGpu(pcie_counters=False, pcie_rx_kb=2_000, pcie_tx_kb=3)
+    samples, _ = reader_for(fake_nvml.FakeNvml([gpu])).read(set())
+    assert (samples[0].pcie_rx_per_s, samples[0].pcie_tx_per_s) == (2_000 * 1024, 3 * 1024)
+    assert samples[0].unavailable == {}
+
+
+def test_pcie_counter_reset_gives_no_rate_rather_than_a_negative_one():
+    fake = fake_nvml.scenario("two_gpus")
+    now = [0.0]
+    reader = reader_for(fake, slow_refresh_s=1.0, clock=lambda: now[0])
+    now[0] = 1.0
+    assert reader.read(set())[0][0].pcie_rx_per_s == 0.0  # idle bus: a measured zero
+    fake.gpus[0].pcie_rx_bytes = 10  # driver reloaded: counters start again
+    now[0] = 2.0
+    s = reader.read(set())[0][0]
+    assert s.pcie_rx_per_s is None
+    assert s.unavailable["pcie_rx_per_s"] == "PCIe byte counter was reset"
+    now[0] = 3.0
+    fake.gpus[0].pcie_rx_bytes += 4096
+    assert reader.read(set())[0][0].pcie_rx_per_s == 4096.0
 
 
 def test_memory_falls_back_to_v1_on_a_driver_without_v2():

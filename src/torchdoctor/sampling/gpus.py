@@ -1,9 +1,10 @@
 """NVIDIA GPUs through NVML: a fast tier every read, slow fields on a slower cadence.
 
 Every read gives utilization, memory and the GPU memory of each process. Power, temperature,
-SM clock, clock-event (throttle) reasons and PCIe throughput change slowly and cost more (one
-PCIe throughput query alone samples the bus for about 20 ms), so they are read every
-``slow_refresh_s`` and carried over in between.
+SM clock, clock-event (throttle) reasons and PCIe throughput change slowly or cost more, so they
+are read every ``slow_refresh_s`` and carried over in between. PCIe rates come from the
+driver's byte counters where it has them (the average over the slow interval, at no cost);
+otherwise from nvmlDeviceGetPcieThroughput, which samples the bus for about 20 ms a direction.
 
 A field NVML cannot give is ``None`` with the reason in ``GpuSample.unavailable``, keyed by the
 field name (``"processes"`` for the process list). A GPU lost mid-run is reported as lost from
@@ -66,6 +67,9 @@ _NVML_TEMPERATURE_GPU = 0
 _NVML_CLOCK_SM = 1
 _NVML_PCIE_UTIL_TX_BYTES = 0
 _NVML_PCIE_UTIL_RX_BYTES = 1
+_NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+_NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+_NVML_ERROR_GPU_IS_LOST = 15
 _NVML_MEMORY_V2 = 0x02000028
 # NVML_VALUE_NOT_AVAILABLE for unsigned long long; recent bindings already turn it into None.
 _VALUE_NOT_AVAILABLE = 2**64 - 1
@@ -102,6 +106,8 @@ class _Device:
     settled: dict[str, Unavailable] = field(default_factory=dict)
     slow_values: dict[str, Any] = field(default_factory=dict)
     slow_unavailable: dict[str, str] = field(default_factory=dict)
+    pcie_counters: bool | None = None  # whether the driver has PCIe byte counters; None: unknown
+    pcie_previous: tuple[float, int, int] | None = None  # (clock, rx bytes, tx bytes)
 
 
 class _Lost(Exception):
@@ -196,6 +202,15 @@ class GpuReader:
         limit_mw = value(_POWER_LIMIT, "power_limit_w")
         device = _Device(index, handle, text(uuid) if uuid is not None else None)
         self._devices.append(device)
+        try:
+            # The first PCIe rate then covers the time up to the first read.
+            counters = self._pcie_counters(device)
+        except _Lost:
+            device.lost = True
+            counters = None
+        if counters is not None:
+            device.pcie_counters = True
+            device.pcie_previous = (self._clock(), *counters)
         memory = self._memory_info(handle)
         total = None
         if isinstance(memory, Unavailable):
@@ -381,9 +396,6 @@ class GpuReader:
         def milliwatts(v: Any) -> float:
             return v / 1000.0
 
-        def kib_per_s(v: Any) -> float:
-            return float(v) * 1024.0
-
         put("power_w", self._call(device, "power", "nvmlDeviceGetPowerUsage"), milliwatts)
         put("power_limit_w", self._call(device, "power_limit", _POWER_LIMIT), milliwatts)
         sensor = nvml.constant("NVML_TEMPERATURE_GPU", _NVML_TEMPERATURE_GPU)
@@ -395,21 +407,63 @@ class GpuReader:
             self._call(device, "clock_events", _CLOCK_EVENTS),
             decode_clock_event_reasons,
         )
-        rx = nvml.constant("NVML_PCIE_UTIL_RX_BYTES", _NVML_PCIE_UTIL_RX_BYTES)
-        tx = nvml.constant("NVML_PCIE_UTIL_TX_BYTES", _NVML_PCIE_UTIL_TX_BYTES)
-        # NVML gives PCIe throughput in KB/s (1024 bytes); we record bytes/s.
-        put(
-            "pcie_rx_per_s",
-            self._call(device, "pcie_rx", "nvmlDeviceGetPcieThroughput", rx),
-            kib_per_s,
-        )
-        put(
-            "pcie_tx_per_s",
-            self._call(device, "pcie_tx", "nvmlDeviceGetPcieThroughput", tx),
-            kib_per_s,
-        )
+        self._read_pcie(device, values, reasons)
         device.slow_values = values
         device.slow_unavailable = reasons
+
+    def _read_pcie(self, device: _Device, values: dict[str, Any], reasons: dict[str, str]) -> None:
+        """PCIe rx/tx in bytes/s, averaged over the slow interval where the driver can.
+
+        Recent drivers keep byte counters (NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES): the rate
+        between two slow reads costs no wait and covers the whole interval. Otherwise
+        nvmlDeviceGetPcieThroughput samples the bus for about 20 ms per direction.
+        """
+        keys = ("pcie_rx_per_s", "pcie_tx_per_s")
+        if device.pcie_counters is not False:
+            counters = self._pcie_counters(device)
+            if counters is not None:
+                device.pcie_counters = True
+                now = self._clock()
+                previous, device.pcie_previous = device.pcie_previous, (now, *counters)
+                if previous is None or now <= previous[0]:
+                    for key in keys:
+                        values[key] = None
+                        reasons[key] = "PCIe byte counters not read yet (a rate needs two)"
+                    return
+                elapsed = now - previous[0]
+                for key, before, after in zip(keys, previous[1:], counters, strict=True):
+                    # A counter that went backwards was reset (driver reload): no rate this time.
+                    values[key] = (after - before) / elapsed if after >= before else None
+                    if after < before:
+                        reasons[key] = "PCIe byte counter was reset"
+                return
+            device.pcie_counters = False
+        nvml = self._nvml
+        rx = nvml.constant("NVML_PCIE_UTIL_RX_BYTES", _NVML_PCIE_UTIL_RX_BYTES)
+        tx = nvml.constant("NVML_PCIE_UTIL_TX_BYTES", _NVML_PCIE_UTIL_TX_BYTES)
+        for key, counter in zip(keys, (rx, tx), strict=True):
+            result = self._call(device, key, "nvmlDeviceGetPcieThroughput", counter)
+            if isinstance(result, Unavailable):
+                values[key] = None
+                reasons[key] = result.reason
+            else:
+                values[key] = float(result) * 1024.0  # NVML's KB/s are KiB/s
+
+    def _pcie_counters(self, device: _Device) -> tuple[int, int] | None:
+        """(rx bytes, tx bytes) since the driver loaded, or None where there are none."""
+        result = self._call(
+            device,
+            "pcie_counters",
+            "nvmlDeviceGetFieldValues",
+            [_NVML_FI_DEV_PCIE_COUNT_RX_BYTES, _NVML_FI_DEV_PCIE_COUNT_TX_BYTES],
+        )
+        if isinstance(result, Unavailable) or len(result) != 2:
+            return None
+        if any(field.nvmlReturn != 0 for field in result):
+            if any(field.nvmlReturn == _NVML_ERROR_GPU_IS_LOST for field in result):
+                raise _Lost
+            return None
+        return int(result[0].value.ullVal), int(result[1].value.ullVal)
 
     def close(self) -> None:
         """Shut NVML down; later reads return nothing."""
