@@ -143,36 +143,22 @@ class JobReader:
     def read(self) -> tuple[list[ProcessSample], list[ProcessInfo], list[int]]:
         t = time.time()
         mono = time.monotonic()
-        last_pid = self._read_last_pid()
-        listing: set[int] | None = None
-        if (
-            last_pid is None
-            or last_pid != self._last_pid
-            or mono >= self._outside_reset
-            or not self._procs
-        ):
-            try:
-                listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-            except OSError:
-                listing = set()
-
         procs = self._procs
         ended: list[int] = []
         # 1. Known processes: one stat read each tells whether they still run (the descriptor
-        # fails once its process is gone).
+        # fails once its process is gone, even if its PID was handed out again).
         for pid in list(procs):
             p = procs[pid]
-            st = None
-            if listing is None or pid in listing:
-                try:
-                    st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
-                except (OSError, ValueError, IndexError):
-                    st = None
+            try:
+                st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
+            except (OSError, ValueError, IndexError):
+                st = None
             if st is None or st.state in _DEAD_STATES:
                 p.close()
                 del procs[pid]
                 ended.append(pid)
-                self._outside.add(pid)  # a zombie keeps its PID listed; do not rediscover it
+                if st is not None:
+                    self._outside.add(pid)  # a zombie keeps its PID listed; do not rediscover it
                 self._roles_dirty = True
                 continue
             if st.ppid != p.stat.ppid:
@@ -181,6 +167,20 @@ class JobReader:
             if st.comm != p.comm:
                 self._exec_changed(p, st)
                 self._roles_dirty = True
+
+        last_pid = self._read_last_pid()
+        listing: set[int] | None = None
+        if (
+            last_pid is None
+            or last_pid != self._last_pid
+            or ended
+            or mono >= self._outside_reset
+            or not procs
+        ):
+            try:
+                listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
+            except OSError:
+                listing = set()
 
         # 2. New members: unclassified PIDs whose parent is in the job.
         new: list[_Proc] = []
@@ -222,7 +222,6 @@ class JobReader:
         for pid in gone_now:
             self._roles_dirty = True
             procs.pop(pid).close()
-            self._outside.add(pid)
             if pid not in new_set:
                 ended.append(pid)
         if not self.include_root:

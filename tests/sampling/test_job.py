@@ -1,0 +1,365 @@
+"""JobReader against real process trees: discovery, identity, rates, roles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torchdoctor.sampling import procfs
+from torchdoctor.sampling.job import JobReader
+
+
+def by_pid(samples):
+    return {s.pid: s for s in samples}
+
+
+def test_finds_the_tree_and_reports_new_processes_once(jobtree):
+    tree = jobtree()
+    a, b = tree.fork(), tree.fork()
+    job = JobReader(tree.pid)
+
+    samples, new, ended = job.read()
+    assert set(by_pid(samples)) == {tree.pid, a, b}
+    assert {i.pid for i in new} == {tree.pid, a, b}
+    assert ended == []
+    assert job.pids == {tree.pid, a, b}
+    info = {i.pid: i for i in new}
+    assert info[a].ppid == tree.pid
+    assert info[tree.pid].cmdline[-1].endswith("jobtree.py")
+    for s in samples:
+        # Rates need a previous reading of the same process.
+        assert s.cpu_percent is None
+        assert s.ctx_voluntary_per_s is None and s.read_bytes_per_s is None
+        assert s.rss > 0 and s.threads >= 1
+        assert s.pss is not None and s.uss is not None and s.uss <= s.pss <= s.rss
+
+    samples, new, ended = job.read()
+    assert new == [] and ended == []
+    assert set(by_pid(samples)) == {tree.pid, a, b}
+    for s in samples:
+        assert s.cpu_percent is not None and s.cpu_percent >= 0
+        assert s.ctx_voluntary_per_s is not None and s.read_bytes_per_s is not None
+    job.close()
+
+
+def test_workers_started_later_are_found_and_exited_ones_reported(jobtree):
+    tree = jobtree()
+    job = JobReader(tree.pid)
+    assert set(by_pid(job.read()[0])) == {tree.pid}
+
+    late = tree.fork()
+    spawned = tree.fork("spawn")
+    samples, new, ended = job.read()
+    assert {late, spawned} <= set(by_pid(samples))
+    assert {i.pid for i in new} >= {late, spawned}
+    assert ended == []
+
+    assert tree.ask("exit", late) == "gone"
+    samples, new, ended = job.read()
+    assert late not in by_pid(samples)
+    assert ended == [late]
+    assert late not in job.pids
+    job.close()
+
+
+def test_zombie_children_count_as_ended(jobtree):
+    tree = jobtree()
+    child = tree.fork()
+    job = JobReader(tree.pid)
+    job.read()
+    assert tree.ask("zombie", child) == "zombie"
+    samples, _, ended = job.read()
+    assert child not in by_pid(samples)
+    assert ended == [child]
+    # Still a zombie at the next read: not rediscovered as a new process.
+    samples, new, ended = job.read()
+    assert child not in by_pid(samples) and new == [] and ended == []
+    assert tree.ask("reap", child) == "gone"
+
+
+def _exit_during_read(monkeypatch, tree, victim: int, path_part: bytes):
+    """Make ``victim`` exit (and be reaped) right before JobReader reads one of its files."""
+    real = procfs.pread_single
+    fired = []
+
+    def pread_single(fd, size=4096):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if not fired and target == f"/proc/{victim}/{path_part.decode()}":
+            fired.append(True)
+            assert tree.ask("exit", victim) == "gone"
+        return real(fd, size)
+
+    monkeypatch.setattr(procfs, "pread_single", pread_single)
+    return fired
+
+
+@pytest.mark.parametrize("file", [b"stat", b"status", b"io"])
+def test_child_exiting_in_the_middle_of_a_read_just_disappears(jobtree, monkeypatch, file):
+    tree = jobtree()
+    victim, other = tree.fork(), tree.fork()
+    job = JobReader(tree.pid)
+    job.read()
+    job.read()
+
+    fired = _exit_during_read(monkeypatch, tree, victim, file)
+    samples, new, ended = job.read()
+    assert fired, "the read never touched the victim's file"
+    assert victim not in by_pid(samples)
+    assert ended == [victim]
+    assert set(by_pid(samples)) == {tree.pid, other}
+    for s in samples:
+        assert s.cpu_percent is not None
+
+
+def test_new_child_exiting_before_its_first_sample_is_never_reported(jobtree, monkeypatch):
+    tree = jobtree()
+    job = JobReader(tree.pid)
+    job.read()
+    victim = tree.fork()
+    fired = _exit_during_read(monkeypatch, tree, victim, b"status")
+    samples, new, ended = job.read()
+    assert fired
+    assert victim not in by_pid(samples)
+    assert victim not in {i.pid for i in new}
+    assert ended == []  # it was never reported, so it does not "end" either
+
+
+def test_cpu_percent_of_a_busy_child_is_near_a_full_core_and_idle_near_zero(jobtree):
+    tree = jobtree()
+    busy, idle = tree.fork(), tree.fork()
+    job = JobReader(tree.pid)
+    first = by_pid(job.read()[0])
+    assert tree.ask("burn", busy, 0.6) == "done"  # 0.6 s of CPU, however long that takes
+    second = by_pid(job.read()[0])
+    b0, b1, i1 = first[busy], second[busy], second[idle]
+    used = (b1.cpu_user_s + b1.cpu_system_s) - (b0.cpu_user_s + b0.cpu_system_s)
+    assert used >= 0.55
+    # The percentage is the CPU time over the wall time between the two samples (100 = one
+    # core). Other jobs on a loaded machine stretch the wall time, so only generous bounds.
+    assert b1.cpu_percent == pytest.approx(100.0 * used / (b1.t - b0.t), rel=0.1, abs=2.0)
+    assert 15.0 <= b1.cpu_percent <= 110.0
+    assert i1.cpu_percent <= 2.0
+    assert b1.cpu_percent > 10 * max(i1.cpu_percent, 1.0)
+
+
+def test_rss_and_uss_grow_after_a_child_allocates(jobtree):
+    tree = jobtree()
+    child = tree.fork()
+    job = JobReader(tree.pid, slow_refresh_s=0.0)  # PSS/USS at every read
+    before = by_pid(job.read()[0])[child]
+    assert tree.ask("alloc", child, 64) == "done"
+    after = by_pid(job.read()[0])[child]
+    mib = 1 << 20
+    assert after.rss - before.rss >= 56 * mib
+    assert after.uss - before.uss >= 56 * mib
+    assert after.pss - before.pss >= 56 * mib
+
+
+def test_pss_is_carried_over_between_slow_refreshes(jobtree):
+    tree = jobtree()
+    child = tree.fork()
+    job = JobReader(tree.pid, slow_refresh_s=3600.0)
+    before = by_pid(job.read()[0])[child]
+    assert tree.ask("alloc", child, 32) == "done"
+    after = by_pid(job.read()[0])[child]
+    assert after.rss - before.rss >= 28 << 20  # fast tier: fresh
+    assert after.pss == before.pss  # slow tier: the last value, not a None or a zero
+
+
+def test_fork_and_spawn_children_of_a_trainer_are_workers(jobtree):
+    tree = jobtree()
+    forked, spawned = tree.fork(), tree.fork("spawn")
+    job = JobReader(tree.pid)
+    samples, new, _ = job.read()
+    roles = {s.pid: s.role for s in samples}
+    assert roles[tree.pid] == "trainer"
+    assert roles[forked] == "dataloader-worker"
+    assert roles[spawned] == "dataloader-worker"
+    # spawn starts multiprocessing's resource tracker: a helper, not a worker.
+    others = [s for s in samples if s.pid not in (tree.pid, forked, spawned)]
+    assert others and all(s.role == "other" for s in others)
+    assert {i.pid: i.role for i in new} == roles
+
+
+def test_real_torch_dataloader_workers(jobtree):
+    pytest.importorskip("torch")
+    tree = jobtree()
+    workers = [int(p) for p in tree.ask("loader").split()]
+    assert len(workers) == 2
+    job = JobReader(tree.pid)
+    samples = by_pid(job.read()[0])
+    assert samples[tree.pid].role == "trainer"
+    for w in workers:
+        assert samples[w].role == "dataloader-worker"
+        assert samples[w].ppid == tree.pid
+
+
+def test_renamed_process_with_parentheses_in_its_name(jobtree):
+    tree = jobtree()
+    child = tree.fork()
+    assert tree.ask("comm", child, "we)(ird)") == "done"
+    job = JobReader(tree.pid)
+    s = by_pid(job.read()[0])[child]
+    assert s.name == "we)(ird)"
+    assert s.ppid == tree.pid and s.threads >= 1
+
+
+def test_launcher_shell_with_ranked_trainers(tmp_path):
+    # A hand-rolled distributed launch: a shell starts two Python ranks with RANK set.
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nsys.stdin.read()\n")
+    shell = (
+        f"RANK=0 LOCAL_RANK=0 {sys.executable} {script} & "
+        f"RANK=1 LOCAL_RANK=1 {sys.executable} {script} & "
+        "echo started; wait"
+    )
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", shell], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        job = JobReader(proc.pid)
+        samples, new, _ = job.read()
+        ranks = {}
+        # The ranks may still be exec'ing python when "started" is printed: read until both
+        # run the script (each read is a real sample; no sleeping).
+        for _ in range(10_000):
+            ranks = {s.rank: s for s in samples if s.role == "trainer"}
+            if len(ranks) == 2:
+                break
+            samples, _, _ = job.read()
+        assert set(ranks) == {0, 1}
+        assert by_pid(samples)[proc.pid].role == "launcher"
+        infos = {i.pid: i for i in new}
+        infos.update({i.pid: i for i in job.read()[1]})
+        assert all(s.ppid == proc.pid for s in ranks.values())
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def test_torchrun_agent_is_the_launcher_and_each_worker_a_ranked_trainer(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+            print("ready", os.environ["RANK"], flush=True)
+            sys.stdin.read()
+            """
+        )
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--monitor-interval=0.1",
+        str(script),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        ready = {proc.stdout.readline().split()[1], proc.stdout.readline().split()[1]}
+        assert ready == {"0", "1"}
+        job = JobReader(proc.pid)
+        samples, new, _ = job.read()
+        assert by_pid(samples)[proc.pid].role == "launcher"
+        trainers = [s for s in samples if s.role == "trainer"]
+        assert sorted(s.rank for s in trainers) == [0, 1]
+        infos = {i.pid: i for i in new}
+        assert sorted(infos[s.pid].local_rank for s in trainers) == [0, 1]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+
+
+def test_root_excluded_but_its_tree_followed(jobtree):
+    tree = jobtree()
+    child = tree.fork()
+    job = JobReader(tree.pid, include_root=False)
+    samples, new, _ = job.read()
+    assert set(by_pid(samples)) == {child}
+    assert {i.pid for i in new} == {child}
+    assert job.pids == {child}
+    assert job.root_alive()
+
+
+def test_root_exit_is_seen(jobtree):
+    tree = jobtree()
+    job = JobReader(tree.pid)
+    job.read()
+    assert job.root_alive()
+    tree.close()  # the root exits and is reaped by the test
+    assert not job.root_alive()
+    samples, _, ended = job.read()
+    assert samples == [] and ended == [tree.pid]
+
+
+def test_missing_root_reads_empty():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    job = JobReader(proc.pid)
+    assert not job.root_alive()
+    assert job.read() == ([], [], [])
+
+
+def test_descriptor_of_an_exited_process_fails_so_a_reused_pid_cannot_feed_it():
+    # JobReader re-reads each process through descriptors opened once; this is what makes
+    # PID reuse harmless: the old descriptor refuses to read whoever gets the PID next.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    fd = procfs.open_ro(f"/proc/{proc.pid}/stat")
+    try:
+        assert procfs.parse_pid_stat(procfs.pread_single(fd)).ppid == os.getpid()
+        proc.stdin.close()
+        proc.wait()
+        with pytest.raises(ProcessLookupError):
+            procfs.pread_single(fd)
+    finally:
+        os.close(fd)
+
+
+def _can_steer_pids() -> bool:
+    return os.access("/proc/sys/kernel/ns_last_pid", os.W_OK)
+
+
+@pytest.mark.skipif(not _can_steer_pids(), reason="steering PID allocation needs CAP_SYS_ADMIN")
+def test_reused_pid_is_a_new_process(jobtree):
+    tree = jobtree()
+    old = tree.fork()
+    job = JobReader(tree.pid)
+    job.read()
+    old_create = by_pid(job.read()[0])[old].create_time
+    assert tree.ask("exit", old) == "gone"
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(old - 1))
+        new_pid = tree.fork()
+        if new_pid == old:
+            break
+        assert tree.ask("exit", new_pid) == "gone"
+    else:
+        pytest.fail("could not get the PID handed out again")
+    samples, new, ended = job.read()
+    assert ended == [old]
+    assert [i.pid for i in new] == [old]
+    s = by_pid(samples)[old]
+    assert s.cpu_percent is None  # no rate computed against the previous owner of the PID
+    assert s.create_time != old_create
