@@ -13,7 +13,6 @@ import socket
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from torchdoctor.live import registry
 from torchdoctor.live.discover import TorchProcessFinder
@@ -48,7 +47,7 @@ class _History:
 class TopCollector:
     """Reads everything ``top`` shows. Call :meth:`read` once per refresh.
 
-    ``nvml_module`` is handed to :class:`GpuReader` (``None``: the real ``pynvml``).
+    ``gpu_reader`` defaults to a :class:`GpuReader` of the real ``pynvml``.
     """
 
     def __init__(
@@ -56,11 +55,11 @@ class TopCollector:
         thresholds: Thresholds,
         *,
         interval_s: float = 1.0,
-        nvml_module: Any = None,
+        gpu_reader: GpuReader | None = None,
     ) -> None:
         self.interval_s = interval_s
         self.host = HostReader()
-        self.gpu = GpuReader(nvml_module)
+        self.gpu = gpu_reader if gpu_reader is not None else GpuReader()
         self.finder = TorchProcessFinder()
         self.recordings = RecordingWatcher(thresholds)
         self._jobs: dict[int, tuple[float, JobReader]] = {}  # root pid -> (create time, reader)

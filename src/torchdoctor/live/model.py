@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from torchdoctor.live.units import printable
 from torchdoctor.sampling.types import (
     GpuProcessSample,
     GpuSample,
@@ -75,6 +76,7 @@ class RecordingStatus:
     step_rate_per_s: float | None  # over the recent window
     samples_per_s: float | None
     data_wait_share: float | None  # 0-1: time blocked in DataLoader next() / step time
+    window_s: float = 10.0  # the figures are over the steps that ended in this window
     findings: list[FindingBrief] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
 
@@ -382,15 +384,20 @@ def _gpu_row(g: GpuSample, status: GpuStatus, th: Thresholds) -> GpuRow:
 
 
 def short_command(cmdline: list[str], name: str) -> str:
-    """The command as a person recognizes it: interpreter path dropped, ``-c`` code trimmed."""
+    """The command as a person recognizes it: program and script paths dropped, ``-c`` code
+    cut to its first line."""
     if not cmdline:
         return f"[{name}]"
     argv = list(cmdline)
     argv[0] = os.path.basename(argv[0])
+    if len(argv) > 1 and not argv[1].startswith("-") and "/" in argv[1]:
+        # "python /long/path/to/train.py": the script's name is what tells jobs apart; the
+        # full command line is in the process's detail.
+        argv[1] = os.path.basename(argv[1])
     if len(argv) > 2 and argv[1] == "-c":
         # Code passed with -c is often many lines: its first line tells enough.
         argv[2] = argv[2].strip().splitlines()[0] if argv[2].strip() else ""
-    return " ".join(shlex.quote(a) if " " in a and len(a) < 40 else a for a in argv)
+    return printable(" ".join(shlex.quote(a) if " " in a and len(a) < 40 else a for a in argv))
 
 
 def _matches(text: str, p: ProcessSample, command: str) -> bool:
@@ -511,6 +518,8 @@ def _job_status(job: JobReading, readings: TopReadings) -> tuple[str, str]:
                 f"starved: waits for data {100 * rec.data_wait_share:.0f} % of step time",
                 "alert",
             )
+        if rec.step_rate_per_s == 0.0:
+            return f"no step in the last {rec.window_s:.0f} s", "warn"
         if rec.step_rate_per_s is not None:
             return "not waiting for data", "ok"
         return "recording, no steps yet", "ok"

@@ -52,6 +52,7 @@ class RecordingWatcher:
             step_rate_per_s=None,
             samples_per_s=None,
             data_wait_share=None,
+            window_s=self.window_s,
         )
         if w.db is None:
             status.unavailable["steps"] = w.error or "recording not readable"

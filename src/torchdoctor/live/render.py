@@ -39,12 +39,12 @@ SELECTED = "reverse"
 # Jobs table columns: header, width, right-aligned
 _COLUMNS = (
     ("PID", 7, True),
-    ("ROLE", 11, False),
+    ("ROLE", 10, False),
     ("CPU%", 6, True),
     ("THR", 4, True),
-    ("RSS", 6, True),
-    ("PSS", 6, True),
-    ("VRAM", 6, True),
+    ("RSS", 5, True),
+    ("PSS", 5, True),
+    ("VRAM", 5, True),
 )
 
 
@@ -72,6 +72,14 @@ def render(view: View, width: int, height: int, *, interactive: bool = True) -> 
     return Group(*lines)
 
 
+def seg(text: str, style: str = "") -> Text:
+    """A piece of a line with its own style (``Text(text, style)`` would style the whole line
+    everything later appended to it)."""
+    t = Text()
+    t.append(text, style)
+    return t
+
+
 # -- sections -------------------------------------------------------------------------------
 
 
@@ -91,7 +99,7 @@ def _host(host: HostView | None, width: int, height: int) -> list[Text]:
     if host is None:
         return [Text("host: not read")]
     lines = []
-    cpu = Text("CPU ", "bold")
+    cpu = seg("CPU ", "bold")
     if host.cpu_busy is None:
         cpu.append("  - (first reading)")
     else:
@@ -113,7 +121,7 @@ def _host(host: HostView | None, width: int, height: int) -> list[Text]:
     lines.append(cpu)
     lines += _cores(host, width, max_lines=4 if height >= 24 else 2)
 
-    mem = Text("MEM ", "bold")
+    mem = seg("MEM ", "bold")
     pct = 100.0 * host.mem_used / host.mem_total if host.mem_total else 0.0
     mem.append(f"{units.size(host.mem_used)}/{units.size(host.mem_total)} {pct:.0f}%")
     mem.append("  swap ")
@@ -189,7 +197,7 @@ def _gpus(view: View, width: int) -> list[Text]:
         return [Text(view.gpu_unavailable, "dim")]
     lines = [_gpu_line(g) for g in view.gpus]
     if view.gpu_processes:
-        line = Text("  on GPU: ", "dim")
+        line = seg("  on GPU: ", "dim")
         for i, gp in enumerate(view.gpu_processes):
             if i:
                 line.append("  ")
@@ -206,7 +214,7 @@ def _gpus(view: View, width: int) -> list[Text]:
 
 def _gpu_line(g: GpuRow) -> Text:
     name = g.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
-    line = Text(f"GPU{g.index} ", "bold")
+    line = seg(f"GPU{g.index} ", "bold")
     line.append(f"{name[:14]:<14} ")
     if "*" in g.unavailable or (g.utilization is None and g.memory_used is None):
         line.append(next(iter(g.unavailable.values()), "not readable"), "bold red")
@@ -282,7 +290,7 @@ def _jobs(view: View, width: int, room: int) -> list[Text]:
 
 
 def _job_lines(job: JobView) -> list[Text]:
-    line = Text("▸ ", "bold")
+    line = seg("▸ ", "bold")
     line.append(f"job {job.root_pid}", "bold")
     parts = []
     if job.ranks:
@@ -299,7 +307,7 @@ def _job_lines(job: JobView) -> list[Text]:
     lines = [line]
     rec = job.recording
     if rec is not None:
-        second = Text("  │ ", "dim")
+        second = seg("  │ ", "dim")
         if rec.step_rate_per_s is not None:
             second.append(f"{rec.step_rate_per_s:.1f} step/s", "bold")
             if rec.data_wait_share is not None:
@@ -352,28 +360,28 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
                 else "CPUs allowed ?"
             )
         )
-        cmd = " ".join(info.cmdline) or f"[{row.name}]"
-        lines.append(Text("cmd ", "bold") + Text(cmd))
+        cmd = units.printable(" ".join(info.cmdline)) or f"[{row.name}]"
+        lines += _wrapped("cmd ", cmd, width, max_lines=4)
         if info.env is not None:
             env = "  ".join(f"{k}={v}" for k, v in info.env.items()) or "none of interest set"
-            lines.append(Text("env ", "bold") + Text(env))
+            lines += _wrapped("env ", units.printable(env), width, max_lines=4)
         else:
-            lines.append(Text("env ", "bold") + Text(info.env_unavailable or "?", "dim"))
+            lines.append(seg("env ", "bold") + Text(info.env_unavailable or "?", "dim"))
     spark_w = max(width - 24, 10)
     h = d.history
     lines.append(
-        Text("CPU% ", "bold")
+        seg("CPU% ", "bold")
         + Text(f"{row.cpu_percent or 0:7.1f} ")
         + Text(units.sparkline(h.cpu_percent, spark_w), "green")
     )
     lines.append(
-        Text("RSS  ", "bold")
+        seg("RSS  ", "bold")
         + Text(f"{units.size(row.rss):>7} ")
         + Text(units.sparkline(h.rss, spark_w), "cyan")
     )
     if any(v for v in h.gpu_memory):
         lines.append(
-            Text("VRAM ", "bold")
+            seg("VRAM ", "bold")
             + Text(f"{units.size(row.gpu_memory):>7} ")
             + Text(units.sparkline(h.gpu_memory, spark_w), "magenta")
         )
@@ -381,6 +389,18 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
         Text(f"PSS {units.size(row.pss)}  (history: last {len(h.cpu_percent)} refreshes)", "dim")
     )
     return lines[:room]
+
+
+def _wrapped(label: str, text: str, width: int, max_lines: int) -> list[Text]:
+    """``label`` then ``text`` cut into lines of the width, indented under the label."""
+    room = max(width - len(label), 10)
+    chunks = [text[i : i + room] for i in range(0, len(text), room)] or [""]
+    if len(chunks) > max_lines:
+        chunks = chunks[:max_lines]
+        chunks[-1] = chunks[-1][:-1] + "…"
+    out = [seg(label, "bold") + Text(chunks[0])]
+    out += [Text(" " * len(label) + c) for c in chunks[1:]]
+    return out
 
 
 def _cpu_ranges(cpus: list[int]) -> str:
@@ -399,7 +419,7 @@ def _cpu_ranges(cpus: list[int]) -> str:
 def _help(room: int) -> list[Text]:
     lines = [Text(" keys ", "bold reverse")]
     for key, what in HELP:
-        lines.append(Text(f"  {key:<9}", "bold") + Text(what))
+        lines.append(seg(f"  {key:<9}", "bold") + Text(what))
     lines.append(Text("  colours: yellow above the best range, red above the alert limit", "dim"))
     lines.append(Text("  (threshold table; override with --thresholds FILE)", "dim"))
     lines.append(Text("  GPU util = share of time a kernel ran (NVML), not SM occupancy", "dim"))
@@ -411,14 +431,12 @@ def _footer(view: View, width: int) -> list[Text]:
     s = view.state
     if s.mode == "filter":
         return [
-            Text("filter: ", "bold")
-            + Text(s.filter + "▏")
-            + Text("  enter apply  esc clear", "dim")
+            seg("filter: ", "bold") + Text(s.filter + "▏") + Text("  enter apply  esc clear", "dim")
         ]
     if s.mode == "signal":
         choices = "  ".join(f"{k} {n.removeprefix('SIG')}" for k, n in SIGNAL_KEYS.items())
         return [
-            Text(f"signal to {s.selected_pid}: ", "bold yellow") + Text(choices + "  esc cancel")
+            seg(f"signal to {s.selected_pid}: ", "bold yellow") + Text(choices + "  esc cancel")
         ]
     if s.mode == "confirm":
         row = next((r for r in view.rows() if r.pid == s.selected_pid), None)

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 _UNITS = ("B", "K", "M", "G", "T", "P")
+# Command lines and environments are other programs' bytes: never let them move the cursor or
+# recolour the terminal (an escape sequence in an argv would), nor break a row in two.
+_CONTROL = {i: "?" for i in (*range(0x20), 0x7F)} | {0x0A: "⏎", 0x09: " "}
 _BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters made visible: one screen line, no escape sequences."""
+    return text.translate(_CONTROL)
 
 
 def size(n: float | None, missing: str = "-") -> str:

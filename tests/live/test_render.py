@@ -1,0 +1,141 @@
+"""The screen a person sees, from real processes (and the fake NVML for GPU rows)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests import fake_nvml
+from tests.live import builders as b
+from tests.live.screen import show
+from torchdoctor.live.collect import TopCollector
+from torchdoctor.live.model import RecordingStatus, UiState, build_view
+from torchdoctor.sampling.gpus import GpuReader
+from torchdoctor.sampling.pidns import PidNamespace
+from torchdoctor.thresholds import Thresholds
+
+TH = Thresholds()
+# The fake NVML reports the PIDs the tests see as host PIDs (CI may run in a PID namespace).
+HOST_PIDS = PidNamespace(procfs_is_host=True)
+
+
+def collect(nvml=None, pidns=HOST_PIDS):
+    nvml = nvml if nvml is not None else fake_nvml.scenario("no_driver")
+    collector = TopCollector(TH, gpu_reader=GpuReader(nvml, pid_namespace=pidns))
+    try:
+        collector.read()
+        return collector.read()
+    finally:
+        collector.close()
+
+
+@pytest.fixture(scope="module")
+def busy_gpu_readings(torch_job):
+    """The real job holding memory on GPU 0, which is 95 % full; GPU 1 is 70 % full."""
+    gpus = [fake_nvml.FakeGpu(), fake_nvml.FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0001")]
+    gpus[0].memory_used = int(0.95 * gpus[0].memory_total)
+    gpus[0].utilization_gpu = 97
+    gpus[0].compute_processes = [(torch_job.pid, 6 * b.GIB)]
+    gpus[1].memory_used = int(0.70 * gpus[1].memory_total)
+    return collect(fake_nvml.FakeNvml(gpus))
+
+
+def test_job_is_shown_grouped_with_its_dataloader_workers(torch_job):
+    screen = show(build_view(collect(), TH, UiState()), interactive=False, height=200)
+    header = screen.line_with(f"job {torch_job.pid}")
+    assert "2 workers" in header
+    lines = screen.lines
+    at = lines.index(header)
+    trainer = lines[at + 1]
+    workers = lines[at + 2 : at + 4]
+    assert re.match(rf"\s*{torch_job.pid} trainer ", trainer), trainer
+    for line in workers:
+        # Indented under the trainer, labelled as workers, one of the real worker PIDs.
+        pid = int(line.split()[0])
+        assert pid in torch_job.workers
+        assert "└worker" in line
+    assert {int(line.split()[0]) for line in workers} == set(torch_job.workers)
+    assert "--td-live" in trainer
+
+
+def test_gpu_row_at_the_alert_threshold_is_red_and_the_job_shows_its_vram(
+    torch_job, busy_gpu_readings
+):
+    screen = show(build_view(busy_gpu_readings, TH, UiState()), height=200)
+    gpu0 = screen.line_with("GPU0")
+    assert "A100-SXM4-80GB" in gpu0 and "util  97%" in gpu0 and "95%" in gpu0
+    assert screen.colour_of("95%", after="GPU0") == "red"
+    gpu1 = screen.line_with("GPU1")
+    assert "70%" in gpu1
+    assert screen.colour_of("70%", after="GPU1") is None  # within the best range: no colour
+    assert re.search(rf"\[0\] {torch_job.pid} python3? 6.0G", screen.line_with("on GPU:"))
+    trainer = screen.line_with(f"{torch_job.pid} trainer")
+    assert "6.0G" in trainer
+    for worker in torch_job.workers:
+        assert re.search(r"\s0B\s", screen.line_with(f"{worker} └worker"))
+
+
+def test_thresholds_file_changes_the_colour(busy_gpu_readings):
+    relaxed = Thresholds(gpu_memory_alert_pct=98.0, gpu_memory_best_high_pct=96.0)
+    screen = show(build_view(busy_gpu_readings, relaxed, UiState()))
+    assert screen.colour_of("95%", after="GPU0") is None
+
+
+def test_no_gpu_is_one_line_saying_why():
+    screen = show(build_view(collect(fake_nvml.scenario("no_driver")), TH, UiState()))
+    lines = [line for line in screen.lines if "GPU" in line]
+    assert lines == [
+        "GPUs: none shown: NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)"
+    ] or (len(lines) == 1 and lines[0].startswith("GPUs: none shown: ")), lines
+
+
+def test_gpu_pids_from_another_namespace_are_said_unresolved(torch_job):
+    gpu = fake_nvml.FakeGpu(compute_processes=[(torch_job.pid, 2 * b.GIB)])
+    readings = collect(fake_nvml.FakeNvml([gpu]), pidns=PidNamespace(procfs_is_host=False))
+    screen = show(build_view(readings, TH, UiState()), height=200)
+    assert f"host pid {torch_job.pid} unresolved 2.0G" in screen.line_with("on GPU:")
+    # Not joined by guess: the trainer's VRAM is not claimed.
+    assert "2.0G" not in screen.line_with(f"{torch_job.pid} trainer")
+
+
+def test_fits_80x24_with_many_cores_jobs_and_gpus():
+    jobs = [
+        b.job(
+            1000 * j,
+            [b.proc(1000 * j, 1, cpu=50.0)]
+            + [b.proc(1000 * j + w, 1000 * j, role="dataloader-worker") for w in range(1, 9)],
+            recording=RecordingStatus("/r.sqlite", 10, 2.5, 80.0, 0.3),
+        )
+        for j in range(1, 5)
+    ]
+    r = b.readings(
+        jobs, cores=64, status=b.gpu_status(2), gpus=[b.gpu(0), b.gpu(1)], host_sample=b.host(64)
+    )
+    state = UiState(selected_pid=4008)  # the last row: must be scrolled into view
+    screen = show(build_view(r, TH, state))
+    assert len(screen.lines) <= 24
+    assert all(len(line) <= 80 for line in screen.lines)
+    assert screen.lines[0].lstrip().startswith("torchdoctor top")
+    assert "4008" in screen.text
+    assert re.search(r"… \d+ more lines", screen.text)
+    assert screen.lines[-1].startswith("↑↓ select")
+    assert "starved: waits for data 30 % of step time" in screen.text
+
+
+def test_process_detail_shows_command_environment_and_history(torch_job):
+    collector = TopCollector(TH, gpu_reader=GpuReader(fake_nvml.scenario("no_driver")))
+    try:
+        for _ in range(3):
+            readings = collector.read(detail_pid=torch_job.pid)
+    finally:
+        collector.close()
+    state = UiState(selected_pid=torch_job.pid, detail_pid=torch_job.pid)
+    screen = show(build_view(readings, TH, state))
+    assert f"process {torch_job.pid}  trainer  of job {torch_job.pid}" in screen.text
+    cmd_at = screen.lines.index(screen.line_with("cmd "))
+    full_command = "".join(line.strip() for line in screen.lines[cmd_at : cmd_at + 3])
+    assert "train.py --td-live" in full_command
+    assert "OMP_NUM_THREADS=1" in screen.line_with("env ")
+    assert "history: last 3 refreshes" in screen.text
+    assert screen.line_with("CPU% ") and screen.line_with("RSS  ")
