@@ -267,6 +267,8 @@ class FakeGpu:
     graphics_processes: list[tuple[int, int | None]] = field(default_factory=list)
     # pynvml function names answering NotSupported on this device
     not_supported: set[str] = field(default_factory=set)
+    # pynvml function name -> NVML_ERROR_* code it raises on this device, while present
+    errors: dict[str, int] = field(default_factory=dict)
     lost_after_calls: int | None = None  # GPU falls off the bus after this many calls
     calls: Counter = field(default_factory=Counter)
 
@@ -319,6 +321,8 @@ class FakeNvml(types.ModuleType):
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         if fn in gpu.not_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if fn in gpu.errors:
+            raise NVMLError(gpu.errors[fn])
         return gpu
 
     # -- initialisation and system ----------------------------------------------------------

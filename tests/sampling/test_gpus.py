@@ -289,6 +289,35 @@ def test_unreadable_compute_process_list_is_reported():
     assert samples[0].unavailable["processes"] == "compute processes: not supported on this GPU"
 
 
+def test_device_without_permission_is_listed_with_the_reason_and_others_read():
+    fake = fake_nvml.scenario("two_gpus")
+    fake.gpus[1].errors["nvmlDeviceGetHandleByIndex"] = fake_nvml.NVML_ERROR_NO_PERMISSION
+    reader = reader_for(fake)
+    assert reader.status.available is True
+    info = reader.status.gpus[1]
+    assert (info.name, info.uuid, info.memory_total) == ("GPU 1", None, None)
+    assert info.unavailable["name"] == "no permission to read this from NVML"
+    samples, _ = reader.read(set())
+    assert samples[0].memory_used == GIB
+    assert samples[1].memory_used is None
+    assert samples[1].unavailable["memory_used"] == "no permission to read this from NVML"
+
+
+def test_transient_error_is_reported_then_read_again():
+    fake = fake_nvml.scenario("two_gpus")
+    gpu = fake.gpus[0]
+    gpu.utilization_gpu = 55
+    gpu.errors["nvmlDeviceGetUtilizationRates"] = fake_nvml.NVML_ERROR_UNKNOWN
+    reader = reader_for(fake)
+    first = reader.read(set())[0][0]
+    assert first.utilization_gpu is None
+    assert first.unavailable["utilization_gpu"] == "unknown NVML error"
+    assert first.memory_used == GIB  # the rest of the device still read
+    del gpu.errors["nvmlDeviceGetUtilizationRates"]
+    second = reader.read(set())[0][0]
+    assert (second.utilization_gpu, second.unavailable) == (55.0, {})
+
+
 # -- a GPU lost mid-run -----------------------------------------------------------------------
 
 

@@ -189,39 +189,45 @@ class GpuReader:
                 unavailable[name] = handle.reason
             return GpuInfo(index, f"GPU {index}", None, None, None, None, unavailable)
 
-        def value(name: str | tuple[str, ...], key: str, *args: Any) -> Any:
-            result = nvml.call(name, handle, *args)
-            if isinstance(result, Unavailable):
-                unavailable[key] = result.reason
-                return None
-            return result
-
-        name = value("nvmlDeviceGetName", "name")
-        uuid = value("nvmlDeviceGetUUID", "uuid")
-        capability = value("nvmlDeviceGetCudaComputeCapability", "compute_capability")
-        limit_mw = value(_POWER_LIMIT, "power_limit_w")
-        device = _Device(index, handle, text(uuid) if uuid is not None else None)
+        device = _Device(index, handle, None)
         self._devices.append(device)
+        facts: dict[str, Any] = {}
         try:
-            # The first PCIe rate then covers the time up to the first read.
+            for key, name in (
+                ("name", "nvmlDeviceGetName"),
+                ("uuid", "nvmlDeviceGetUUID"),
+                ("compute_capability", "nvmlDeviceGetCudaComputeCapability"),
+                ("power_limit", _POWER_LIMIT),
+            ):
+                result = self._call(device, key, name)
+                if isinstance(result, Unavailable):
+                    unavailable[key.replace("power_limit", "power_limit_w")] = result.reason
+                else:
+                    facts[key] = result
+            memory = self._memory_info(device)
+            if isinstance(memory, Unavailable):
+                unavailable["memory_total"] = memory.reason
+            else:
+                facts["memory_total"] = int(memory.total)
+            # A baseline now, so the first PCIe rate covers the time up to the first read.
             counters = self._pcie_counters(device)
+            if counters is not None:
+                device.pcie_counters = True
+                device.pcie_previous = (self._clock(), *counters)
         except _Lost:
             device.lost = True
-            counters = None
-        if counters is not None:
-            device.pcie_counters = True
-            device.pcie_previous = (self._clock(), *counters)
-        memory = self._memory_info(handle)
-        total = None
-        if isinstance(memory, Unavailable):
-            unavailable["memory_total"] = memory.reason
-        else:
-            total = int(memory.total)
+            for key in ("name", "uuid", "memory_total", "compute_capability", "power_limit"):
+                if key not in facts:
+                    unavailable[key.replace("power_limit", "power_limit_w")] = LOST_REASON
+        if "uuid" in facts:
+            device.uuid = text(facts["uuid"])
+        capability = facts.get("compute_capability")
+        limit_mw = facts.get("power_limit")
         return GpuInfo(
             index=index,
-            name=text(name) if name is not None else f"GPU {index}",
+            name=text(facts["name"]) if "name" in facts else f"GPU {index}",
             uuid=device.uuid,
-            memory_total=total,
+            memory_total=facts.get("memory_total"),
             compute_capability=(
                 f"{capability[0]}.{capability[1]}" if capability is not None else None
             ),
@@ -262,12 +268,14 @@ class GpuReader:
         sample.unavailable = dict.fromkeys(ALL_FIELDS, reason)
         return sample
 
-    def _call(self, device: _Device, key: str, name: str | tuple[str, ...], *args: Any) -> Any:
+    def _call(
+        self, device: _Device, key: str, name: str | tuple[str, ...], *args: Any, **kwargs: Any
+    ) -> Any:
         """One NVML call for one device; a lost GPU ends the device's read."""
         settled = device.settled.get(key)
         if settled is not None:
             return settled
-        result = self._nvml.call(name, device.handle, *args)
+        result = self._nvml.call(name, device.handle, *args, **kwargs)
         if isinstance(result, Unavailable):
             if result.kind == GPU_LOST:
                 raise _Lost
@@ -275,19 +283,18 @@ class GpuReader:
                 device.settled[key] = result
         return result
 
-    def _memory_info(self, handle: Any) -> Any:
-        nvml = self._nvml
+    def _memory_info(self, device: _Device) -> Any:
         if self._memory_v2 is not False:
             # v2 reports driver-reserved memory apart, so "used" is what processes hold.
-            version = nvml.constant("nvmlMemory_v2", _NVML_MEMORY_V2)
-            result = nvml.call("nvmlDeviceGetMemoryInfo", handle, version=version)
+            version = self._nvml.constant("nvmlMemory_v2", _NVML_MEMORY_V2)
+            result = self._call(device, "memory_v2", "nvmlDeviceGetMemoryInfo", version=version)
             if not isinstance(result, Unavailable):
                 self._memory_v2 = True
                 return result
-            if result.kind == GPU_LOST or self._memory_v2:
-                return result
-            self._memory_v2 = False
-        return nvml.call("nvmlDeviceGetMemoryInfo", handle)
+            if self._memory_v2:
+                return result  # v2 works with this driver: the failure is the device's
+            self._memory_v2 = False  # a driver or bindings without v2
+        return self._call(device, "memory", "nvmlDeviceGetMemoryInfo")
 
     def _read_device(
         self, t: float, device: _Device, job_pids: set[int], slow_due: bool
@@ -301,13 +308,7 @@ class GpuReader:
                 return False
             return True
 
-        settled = device.settled.get("memory")
-        memory = settled if settled is not None else self._memory_info(device.handle)
-        if isinstance(memory, Unavailable):
-            if memory.kind == GPU_LOST:
-                raise _Lost
-            if memory.permanent:
-                device.settled["memory"] = memory
+        memory = self._memory_info(device)
         memory_used = memory_total = None
         if got(memory, "memory_used", "memory_total"):
             memory_used, memory_total = int(memory.used), int(memory.total)
