@@ -149,7 +149,7 @@ def test_cpu_percent_of_a_busy_child_is_near_a_full_core_and_idle_near_zero(jobt
 def test_rss_and_uss_grow_after_a_child_allocates(jobtree):
     tree = jobtree()
     child = tree.fork()
-    job = JobReader(tree.pid, slow_refresh_s=0.0)  # PSS/USS at every read
+    job = JobReader(tree.pid, slow_refresh_s=0.0, slow_budget=None)  # PSS/USS at every read
     before = by_pid(job.read()[0])[child]
     assert tree.ask("alloc", child, 64) == "done"
     after = by_pid(job.read()[0])[child]
@@ -168,6 +168,19 @@ def test_pss_is_carried_over_between_slow_refreshes(jobtree):
     after = by_pid(job.read()[0])[child]
     assert after.rss - before.rss >= 28 << 20  # fast tier: fresh
     assert after.pss == before.pss  # slow tier: the last value, not a None or a zero
+
+
+def test_pss_waits_for_the_cpu_budget_and_says_so(jobtree, monkeypatch):
+    from torchdoctor.sampling import job as job_module
+
+    tree = jobtree()
+    child = tree.fork()
+    monkeypatch.setattr(job_module, "_SLOW_BURST_S", 0.0)  # no budget to start with
+    job = JobReader(tree.pid, slow_budget=1e-9)
+    s = by_pid(job.read()[0])[child]
+    assert s.pss is None and s.uss is None  # unknown, not zero
+    assert "slower tier" in s.unavailable["pss"]
+    assert s.rss > 0  # the fast tier does not wait
 
 
 def test_fork_and_spawn_children_of_a_trainer_are_workers(jobtree):

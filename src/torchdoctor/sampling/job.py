@@ -29,6 +29,8 @@ from torchdoctor.sampling.types import ProcessInfo, ProcessSample
 _ENV_NAMES = ("RANK", "LOCAL_RANK")
 _DEAD_STATES = ("Z", "X", "x")
 _FULL_RESCAN_S = 60.0
+_SLOW_BURST_S = 0.02
+_NOT_YET = "not read yet: PSS/USS are refreshed on a slower tier"
 
 
 class _Proc:
@@ -77,17 +79,32 @@ class JobReader:
 
     ``read()`` returns (samples of every live process, ProcessInfo of processes seen for the
     first time, PIDs gone since the previous read). Per-process rates (CPU %, context
-    switches, I/O) are ``None`` in a process's first sample. PSS/USS come from smaps_rollup,
-    which costs the kernel a walk of every mapping, so they are refreshed every
-    ``slow_refresh_s`` per process and carried over in between.
+    switches, I/O) are ``None`` in a process's first sample.
+
+    PSS/USS come from smaps_rollup, for which the kernel walks the page tables of every
+    mapping: about 5 ms of CPU for a process that imported torch. They are refreshed at most
+    every ``slow_refresh_s`` per process (the longest-waiting first) and carried over in
+    between, and all refreshes together may use at most ``slow_budget`` of one core (0.002 =
+    0.2 %), so a large job gets its PSS less often instead of a busy sampler. ``None`` lifts
+    the cap.
     """
 
     def __init__(
-        self, root_pid: int, *, slow_refresh_s: float = 5.0, include_root: bool = True
+        self,
+        root_pid: int,
+        *,
+        slow_refresh_s: float = 5.0,
+        include_root: bool = True,
+        slow_budget: float | None = 0.002,
     ) -> None:
         self.root_pid = root_pid
         self.slow_refresh_s = slow_refresh_s
         self.include_root = include_root
+        self.slow_budget = slow_budget
+        # CPU seconds the slow tier may spend now; refilled at slow_budget per second. The cap
+        # lets a new job get its first PSS readings without waiting, but bounds that burst.
+        self._slow_tokens = _SLOW_BURST_S
+        self._slow_mono = time.monotonic()
         self._btime = procfs.boot_time()
         self._procs: dict[int, _Proc] = {}
         self._outside: set[int] = set()  # PIDs known not to belong to the job
@@ -197,8 +214,10 @@ class JobReader:
             self._assign_roles()
             self._roles_dirty = False
         new_set = {p.pid for p in new}
-        gone_now: list[int] = []
+        gone_now = self._refresh_slow(mono)
         for pid, p in procs.items():
+            if pid in gone_now:
+                continue
             s = self._sample(p, t, mono)
             if s is None:
                 gone_now.append(pid)
@@ -320,7 +339,7 @@ class JobReader:
         p.prev_cpu = p.prev_vol = p.prev_invol = p.prev_read = p.prev_write = None
         p.pss = p.uss = None
         p.smaps_error = None
-        p.slow_due = 0.0
+        p.slow_due = -1.0
         try:
             p.status_fd = procfs.open_ro(f"/proc/{pid}/status")
         except procfs.GONE:
@@ -388,6 +407,39 @@ class JobReader:
             if p.pid not in done:
                 visit(p)
 
+    def _refresh_slow(self, mono: float) -> list[int]:
+        """Re-read PSS/USS of the processes due, within the CPU budget; returns the PIDs
+        found gone on the way."""
+        gone: list[int] = []
+        budget = self.slow_budget
+        if budget is not None:
+            self._slow_tokens = min(
+                _SLOW_BURST_S, self._slow_tokens + budget * (mono - self._slow_mono)
+            )
+            self._slow_mono = mono
+        due = [p for p in self._procs.values() if mono >= p.slow_due]
+        if not due:
+            return gone
+        due.sort(key=lambda p: p.slow_due)  # never read first, then the longest waiting
+        for p in due:
+            if budget is not None and self._slow_tokens <= 0:
+                break
+            cpu0 = time.thread_time()
+            try:
+                p.pss, p.uss = procfs.parse_smaps_rollup(
+                    procfs.read_path(f"/proc/{p.pid}/smaps_rollup", 2048)
+                )
+                p.smaps_error = None
+            except ProcessLookupError:
+                gone.append(p.pid)
+            except OSError as e:
+                p.pss = p.uss = None
+                p.smaps_error = f"/proc/{p.pid}/smaps_rollup: {e.strerror or e}"
+            p.slow_due = mono + self.slow_refresh_s
+            if budget is not None:
+                self._slow_tokens -= time.thread_time() - cpu0
+        return gone
+
     def _sample(self, p: _Proc, t: float, mono: float) -> ProcessSample | None:
         st = p.stat
         unavailable: dict[str, str] = {}
@@ -409,20 +461,10 @@ class JobReader:
             unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = (
                 p.io_error or "not readable"
             )
-        if mono >= p.slow_due:
-            p.slow_due = mono + self.slow_refresh_s
-            try:
-                p.pss, p.uss = procfs.parse_smaps_rollup(
-                    procfs.read_path(f"/proc/{p.pid}/smaps_rollup", 2048)
-                )
-                p.smaps_error = None
-            except ProcessLookupError:
-                return None
-            except OSError as e:
-                p.pss = p.uss = None
-                p.smaps_error = f"/proc/{p.pid}/smaps_rollup: {e.strerror or e}"
         if p.smaps_error is not None:
             unavailable["pss"] = unavailable["uss"] = p.smaps_error
+        elif p.pss is None:
+            unavailable["pss"] = unavailable["uss"] = _NOT_YET
         if swap is None:
             unavailable["swap"] = "no VmSwap in /proc/<pid>/status"
 
