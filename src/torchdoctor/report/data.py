@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from torchdoctor.diagnosis.context import sustained_span
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
+from torchdoctor.instrument.stats import step_stats
 from torchdoctor.recording.reader import Recording
 from torchdoctor.report.downsample import Point, downsample_minmax
 from torchdoctor.report.model import (
+    AlertSpan,
     Band,
     Chart,
     EventRow,
@@ -82,6 +84,8 @@ def build_report_data(
     gpu_procs = rec.rows("gpu_process_samples")
     steps = rec.rows("steps")
     events = rec.rows("events")
+    settings = rec.rows("settings")
+    loaders = rec.rows("dataloaders")
 
     t0 = _origin(meta, host, procs, steps)
     end = rec.ended_at
@@ -103,7 +107,7 @@ def build_report_data(
     ]
     process_rows, process_count = process_tree(rec.processes(), procs, t0)
     summary, verdict, level = _summary(
-        meta, host, procs, gpus, steps, findings, note, span, cpus, thresholds
+        meta, host, procs, gpus, steps, loaders, settings, findings, note, span, cpus, thresholds
     )
     return ReportData(
         title=_title(meta, rec),
@@ -117,8 +121,8 @@ def build_report_data(
         charts=charts,
         processes=process_rows,
         process_count=process_count,
-        settings=settings_rows(rec.rows("settings"), rec.processes()),
-        dataloaders=dataloader_rows(rec.rows("dataloaders")),
+        settings=settings_rows(settings),
+        dataloaders=dataloader_rows(loaders),
         precision=precision_rows(steps),
         findings=findings,
         diagnosis_note=note,
@@ -181,6 +185,43 @@ def _sum_by_time(
     return sorted(totals.items())
 
 
+def sustained_level(points: list[Point], best: float, alert: float, th: Thresholds) -> str:
+    """'alert' or 'warn' when the reading stays beyond that limit (as the diagnosis counts
+    sustained), else 'ok': a single spike does not colour the summary."""
+    measured = [(t, v) for t, v in points if v is not None]
+    if sustained_span(measured, alert, th):
+        return "alert"
+    if sustained_span(measured, best, th):
+        return "warn"
+    return "ok"
+
+
+def alert_spans(
+    points: list[Point], limit: float, what: str, unit: str, ctx: _Ctx
+) -> list[AlertSpan]:
+    """The longest sustained stretch beyond ``limit``, in elapsed time, to shade on a chart."""
+    span = sustained_span([(t, v) for t, v in points if v is not None], limit, ctx.thresholds)
+    if span is None:
+        return []
+    return [
+        AlertSpan(
+            span.t_start - ctx.t0,
+            span.t_end - ctx.t0,
+            f"{what} stayed above the alert limit ({fmt_value(limit, unit)}) for "
+            f"{fmt_duration(span.t_end - span.t_start)}: mean {fmt_value(span.mean, unit)}",
+        )
+    ]
+
+
+def swap_traffic(host: list[dict]) -> list[Point]:
+    """Swap in + out per sample, bytes/s: the threshold table's "swap traffic"."""
+    out: list[Point] = []
+    for r in host:
+        a, b = r["swap_in_per_s"], r["swap_out_per_s"]
+        out.append((r["t"], None if a is None and b is None else (a or 0.0) + (b or 0.0)))
+    return out
+
+
 def _unavailable_reason(rows: list[dict[str, Any]], *fields: str) -> str | None:
     """The reason a reader gave for a field it could not read, if it gave one."""
     for r in rows:
@@ -232,7 +273,9 @@ def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: _Ctx
         ],
         y_max=100.0,
     )
-    series: list[Series | None] = [make_series("machine busy", _column(host, "cpu_busy"), ctx)]
+    busy = _column(host, "cpu_busy")
+    chart.alerts = alert_spans(busy, th.cpu_load_alert_pct, "CPU load", PERCENT, ctx)
+    series: list[Series | None] = [make_series("machine busy", busy, ctx)]
     if cpus:
         for role in _roles_in(procs):
             points = _sum_by_time(procs, "cpu_percent", lambda r, role=role: r["role"] == role)
@@ -268,6 +311,8 @@ def iowait_chart(host: list[dict], ctx: _Ctx) -> Chart:
     )
     if not chart.series:
         return _nothing(chart, _no_host(host) or _unavailable_reason(host, "cpu") or "not recorded")
+    iowait = _column(host, "cpu_iowait")
+    chart.alerts = alert_spans(iowait, th.iowait_alert_pct, "I/O wait", PERCENT, ctx)
     return chart
 
 
@@ -364,6 +409,8 @@ def swap_chart(host: list[dict], ctx: _Ctx) -> Chart:
     used = [r["swap_used"] for r in host if r["swap_used"] is not None]
     if used:
         chart.note += f" Swap in use peaked at {fmt_value(max(used), BYTES)}."
+    traffic = swap_traffic(host)
+    chart.alerts = alert_spans(traffic, th.swap_alert_bytes_per_s, "swap traffic", BYTES_PER_S, ctx)
     return chart
 
 
@@ -430,6 +477,7 @@ def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: _Ctx) -
         totals = {r["t"]: r["memory_total"] for r in rows}
         used = [(t, _share(v, totals.get(t))) for t, v in _column(rows, "memory_used")]
         label = _gpu_label(index, names)
+        chart.alerts += alert_spans(used, th.gpu_memory_alert_pct, f"{label} memory", PERCENT, ctx)
         job_rows = [r for r in gpu_procs if r["gpu_index"] == index and r["in_job"]]
         job = _sum_by_time(job_rows, "used_memory")
         chart.series += _present(
@@ -689,13 +737,20 @@ def _mean(values: Iterable[float | None]) -> float | None:
 _GROUP_TITLES = {
     "torch": "PyTorch threads and backends",
     "env": "Environment of the job",
+    "process": "Processes",
+    "distributed": "Distributed",
     "optimizer": "Optimizer",
+    "params": "Model parameters",
     "amp": "Mixed precision",
     "cuda": "CUDA",
+    "cudnn": "cuDNN",
+    "dataloader": "DataLoader workers",
 }
+# A setting with more distinct values than this (worker ids...) is shown on one row.
+MAX_VALUE_ROWS = 4
 
 
-def settings_rows(settings: list[dict], infos: list[dict]) -> list[SettingRow]:
+def settings_rows(settings: list[dict]) -> list[SettingRow]:
     """The last value of each setting per process; processes that agree share one row."""
     total_pids = {r["pid"] for r in settings}
     latest: dict[tuple[str, int], dict] = {}
@@ -703,10 +758,18 @@ def settings_rows(settings: list[dict], infos: list[dict]) -> list[SettingRow]:
         latest[(r["key"], r["pid"])] = r
     by_key: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for (key, _pid), r in latest.items():
-        by_key[key][_pretty_json(r["value"])].append(r)
+        by_key[key][_setting_text(r["value"])].append(r)
     rows = []
     for key in sorted(by_key, key=lambda k: (_group_of(k)[0], k)):
         values = by_key[key]
+        if len(values) > MAX_VALUE_ROWS:
+            shown = sorted(values, key=_natural)
+            text = ", ".join(shown[:MAX_VALUE_ROWS]) + f", … ({len(shown)} values)"
+            holders = sum(len(h) for h in values.values())
+            rows.append(
+                SettingRow(_group_of(key)[1], key, text, f"one per process, {holders} processes")
+            )
+            continue
         for value, holders in sorted(values.items(), key=lambda kv: -len(kv[1])):
             if len(values) == 1 and len(holders) == len(total_pids):
                 where = (
@@ -720,6 +783,18 @@ def settings_rows(settings: list[dict], infos: list[dict]) -> list[SettingRow]:
                 )
             rows.append(SettingRow(_group_of(key)[1], key, value, where))
     return rows
+
+
+def _setting_text(value: Any) -> str:
+    decoded = _json(value)
+    return "not set" if decoded is None else _pretty_json(value)
+
+
+def _natural(text: str) -> tuple[int, float | str]:
+    try:
+        return 0, float(text)
+    except ValueError:
+        return 1, text
 
 
 def _group_of(key: str) -> tuple[int, str]:
@@ -820,6 +895,8 @@ def _summary(
     procs: list[dict],
     gpus: list[dict],
     steps: list[dict],
+    loaders: list[dict],
+    settings: list[dict],
     findings: list[Finding],
     note: str | None,
     span: float,
@@ -828,48 +905,48 @@ def _summary(
 ) -> tuple[list[Figure], str, str]:
     figures = [Figure("Duration", fmt_duration(span), _exit_text(meta.get("exit_status")), "none")]
     if steps:
-        walls = [s["wall_s"] for s in steps]
-        wait = sum(s["data_wait_s"] for s in steps)
-        share = 100.0 * wait / sum(walls) if sum(walls) > 0 else 0.0
+        stats = step_stats(steps, loaders, settings)
+        rate = (
+            f", {fmt_value(stats.samples_per_s, '')} samples/s"
+            if stats.samples_per_s is not None
+            else ""
+        )
         figures.append(
             Figure(
                 "Steps",
-                f"{len(steps):,}",
-                f"median {fmt_value(statistics.median(walls), SECONDS)} per step",
+                f"{stats.step_count:,}",
+                f"median {fmt_value(stats.median_step_s, SECONDS)} per step{rate}",
                 "none",
             )
         )
-        figures.append(
-            Figure(
-                "Data wait",
-                fmt_value(share, PERCENT),
-                "of step time spent waiting for input",
-                "none",
+        if stats.data_wait_fraction is not None:
+            figures.append(
+                Figure(
+                    "Data wait",
+                    fmt_value(100.0 * stats.data_wait_fraction, PERCENT),
+                    "of step time spent waiting for the DataLoader",
+                    "none",
+                )
             )
-        )
     busy = [r["cpu_busy"] for r in host if r["cpu_busy"] is not None]
     if busy:
         mean = sum(busy) / len(busy)
         where = f"of {fmt_value(cpus, '')} allowed CPUs" if cpus else "of all CPUs"
+        level = sustained_level(
+            _column(host, "cpu_busy"), th.cpu_load_best_pct, th.cpu_load_alert_pct, th
+        )
+        peak = fmt_value(max(busy), PERCENT)
         figures.append(
-            Figure(
-                "CPU busy (mean)",
-                fmt_value(mean, PERCENT),
-                f"{where}, peak {fmt_value(max(busy), PERCENT)}",
-                th.level("cpu_load_pct", mean),
-            )
+            Figure("CPU busy (mean)", fmt_value(mean, PERCENT), f"{where}, peak {peak}", level)
         )
     iowait = [r["cpu_iowait"] for r in host if r["cpu_iowait"] is not None]
     if iowait:
         mean = sum(iowait) / len(iowait)
-        figures.append(
-            Figure(
-                "I/O wait (mean)",
-                fmt_value(mean, PERCENT),
-                f"peak {fmt_value(max(iowait), PERCENT)}",
-                th.level("iowait_pct", mean),
-            )
+        level = sustained_level(
+            _column(host, "cpu_iowait"), th.iowait_best_pct, th.iowait_alert_pct, th
         )
+        peak = fmt_value(max(iowait), PERCENT)
+        figures.append(Figure("I/O wait (mean)", fmt_value(mean, PERCENT), f"peak {peak}", level))
     pss = [v for _, v in _sum_by_time(procs, "pss") if v is not None]
     rss = [v for _, v in _sum_by_time(procs, "rss") if v is not None]
     if pss or rss:
@@ -877,18 +954,16 @@ def _summary(
         total = (meta.get("host") or {}).get("mem_total")
         detail = f"of {fmt_value(total, BYTES)} RAM" if total else ""
         figures.append(Figure(label, fmt_value(max(values), BYTES), detail, "none"))
-    swap = [
-        (r["swap_in_per_s"] or 0) + (r["swap_out_per_s"] or 0)
-        for r in host
-        if r["swap_in_per_s"] is not None or r["swap_out_per_s"] is not None
-    ]
-    if swap:
+    traffic = swap_traffic(host)
+    measured = [v for _, v in traffic if v is not None]
+    if measured:
+        level = sustained_level(traffic, th.swap_best_bytes_per_s, th.swap_alert_bytes_per_s, th)
         figures.append(
             Figure(
-                "Swap traffic (peak)",
-                fmt_value(max(swap), BYTES_PER_S),
-                "in + out",
-                th.level("swap_bytes_per_s", max(swap)),
+                "Swap traffic (mean)",
+                fmt_value(sum(measured) / len(measured), BYTES_PER_S),
+                f"in + out, peak {fmt_value(max(measured), BYTES_PER_S)}",
+                level,
             )
         )
     util = [r["utilization_gpu"] for r in gpus if r["utilization_gpu"] is not None]
@@ -901,16 +976,21 @@ def _summary(
                 "none",
             )
         )
-    vram = [_share(r["memory_used"], r["memory_total"]) for r in gpus]
-    vram = [v for v in vram if v is not None]
-    if vram:
-        figures.append(
-            Figure(
-                "VRAM (peak)",
-                fmt_value(max(vram), PERCENT),
-                "of GPU memory in use",
-                th.level("gpu_memory_pct", max(vram)),
+    vram = [(r["t"], _share(r["memory_used"], r["memory_total"])) for r in gpus]
+    peak_vram = max((v for _, v in vram if v is not None), default=None)
+    if peak_vram is not None:
+        levels = [
+            sustained_level(
+                [p for p, r in zip(vram, gpus, strict=True) if r["index"] == index],
+                th.gpu_memory_best_high_pct,
+                th.gpu_memory_alert_pct,
+                th,
             )
+            for index in {r["index"] for r in gpus}
+        ]
+        level = "alert" if "alert" in levels else "warn" if "warn" in levels else "ok"
+        figures.append(
+            Figure("VRAM (peak)", fmt_value(peak_vram, PERCENT), "of GPU memory in use", level)
         )
     elif not gpus:
         figures.append(Figure("GPU", "none", gpu_unavailable_reason(meta, gpus) or "", "none"))

@@ -279,9 +279,17 @@ def _chart(chart: Chart, span: float) -> str:
         head
         + "".join(legend)
         + render_chart(chart, span)
-        + f"<figcaption>{escape(chart.note)}</figcaption>"
+        + f"<figcaption>{escape(chart.note)}{_alert_text(chart)}</figcaption>"
         + f'<script type="application/json" class="chart-data">{chart_json(chart, span)}</script>'
         + "</figure>"
+    )
+
+
+def _alert_text(chart: Chart) -> str:
+    return "".join(
+        f'<span class="alert-note">Red stretch: {escape(a.label)}, '
+        f"from {fmt_clock(a.t_start)} to {fmt_clock(a.t_end)}.</span>"
+        for a in chart.alerts
     )
 
 

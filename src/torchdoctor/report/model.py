@@ -51,6 +51,15 @@ class Marker:
 
 
 @dataclass(slots=True)
+class AlertSpan:
+    """A stretch of time in which a reading stayed beyond its alert limit (sustained)."""
+
+    t_start: float
+    t_end: float
+    label: str
+
+
+@dataclass(slots=True)
 class Chart:
     id: str
     title: str
@@ -60,6 +69,7 @@ class Chart:
     bands: list[Band] = field(default_factory=list)
     refs: list[RefLine] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
+    alerts: list[AlertSpan] = field(default_factory=list)
     y_max: float | None = None  # fixed top, e.g. 100 for shares of the machine
     y_min_top: float = 0.0  # the top is at least this, so that the alert band shows
     unavailable: str | None = None  # why there is nothing to draw

@@ -122,6 +122,14 @@ def render_chart(chart: Chart, span: float) -> str:
             parts.append(
                 f'<text class="marker-label" x="{mx + 3:.1f}" y="{TOP + 10}">{escape(marker.label)}</text>'
             )
+    for alert in chart.alerts:
+        ax1, ax2 = x(alert.t_start), x(alert.t_end)
+        width = max(ax2 - ax1, 2.0)
+        parts.append(
+            f'<rect class="alert-span" x="{ax1:.1f}" y="{TOP}" width="{width:.1f}" height="{PLOT_H}">'
+            f"<title>{escape(alert.label)}</title></rect>"
+            f'<rect class="alert-bar" x="{ax1:.1f}" y="{TOP}" width="{width:.1f}" height="4"/>'
+        )
     for i, series in enumerate(chart.series):
         cls = f"series s{i % PALETTE_SIZE}" + (" dashed" if series.dashed else "")
         path, dots = _path(series.points, x, y)
