@@ -21,6 +21,7 @@ from torchdoctor.sampling.nvml import (
     NO_DRIVER,
     NOT_SUPPORTED,
     classify,
+    is_stub_file,
 )
 from torchdoctor.sampling.sampler import Sampler
 
@@ -82,6 +83,68 @@ def test_stub_library_is_named_and_its_banner_kept_off_stdout(capfd):
     assert reader.status.available is False
     assert reader.status.reason.startswith("stub library:")
     assert "stub library" not in capfd.readouterr().out
+
+
+# Built like the CUDA toolkit's stubs/libnvidia-ml.so: every entry point prints the banner
+# through libc's buffered stdout and fails.
+_STUB_C = r"""
+#include <stdio.h>
+static void banner(void) {
+    static int shown;
+    if (!shown) {
+        shown = 1;
+        printf("\nWARNING:\n\nYou should always run with libnvidia-ml.so that is installed "
+               "with your\nNVIDIA Display Driver. By default it's installed in /usr/lib and "
+               "/usr/lib64.\nlibnvidia-ml.so in GDK package is a stub library that is "
+               "attached only for\nbuild purposes.\n");
+    }
+}
+int nvmlInitWithFlags(unsigned int flags) { banner(); return 999; }
+int nvmlInit_v2(void) { banner(); return 999; }
+int nvmlShutdown(void) { banner(); return 999; }
+const char *nvmlErrorString(int result) { return ""; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stub")
+@pytest.mark.parametrize("folder", ["stubs", "lib"])
+def test_real_bindings_name_a_stub_library_and_keep_its_banner_off_stdout(tmp_path, folder):
+    lib_dir = tmp_path / folder
+    lib_dir.mkdir()
+    source = tmp_path / "stub.c"
+    source.write_text(_STUB_C)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(lib_dir / "libnvidia-ml.so.1"), str(source)],
+        check=True,
+    )
+    env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir))
+    # Python's default: C stdio fully buffered on a pipe (unbuffered would hide a missing flush).
+    env.pop("PYTHONUNBUFFERED", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from torchdoctor.sampling.gpus import GpuReader\n"
+            "print('reason:', GpuReader().status.reason)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("reason: stub library:"), done.stdout  # nothing before it
+    assert "WARNING" not in done.stdout + done.stderr
+
+
+def test_stub_file_is_recognised_by_its_banner_wherever_it_was_copied(tmp_path):
+    stub = tmp_path / "libnvidia-ml.so.1"
+    stub.write_bytes(b"\x7fELF" + bytes(4096) + fake_nvml.STUB_BANNER.encode() + bytes(64))
+    real_looking = tmp_path / "libnvidia-ml.so.550.54.15"
+    real_looking.write_bytes(b"\x7fELF" + bytes(8192))
+    assert is_stub_file(str(stub)) is True
+    assert is_stub_file(str(real_looking)) is False
+    assert is_stub_file(str(tmp_path / "missing.so")) is False
 
 
 def test_other_output_during_init_still_reaches_stdout(capfd):

@@ -162,9 +162,9 @@ class Nvml:
                 self._module.nvmlInit()
             except Exception as exc:
                 failure = classify(exc, "nvmlInit")
-        if _STUB_BANNER in captured.data or _stub_library_mapped():
-            # A stub fails with whatever code its build chose; the banner and its path are what
-            # identify it. Say so even if an init call happened to succeed.
+        if _STUB_BANNER in captured.data or (failure is not None and _stub_library_mapped()):
+            # A stub fails with whatever code its build chose; its banner, its folder or its
+            # contents are what identify it. Say so even if an init call happened to succeed.
             if failure is None:
                 self._shutdown_quietly()
             self.kind, self.reason = STUB_LIBRARY, STUB_REASON
@@ -225,15 +225,27 @@ def text(value: Any) -> str:
 
 
 def _stub_library_mapped() -> bool:
-    """Whether the libnvidia-ml mapped into this process lives in a CUDA ``stubs`` folder."""
+    """Whether the libnvidia-ml mapped into this process is the CUDA toolkit's stub: it lives
+    in a ``stubs`` folder, or (copied elsewhere) it carries the stub's banner text."""
+    paths = set()
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
-                if "libnvidia-ml" in line and "/stubs/" in line:
-                    return True
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and "libnvidia-ml" in parts[5]:
+                    paths.add(parts[5].strip())
     except OSError:
-        pass
-    return False
+        return False
+    return any("/stubs/" in path or is_stub_file(path) for path in paths)
+
+
+def is_stub_file(path: str) -> bool:
+    """Whether a library file holds the stub's banner (the real library is a few MB at most)."""
+    try:
+        with open(path, "rb") as lib:
+            return _STUB_BANNER in lib.read(64 * 1024 * 1024)
+    except OSError:
+        return False
 
 
 class _Captured:
