@@ -196,7 +196,7 @@ def test_default_path_and_end_summary(tmp_path: Path) -> None:
     assert res.stdout == "hi\n"
     files = list((tmp_path / "torchdoctor-runs").glob("*.sqlite"))
     assert len(files) == 1
-    assert files[0].name.endswith("-python.sqlite")
+    assert files[0].name.endswith(f"-{Path(PY).name}.sqlite")
     assert "recording: torchdoctor-runs/" in res.stderr
     assert "exit status 0" in res.stderr
 
