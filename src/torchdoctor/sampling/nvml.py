@@ -141,10 +141,6 @@ class Nvml:
     def available(self) -> bool:
         return self._running
 
-    @property
-    def module(self) -> Any:
-        return self._module
-
     def start(self) -> bool:
         """Import and initialise NVML once; afterwards ``available``/``reason`` tell how it went."""
         if self._started:
@@ -164,7 +160,7 @@ class Nvml:
                 failure = classify(exc, "nvmlInit")
         if _STUB_BANNER in captured.data or (failure is not None and _stub_library_mapped()):
             # A stub fails with whatever code its build chose; its banner, its folder or its
-            # contents are what identify it. Say so even if an init call happened to succeed.
+            # contents are what identify it. A banner counts even if the init call succeeded.
             if failure is None:
                 self._shutdown_quietly()
             self.kind, self.reason = STUB_LIBRARY, STUB_REASON
