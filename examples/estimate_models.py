@@ -1,0 +1,232 @@
+"""Model factories for ``torchdoctor estimate`` and its accuracy benchmark.
+
+Each factory returns a model, or ``(model, make_batch)``, or ``(model, make_batch, loss)``, where
+``make_batch(batch_size)`` returns ``(inputs, target)``. Use them as
+``torchdoctor estimate examples/estimate_models.py:gpt2_small --tokens 1024 --batch 8``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def plain_cnn() -> tuple[nn.Module, object]:
+    """A VGG-style CNN for 3x64x64 images, 10 classes."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 3, 64, 64), torch.randint(0, 10, (n,))
+
+    return model, make_batch
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """ResNet-18-style network for 3x32x32 images (CIFAR sized)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.layers = nn.Sequential(
+            BasicBlock(32, 32, 1), BasicBlock(32, 64, 2), BasicBlock(64, 128, 2), BasicBlock(128, 128, 1)
+        )
+        self.head = nn.Linear(128, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def resnet() -> tuple[nn.Module, object]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
+
+    return SmallResNet(), make_batch
+
+
+class EncoderClassifier(nn.Module):
+    """nn.TransformerEncoder over token ids, mean-pooled into 4 classes."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 128, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(ids)).mean(dim=1))
+
+
+def transformer_encoder() -> tuple[nn.Module, object]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randint(0, 1000, (n, 64)), torch.randint(0, 4, (n,))
+
+    return EncoderClassifier(), make_batch
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = dropout
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.resid_drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads, dropout)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A GPT-2-style decoder: learned positions, pre-norm blocks, tied output head."""
+
+    def __init__(
+        self, vocab: int, context: int, dim: int, layers: int, heads: int, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = self.drop(self.tok(ids) + self.pos(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def gpt_tiny() -> nn.Module:
+    """A 4-layer GPT (about 3 M parameters) without dropout; use --tokens."""
+    return GPT(vocab=2048, context=256, dim=128, layers=4, heads=4)
+
+
+def gpt_tiny_dropout() -> nn.Module:
+    """gpt_tiny with dropout 0.1 everywhere, attention included."""
+    return GPT(vocab=2048, context=256, dim=128, layers=4, heads=4, dropout=0.1)
+
+
+def gpt2_small() -> nn.Module:
+    """GPT-2 small: 12 layers, 768 wide, 12 heads, 50257 tokens (124 M parameters)."""
+    return GPT(vocab=50257, context=1024, dim=768, layers=12, heads=12, dropout=0.1)
+
+
+def gpt2_medium() -> nn.Module:
+    """GPT-2 medium: 24 layers, 1024 wide, 16 heads (355 M parameters)."""
+    return GPT(vocab=50257, context=1024, dim=1024, layers=24, heads=16, dropout=0.1)
+
+
+class LSTMTagger(nn.Module):
+    """Embedding, 2-layer LSTM and a per-token classifier."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 128) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
+        self.head = nn.Linear(dim, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
+def lstm() -> tuple[nn.Module, object]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randint(0, 1000, (n, 32)), torch.randint(0, 16, (n, 32))
+
+    return LSTMTagger(), make_batch
+
+
+def mlp_dropout() -> tuple[nn.Module, object]:
+    """A 3-layer MLP with dropout on flattened 28x28 images."""
+    model = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(784, 1024),
+        nn.ReLU(),
+        nn.Dropout(0.2),
+        nn.Linear(1024, 1024),
+        nn.ReLU(),
+        nn.Dropout(0.2),
+        nn.Linear(1024, 10),
+    )
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))
+
+    return model, make_batch
+
+
+def data_dependent() -> tuple[nn.Module, object]:
+    """A model whose forward calls .item(): fake tensors cannot trace it."""
+
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            return y * 2 if y.mean().item() > 0 else y
+
+    def make_batch(n: int) -> tuple[torch.Tensor, None]:
+        return torch.randn(n, 16), None
+
+    return Gated(), make_batch

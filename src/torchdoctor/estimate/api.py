@@ -1,0 +1,366 @@
+"""``torchdoctor.estimate``: peak memory of a training step, without a GPU."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchdoctor.errors import UserError, require_torch
+from torchdoctor.estimate.profiles import custom_profile, find_profile, format_bytes, parse_size
+from torchdoctor.estimate.result import Alternative, Baselines, Estimate, MaxBatch, ModuleActivation
+from torchdoctor.estimate.setup import Target, TrainingSetup
+from torchdoctor.estimate.workload import Workload
+
+ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
+
+DEFAULT_MARGIN = 0.05
+_OPTIMIZER_FACTOR = {"sgd": 1.0, "sgd-momentum": 1.5, "adam": 2.0, "adamw": 2.0}
+_BREAKDOWN_ORDER = (
+    "parameters",
+    "gradients",
+    "optimizer state",
+    "inputs",
+    "activations",
+    "temporaries",
+    "workspaces",
+)
+# Fall back to a real CPU run only when the model states surely fit in a fraction of the RAM.
+_REAL_RUN_RAM_FRACTION = 0.25
+
+
+def estimate(
+    model: ModelSpec,
+    *,
+    batch_size: int = 1,
+    input_shape: str | tuple[int, ...] | None = None,
+    tokens: int | None = None,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "auto",
+    precision: str = "fp32",
+    grad_accumulation: int = 1,
+    inference: bool = False,
+    checkpointing: bool = False,
+    device: str = "cpu",
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    fallback: bool = True,
+) -> Estimate:
+    """Estimate the peak memory of training ``model`` for two steps on ``device``.
+
+    ``model`` is a spec string (``"file.py:factory"``, ``"package.module:factory"``,
+    ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable, or a model instance. The step
+    is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. With
+    ``device="cuda"`` give ``gpu`` (a profile name such as ``"A100-80GB"``) or ``gpu_memory``
+    (``"24GiB"``). ``fallback`` allows a real CPU run when fake tensors cannot trace the model.
+    """
+    workload, setup, target = prepare(
+        model, batch_size=batch_size, input_shape=input_shape, tokens=tokens, optimizer=optimizer,
+        optimizer_impl=optimizer_impl, precision=precision, grad_accumulation=grad_accumulation,
+        inference=inference, checkpointing=checkpointing, device=device, gpu=gpu,
+        gpu_memory=gpu_memory,
+    )  # fmt: skip
+    return estimate_workload(workload, setup, target, margin, fallback, _capacity(target, gpu_memory))
+
+
+def max_batch(
+    model: ModelSpec,
+    *,
+    input_shape: str | tuple[int, ...] | None = None,
+    tokens: int | None = None,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "auto",
+    precision: str = "fp32",
+    grad_accumulation: int = 1,
+    inference: bool = False,
+    checkpointing: bool = False,
+    device: str = "cuda",
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    fallback: bool = True,
+) -> MaxBatch:
+    """The largest batch whose step fits the target with ``margin`` of its memory kept free."""
+    from torchdoctor.estimate.max_batch import find_max_batch
+
+    workload, setup, target = prepare(
+        model, batch_size=1, input_shape=input_shape, tokens=tokens, optimizer=optimizer,
+        optimizer_impl=optimizer_impl, precision=precision, grad_accumulation=grad_accumulation,
+        inference=inference, checkpointing=checkpointing, device=device, gpu=gpu,
+        gpu_memory=gpu_memory,
+    )  # fmt: skip
+    capacity = _capacity(target, gpu_memory)
+    if capacity is None:
+        raise UserError("--max-batch needs a memory to fit: pass --gpu NAME or --gpu-memory SIZE")
+    return find_max_batch(workload, setup, target, margin, fallback, capacity)
+
+
+def prepare(
+    model: ModelSpec,
+    *,
+    batch_size: int,
+    input_shape: str | tuple[int, ...] | None,
+    tokens: int | None,
+    optimizer: str,
+    optimizer_impl: str,
+    precision: str,
+    grad_accumulation: int,
+    inference: bool,
+    checkpointing: bool,
+    device: str,
+    gpu: str | None,
+    gpu_memory: str | int | None,
+) -> tuple[Workload, TrainingSetup, Target]:
+    """Check the options and load the model spec."""
+    require_torch("torchdoctor estimate")
+    from torchdoctor.estimate.spec import load_workload, parse_shape
+    from torchdoctor.estimate.trace import fake_copy_factory
+
+    setup = TrainingSetup(
+        batch_size=batch_size,
+        optimizer=optimizer,
+        optimizer_impl=optimizer_impl,
+        precision=precision,
+        grad_accumulation=grad_accumulation,
+        inference=inference,
+        checkpointing=checkpointing,
+    )
+    profile = None
+    if gpu is not None:
+        profile = find_profile(gpu)
+        if gpu_memory is not None:
+            raise UserError("give either --gpu or --gpu-memory, not both")
+    elif gpu_memory is not None and device == "cuda":
+        profile = custom_profile(_size(gpu_memory))
+    target = Target(device, profile if device == "cuda" else None)
+    if device == "cpu" and gpu is not None:
+        raise UserError(f"--gpu {gpu} describes a CUDA target: add --device cuda")
+    if input_shape is not None and tokens is not None:
+        raise UserError("give either --input or --tokens, not both")
+    if tokens is not None and tokens < 1:
+        raise UserError("--tokens must be at least 1")
+    shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
+    import torch
+
+    spec: Any = model
+    if isinstance(model, torch.nn.Module):
+        spec = fake_copy_factory(model)
+        spec.__qualname__ = type(model).__name__
+    elif not isinstance(model, str) and not callable(model):
+        raise UserError(f"cannot estimate a {type(model).__name__}: pass a spec string, factory or model")
+    return load_workload(spec, shape, tokens), setup, target
+
+
+def _size(value: str | int) -> int:
+    return value if isinstance(value, int) else parse_size(value)
+
+
+def _capacity(target: Target, gpu_memory: str | int | None) -> int | None:
+    if target.gpu is not None:
+        return target.gpu.memory_bytes
+    return _size(gpu_memory) if gpu_memory is not None else None
+
+
+def estimate_workload(
+    workload: Workload,
+    setup: TrainingSetup,
+    target: Target,
+    margin: float = DEFAULT_MARGIN,
+    fallback: bool = True,
+    capacity: int | None = None,
+) -> Estimate:
+    """Trace ``workload`` and turn the timeline into an :class:`Estimate`."""
+    from torchdoctor.estimate.analysis import activations_by_module, cpu_peak, cuda_peak, phase_at
+
+    if not 0.0 <= margin < 1.0:
+        raise UserError(f"--margin must be a fraction between 0 and 1, not {margin}")
+    started = time.perf_counter()
+    trace, method, notes = _trace(workload, setup, target, fallback)
+    limit = int(capacity * (1.0 - margin)) if capacity is not None else None
+    breakdown: dict[str, int]
+    if target.is_cuda:
+        assert target.gpu is not None
+        peak = cuda_peak(trace, target.gpu)
+        if limit is not None and peak.total > limit:
+            # The real allocator frees its cache and retries before it gives up: replay with
+            # the limit to see whether the step survives that.
+            limited = cuda_peak(trace, target.gpu, capacity=max(limit - peak.context, 0))
+            fits = not limited.out_of_memory
+            if fits:
+                peak = limited
+        else:
+            fits = limit is not None
+        breakdown = _ordered(peak.by_category)
+        breakdown["allocator overhead"] = peak.reserved - peak.allocated
+        breakdown["CUDA context"] = peak.context
+        reserved, total = peak.reserved, peak.total
+        backends = ", ".join(f"{n} x {b}" for b, n in sorted(trace.attention_backends.items()))
+        if backends:
+            notes.append(f"attention on CUDA: {backends} (calls traced over both steps)")
+        if trace.uses_rnn:
+            notes.append(
+                "recurrent layers use cuDNN on CUDA, whose reserve buffers differ from the CPU "
+                "kernels traced here: the estimate for them is approximate"
+            )
+    else:
+        peak = cpu_peak(trace)
+        breakdown = _ordered(peak.by_category)
+        reserved = total = None
+        fits = peak.allocated <= limit if limit is not None else None
+    where = phase_at(trace, peak.event)
+    activations = activations_by_module(trace)
+    notes.extend(trace.notes)
+    return Estimate(
+        model=workload.name,
+        setup=setup,
+        target=target,
+        parameter_count=trace.parameter_count,
+        peak_allocated=peak.allocated,
+        peak_reserved=reserved,
+        total=total,
+        breakdown=breakdown,
+        peak_phase=where.phase,
+        peak_step=where.step,
+        activations=activations.total,
+        top_modules=[
+            ModuleActivation(m.module, m.type, m.bytes, m.count) for m in activations.modules
+        ],
+        baselines=_baselines(trace.parameter_count, trace.parameter_bytes, setup),
+        method=method,
+        seconds=time.perf_counter() - started,
+        gpu_memory=capacity,
+        margin=margin,
+        fits=fits if capacity is not None else None,
+        notes=notes,
+    )
+
+
+def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: bool) -> tuple:
+    from torchdoctor.estimate.trace import DataDependentOp, trace_step
+
+    try:
+        return trace_step(workload, setup, target), "traced under fake tensors", []
+    except DataDependentOp as exc:
+        problem = exc.describe()
+        if not fallback:
+            raise UserError(f"{problem}: fake tensors cannot trace it (a real CPU run is off)") from None
+        available = _available_ram()
+        if exc.parameter_bytes * 4 > available * _REAL_RUN_RAM_FRACTION:
+            raise UserError(
+                f"{problem}: fake tensors cannot trace it, and a real CPU run would need more "
+                f"than the {format_bytes(available)} of RAM available; make the op "
+                "value-independent (e.g. keep the tensor instead of calling .item())"
+            ) from None
+        trace = trace_step(workload, setup, target, real=True)
+        note = (
+            f"{problem}, which fake tensors cannot trace: measured with a real CPU run instead "
+            f"({trace.seconds:.1f} s)"
+        )
+        return trace, "real CPU run (fallback)", [note]
+
+
+def _available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def _ordered(by_category: dict[str, int]) -> dict[str, int]:
+    ordered = {name: by_category.get(name, 0) for name in _BREAKDOWN_ORDER}
+    for name, value in by_category.items():
+        ordered.setdefault(name, value)
+    return ordered
+
+
+def _baselines(parameters: int, parameter_bytes: int, setup: TrainingSetup) -> Baselines:
+    if setup.inference:
+        return Baselines(parameters * 4, parameter_bytes)
+    naive = int(parameters * 4 * 2 * _OPTIMIZER_FACTOR[setup.optimizer])
+    return Baselines(naive, parameter_bytes * 4)
+
+
+def alternatives(
+    workload: Workload,
+    setup: TrainingSetup,
+    target: Target,
+    margin: float,
+    fallback: bool,
+    capacity: int,
+    on_probe: Callable[[Estimate], None] | None = None,
+) -> list[Alternative]:
+    """Changes that could make a step fit, each re-estimated rather than guessed."""
+    options: list[tuple[str, TrainingSetup]] = []
+    if setup.precision == "fp32":
+        options.append(("bf16 mixed precision (--precision bf16-mixed)", setup.with_(precision="bf16-mixed")))
+    if not setup.checkpointing and not setup.inference:
+        options.append(("activation checkpointing (--checkpointing)", setup.with_(checkpointing=True)))
+    if setup.optimizer in ("adam", "adamw") and setup.optimizer_impl != "fused":
+        options.append(
+            (f"fused {setup.optimizer} (--optimizer-impl fused)", setup.with_(optimizer_impl="fused"))
+        )
+        options.append(
+            ("SGD with momentum instead of Adam (--optimizer sgd-momentum)",
+             setup.with_(optimizer="sgd-momentum", optimizer_impl="auto")),
+        )  # fmt: skip
+    combined = setup
+    if setup.precision == "fp32":
+        combined = combined.with_(precision="bf16-mixed")
+    if not setup.inference:
+        combined = combined.with_(checkpointing=True)
+    found: list[Alternative] = []
+    for change, changed in options:
+        found.append(Alternative(change, _probe(workload, changed, target, margin, fallback, capacity, on_probe)))
+    if setup.batch_size > 1 and not setup.inference:
+        found.extend(_accumulation(workload, setup, target, margin, fallback, capacity, on_probe))
+    if combined != setup and all(not a.estimate.fits for a in found):
+        label = "bf16 mixed precision with activation checkpointing"
+        if setup.batch_size > 1:
+            combined = combined.with_(
+                batch_size=1, grad_accumulation=setup.batch_size * setup.grad_accumulation
+            )
+            label += f", {setup.batch_size} micro-batches of 1"
+        found.append(Alternative(label, _probe(workload, combined, target, margin, fallback, capacity, on_probe)))
+    return found
+
+
+def _accumulation(
+    workload: Workload,
+    setup: TrainingSetup,
+    target: Target,
+    margin: float,
+    fallback: bool,
+    capacity: int,
+    on_probe: Callable[[Estimate], None] | None,
+) -> list[Alternative]:
+    """The largest micro-batch (dividing the batch) that fits, with accumulation to keep the
+    effective batch."""
+    batch = setup.batch_size
+    last = None
+    for micro in sorted({d for d in range(1, batch) if batch % d == 0}, reverse=True):
+        steps = batch // micro
+        changed = setup.with_(batch_size=micro, grad_accumulation=setup.grad_accumulation * steps)
+        result = _probe(workload, changed, target, margin, fallback, capacity, on_probe)
+        last = Alternative(
+            f"gradient accumulation: {steps} micro-batches of {micro} (--batch {micro} "
+            f"--grad-accumulation {steps})",
+            result,
+        )
+        if result.fits:
+            return [last]
+    return [last] if last is not None else []
+
+
+def _probe(
+    workload: Workload,
+    setup: TrainingSetup,
+    target: Target,
+    margin: float,
+    fallback: bool,
+    capacity: int,
+    on_probe: Callable[[Estimate], None] | None,
+) -> Estimate:
+    result = estimate_workload(workload, setup, target, margin, fallback, capacity)
+    if on_probe is not None:
+        on_probe(result)
+    return result

@@ -1,0 +1,108 @@
+"""GPU profiles by name and memory sizes as users write them ("24GiB", "80GB")."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torchdoctor.errors import UserError
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """A target GPU: the memory nvidia-smi reports as total, and its compute capability."""
+
+    name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+
+    @property
+    def is_hopper_or_newer(self) -> bool:
+        return self.compute_capability >= (9, 0)
+
+
+# Memory is the "Total" that nvidia-smi prints for the common board of each name, in MiB.
+_PROFILES = [
+    GpuProfile("A100-40GB", 40960 * MiB, (8, 0)),
+    GpuProfile("A100-80GB", 81920 * MiB, (8, 0)),
+    GpuProfile("H100-80GB", 81559 * MiB, (9, 0)),
+    GpuProfile("H200", 143771 * MiB, (9, 0)),
+    GpuProfile("L4", 23034 * MiB, (8, 9)),
+    GpuProfile("T4", 15360 * MiB, (7, 5)),
+    GpuProfile("V100", 16384 * MiB, (7, 0)),
+    GpuProfile("V100-32GB", 32768 * MiB, (7, 0)),
+    GpuProfile("A10G", 23028 * MiB, (8, 6)),
+    GpuProfile("RTX 3090", 24576 * MiB, (8, 6)),
+    GpuProfile("RTX 4090", 24564 * MiB, (8, 9)),
+]
+PROFILES: dict[str, GpuProfile] = {p.name: p for p in _PROFILES}
+
+# A GPU given only by its memory size is assumed to be an Ampere-class part (sm80): flash
+# attention for half types, 8.1 MiB cuBLAS workspace.
+DEFAULT_COMPUTE_CAPABILITY = (8, 0)
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def find_profile(name: str) -> GpuProfile:
+    """The profile named ``name`` (case, spaces and dashes do not matter)."""
+    wanted = _key(name)
+    for profile in _PROFILES:
+        if _key(profile.name) == wanted:
+            return profile
+    aliases = {"a100": "A100-80GB", "h100": "H100-80GB", "4090": "RTX 4090", "3090": "RTX 3090"}
+    if wanted in aliases:
+        return PROFILES[aliases[wanted]]
+    known = ", ".join(PROFILES)
+    raise UserError(f"unknown GPU {name!r}: use one of {known}, or --gpu-memory SIZE (e.g. 24GiB)")
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": MiB,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": GiB,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``: "24GiB", "80GB", "16384MiB", "1.5TiB" or a plain number of bytes."""
+    match = _SIZE.match(text)
+    unit = (match.group(2) or "").lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise UserError(f"cannot read memory size {text!r}: write it like 24GiB, 80GB or 16384MiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def custom_profile(memory_bytes: int, compute_capability: tuple[int, int] | None = None) -> GpuProfile:
+    """A GPU known only by its memory size."""
+    cc = compute_capability or DEFAULT_COMPUTE_CAPABILITY
+    return GpuProfile(f"GPU with {format_bytes(memory_bytes)}", memory_bytes, cc)
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, three significant figures: 1.50 GiB, 812 MiB, 4.00 KiB."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            value = n / size
+            digits = 2 if value < 10 else 1 if value < 100 else 0
+            return f"{sign}{value:.{digits}f} {unit}"
+    return f"{sign}{int(n)} B"

@@ -1,0 +1,124 @@
+"""The estimate as plain data, and its JSON form (documented in the README)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchdoctor.estimate.setup import Target, TrainingSetup
+
+JSON_VERSION = 1
+
+
+@dataclass
+class ModuleActivation:
+    module: str  # repeated blocks grouped: "blocks.*.attn"
+    type: str
+    bytes: int
+    count: int = 1  # how many modules the group holds
+
+
+@dataclass
+class Baselines:
+    """What the usual rules of thumb would say, for comparison."""
+
+    naive_formula_bytes: int  # params x 4 B x 2 (param + grad) x optimizer factor
+    params_only_bytes: int  # accelerate estimate-memory: 4 x parameter bytes for Adam training
+
+
+@dataclass
+class Estimate:
+    """Peak memory of a training step on a target, with what makes it up."""
+
+    model: str
+    setup: TrainingSetup
+    target: Target
+    parameter_count: int
+    peak_allocated: int
+    peak_reserved: int | None
+    total: int | None  # nvidia-smi's view: reserved + CUDA context (None on the CPU)
+    breakdown: dict[str, int]
+    peak_phase: str
+    peak_step: int
+    activations: int
+    top_modules: list[ModuleActivation]
+    baselines: Baselines
+    method: str
+    seconds: float
+    gpu_memory: int | None = None
+    margin: float = 0.0
+    fits: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def headline_bytes(self) -> int:
+        """What must fit: nvidia-smi's total on CUDA, the live peak on the CPU."""
+        return self.total if self.total is not None else self.peak_allocated
+
+    def to_dict(self) -> dict[str, Any]:
+        gpu = self.target.gpu
+        return {
+            "version": JSON_VERSION,
+            "model": self.model,
+            "setup": asdict(self.setup),
+            "target": {
+                "device": self.target.device,
+                "gpu": gpu.name if gpu else None,
+                "gpu_memory_bytes": gpu.memory_bytes if gpu else None,
+                "compute_capability": ".".join(map(str, gpu.compute_capability)) if gpu else None,
+            },
+            "parameters": self.parameter_count,
+            "peak_allocated_bytes": self.peak_allocated,
+            "peak_reserved_bytes": self.peak_reserved,
+            "total_bytes": self.total,
+            "breakdown_bytes": dict(self.breakdown),
+            "peak_phase": self.peak_phase,
+            "peak_step": self.peak_step + 1,
+            "activations_bytes": self.activations,
+            "top_modules": [asdict(m) for m in self.top_modules],
+            "baselines": asdict(self.baselines),
+            "fits": self.fits,
+            "margin": self.margin,
+            "method": self.method,
+            "seconds": round(self.seconds, 3),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class Alternative:
+    """A change to the set-up, re-estimated."""
+
+    change: str
+    estimate: Estimate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "change": self.change,
+            "fits": self.estimate.fits,
+            "total_bytes": self.estimate.headline_bytes,
+            "setup": asdict(self.estimate.setup),
+        }
+
+
+@dataclass
+class MaxBatch:
+    """The largest batch that fits the target with the margin, and how it was found."""
+
+    batch_size: int  # 0 when not even batch 1 fits
+    estimate: Estimate | None  # at batch_size (or at batch 1 when nothing fits)
+    probes: list[tuple[int, int, bool]]  # (batch, bytes, fits) in search order
+    capacity: int
+    alternatives: list[Alternative] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": JSON_VERSION,
+            "max_batch": self.batch_size,
+            "capacity_bytes": self.capacity,
+            "estimate": self.estimate.to_dict() if self.estimate else None,
+            "probes": [{"batch": b, "bytes": n, "fits": f} for b, n, f in self.probes],
+            "alternatives": [a.to_dict() for a in self.alternatives],
+            "seconds": round(self.seconds, 3),
+        }

@@ -1,0 +1,212 @@
+"""Turn a model spec (``file.py:factory``, ``pkg.mod:factory``, ``torchvision:NAME``,
+``hf:MODEL_TYPE``) and the batch options into a :class:`Workload`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.errors import UserError
+from torchdoctor.estimate.workload import Workload, default_loss, split_batch, vocab_size
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``3x224x224`` (or ``3,224,224``) -> (3, 224, 224): one sample's shape, no batch dim."""
+    parts = [p for p in re.split(r"[x,\s]+", text.strip().lower()) if p]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"cannot read input shape {text!r}: write one sample's shape like 3x224x224")
+    return tuple(int(p) for p in parts)
+
+
+def load_workload(
+    spec: str | Callable[[], Any],
+    input_shape: tuple[int, ...] | None = None,
+    tokens: int | None = None,
+) -> Workload:
+    """The workload ``spec`` names, fed by ``--input``, ``--tokens`` or the factory's batch maker."""
+    if callable(spec):
+        name = getattr(spec, "__qualname__", repr(spec))
+        factory, default_input = spec, None
+    elif spec.startswith("torchvision:"):
+        name, factory, default_input = spec, _torchvision_factory(spec[12:]), (3, 224, 224)
+    elif spec.startswith("hf:"):
+        name, factory, default_input = spec, _hf_factory(spec[3:]), None
+    else:
+        name, factory, default_input = spec, _import_factory(spec), None
+    return _workload(name, factory, input_shape or (None if tokens else default_input), tokens)
+
+
+def _workload(
+    name: str,
+    factory: Callable[[], Any],
+    input_shape: tuple[int, ...] | None,
+    tokens: int | None,
+) -> Workload:
+    parts: dict[str, Any] = {}
+
+    def build_model() -> Any:
+        try:
+            made = factory()
+        except UserError:
+            raise
+        except Exception as exc:
+            raise UserError(f"the factory of {name} raised {type(exc).__name__}: {exc}") from exc
+        model, batch_maker, loss = _unpack(name, made)
+        parts["batch_maker"], parts["loss"] = batch_maker, loss
+        return model
+
+    def make_batch(model: Any, batch_size: int) -> Any:
+        import torch
+
+        if tokens is not None:
+            vocab = vocab_size(model)
+            if vocab is None:
+                raise UserError(
+                    f"{name} has no embedding to take the vocabulary from: use --input instead of --tokens"
+                )
+            ids = torch.randint(0, vocab, (batch_size, tokens))
+            if _is_hf(model):
+                return {"input_ids": ids, "labels": ids}, None
+            return ids, torch.randint(0, vocab, (batch_size, tokens))
+        if input_shape is not None:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+            return torch.randn(batch_size, *input_shape, dtype=dtype or torch.float32), None
+        maker = parts.get("batch_maker")
+        if maker is None:
+            raise UserError(
+                f"{name} gives no batch maker: pass --input SHAPE (e.g. 3x224x224) or --tokens SEQ"
+            )
+        try:
+            return split_batch(maker(batch_size))
+        except Exception as exc:
+            raise UserError(f"the batch maker of {name} raised {type(exc).__name__}: {exc}") from exc
+
+    def loss_fn(output: Any, target: Any) -> Any:
+        loss = parts.get("loss") or default_loss
+        return loss(output, target)
+
+    if tokens is not None:
+        source = f"--tokens {tokens}"
+    elif input_shape is not None:
+        source = "--input " + "x".join(str(d) for d in input_shape)
+    else:
+        source = "the factory's batch maker"
+    return Workload(name, build_model, make_batch, loss_fn, source)
+
+
+def _unpack(name: str, made: Any) -> tuple[Any, Any, Any]:
+    import torch
+
+    model, batch_maker, loss = made, None, None
+    if isinstance(made, dict):
+        model, batch_maker, loss = made.get("model"), made.get("make_batch"), made.get("loss")
+    elif isinstance(made, (tuple, list)):
+        if not 1 <= len(made) <= 3:
+            raise UserError(
+                f"the factory of {name} returned {len(made)} items: return a model, "
+                "(model, make_batch) or (model, make_batch, loss)"
+            )
+        model, batch_maker, loss = (*made, None, None)[:3]
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(
+            f"the factory of {name} returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model, batch_maker, loss
+
+
+def _is_hf(model: Any) -> bool:
+    return hasattr(model, "config") and hasattr(model, "get_input_embeddings")
+
+
+def _import_factory(spec: str) -> Callable[[], Any]:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise UserError(
+            f"cannot read model spec {spec!r}: use file.py:factory, package.module:factory, "
+            "torchvision:NAME or hf:MODEL_TYPE"
+        )
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise UserError(f"model file {target} does not exist")
+        module_name = f"_torchdoctor_spec_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.path.insert(0, str(path.resolve().parent))
+        try:
+            sys.modules[module_name] = module
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise UserError(f"importing {target} raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise UserError(f"cannot import module {target!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        defined = [
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") == module.__name__
+        ]
+        hint = f" (it defines: {', '.join(sorted(defined))})" if defined else ""
+        raise UserError(f"no factory {attr!r} in {target}{hint}")
+    if not callable(factory):
+        raise UserError(f"{target}:{attr} is a {type(factory).__name__}, not a callable factory")
+    if inspect.isclass(factory) and not _is_module_class(factory):
+        raise UserError(f"{target}:{attr} is a class that is not a torch.nn.Module")
+    return factory
+
+
+def _is_module_class(cls: type) -> bool:
+    import torch
+
+    return issubclass(cls, torch.nn.Module)
+
+
+def _torchvision_factory(name: str) -> Callable[[], Any]:
+    try:
+        import torchvision
+    except Exception as exc:  # torchvision can fail to import for ABI reasons, not just absence
+        raise UserError(
+            f"torchvision:{name} needs torchvision, which does not import here ({exc}): "
+            "install the torchvision build matching your torch"
+        ) from None
+    available = torchvision.models.list_models()
+    if name not in available:
+        raise UserError(f"torchvision has no model {name!r}: e.g. {', '.join(available[:8])}")
+    return lambda: torchvision.models.get_model(name, weights=None)
+
+
+def _hf_factory(model_type: str) -> Callable[[], Any]:
+    try:
+        import transformers
+    except Exception:
+        raise UserError(
+            f"hf:{model_type} needs transformers, which is not importable here: "
+            "pip install transformers"
+        ) from None
+    try:
+        config = transformers.AutoConfig.for_model(model_type)
+    except ValueError:
+        raise UserError(f"transformers knows no model type {model_type!r} (e.g. gpt2, llama, bert)") from None
+
+    def build() -> Any:
+        for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel"):
+            try:
+                return getattr(transformers, auto).from_config(config)
+            except ValueError:
+                continue
+        raise UserError(f"transformers cannot build a model for type {model_type!r}")
+
+    return build
