@@ -38,7 +38,6 @@ _SEQUENCES = {
     b"\x1b[4~": "end",
     b"\r": "enter",
     b"\n": "enter",
-    b"\x1b": "esc",
     b"\x7f": "backspace",
     b"\x08": "backspace",
     b"\x03": "ctrl-c",
@@ -57,13 +56,15 @@ def decode_keys(data: bytes) -> list[str]:
                 break
         else:
             if data[i] == 0x1B:
-                # An escape sequence we do not use (F-keys...): skip it whole.
                 j = i + 1
                 if j < len(data) and data[j] in b"[O":
+                    # An escape sequence we do not use (F-keys...): skip it whole.
                     j += 1
                     while j < len(data) and not 0x40 <= data[j] <= 0x7E:
                         j += 1
                     j += 1
+                else:
+                    keys.append("esc")  # Esc on its own
                 i = j
                 continue
             ch = data[i : i + 1].decode("latin-1")
@@ -104,6 +105,8 @@ def deliver(action: SendSignal) -> str:
     """Send the confirmed signal if the process is still the one confirmed and ours."""
     try:
         proc = psutil.Process(action.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"process {action.pid} has exited: no signal sent"
         if abs(proc.create_time() - action.create_time) > 1.0:
             return f"process {action.pid} has exited (its PID was reused): no signal sent"
         if os.getuid() != 0 and proc.uids().real != os.getuid():

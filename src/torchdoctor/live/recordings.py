@@ -4,22 +4,36 @@ findings.
 The recorder announces each recording in :mod:`torchdoctor.live.registry`. Step figures come
 from the recent rows of the ``steps`` table (read-only SQLite queries, the recorder keeps
 writing); findings from the diagnosis, re-run on a slower tier because it reads the whole
-recording. Both are optional: a recording without steps (no instrumentation) or a
-torchdoctor without the diagnosis still shows what it can, with the reason for the rest.
+recording. A recording without steps (no instrumentation) or a diagnosis that fails still
+shows what it can, with the reason for the rest: the live view never stops over them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchdoctor.instrument.stats import step_stats
 from torchdoctor.live.model import FindingBrief, RecordingStatus
 from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
 FINDINGS_EVERY_S = 10.0
+_STEP_COLUMNS = (
+    "pid",
+    "rank",
+    "step",
+    "t_start",
+    "t_end",
+    "wall_s",
+    "data_wait_s",
+    "batch_size",
+    "samples",
+)
 
 
 @dataclass(slots=True)
@@ -99,56 +113,41 @@ class RecordingWatcher:
                 "no step recorded yet (is the training loop instrumented?)"
             )
             return
-        rows = db.execute(
-            "SELECT pid, t_end, wall_s, data_wait_s, samples FROM steps WHERE t_end >= ? "
-            "ORDER BY t_end",
+        cursor = db.execute(
+            f"SELECT {', '.join(_STEP_COLUMNS)} FROM steps WHERE t_end >= ? ORDER BY t_end",
             (now - self.window_s,),
-        ).fetchall()
+        )
+        rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in cursor]
         if not rows:
             # Steps were recorded but none lately: the job is stalled (or between phases).
             status.step_rate_per_s = 0.0
             status.samples_per_s = 0.0
             return
-        by_pid: dict[int, list[tuple]] = {}
-        for row in rows:
-            by_pid.setdefault(row[0], []).append(row)
-        rates, sample_rates, shares = [], [], []
-        for steps in by_pid.values():
-            wall = sum(r[2] for r in steps)
-            if wall > 0:
-                # Steps per second of this process's own time: sum of step walls covers the window
-                # without the gap before the first step in it.
-                rates.append(len(steps) / wall)
-                shares.append(sum(r[3] for r in steps) / wall)
-                samples = [r[4] for r in steps]
-                if all(s is not None for s in samples):
-                    sample_rates.append(sum(samples) / wall)
-        if rates:
-            # Ranks step in lock-step: the rate of one process is the job's step rate.
-            status.step_rate_per_s = sum(rates) / len(rates)
-            # The most starved process is the one that matters.
-            status.data_wait_share = max(shares)
-        if sample_rates and len(sample_rates) == len(rates):
-            status.samples_per_s = sum(sample_rates)
+        # The same figures as `torchdoctor show` and the diagnosis, over the recent window.
+        stats = step_stats(rows, [], [])
+        status.step_rate_per_s = stats.steps_per_s
+        status.samples_per_s = stats.samples_per_s
+        # The most starved process is the one that holds the others back.
+        shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
+        status.data_wait_share = max(shares) if shares else None
 
     def _refresh_findings(self, w: _Watched, now: float) -> None:
         if now < w.findings_due:
             return
         w.findings_due = now + FINDINGS_EVERY_S
-        try:
-            from torchdoctor.diagnosis.engine import diagnose
-        except ImportError:
-            w.findings_error = "the diagnosis is not part of this torchdoctor installation"
-            return
+        from torchdoctor.diagnosis.engine import diagnose
         from torchdoctor.recording.reader import open_recording
 
+        # A rule that fails reports on stderr, which would scribble over the live screen.
+        complaints = io.StringIO()
         try:
-            with open_recording(w.path) as rec:
+            with open_recording(w.path) as rec, contextlib.redirect_stderr(complaints):
                 found = diagnose(rec, self.thresholds)
         except Exception as exc:  # a diagnosis failure must never take the live view down
             w.findings_error = f"diagnosis failed: {type(exc).__name__}: {exc}"
             return
-        w.findings_error = None
+        reported = complaints.getvalue().strip().splitlines()
+        w.findings_error = reported[0] if reported else None
         w.findings = [
             FindingBrief(
                 id=f.id, severity=f.severity, title=f.title, recommendation=f.recommendation

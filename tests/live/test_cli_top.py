@@ -1,0 +1,213 @@
+"""`torchdoctor top` as a user runs it: --once, --once --json, bad input, and keys in tmux."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests import fake_nvml
+from tests.live.jobs import detached_job
+from torchdoctor.live.app import decode_keys, deliver
+from torchdoctor.live.collect import TopCollector
+from torchdoctor.live.keys import SendSignal
+from torchdoctor.live.model import UiState, build_view
+from torchdoctor.live.snapshot import SCHEMA, snapshot
+from torchdoctor.sampling.gpus import GpuReader
+from torchdoctor.sampling.pidns import PidNamespace
+from torchdoctor.thresholds import Thresholds
+
+
+def test_once_json_describes_the_job_and_its_workers(td, torch_job):
+    result = td("top", "--once", "--json", "--interval", "0.3")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["schema"] == SCHEMA
+    (job,) = [j for j in data["jobs"] if j["root_pid"] == torch_job.pid]
+    assert job["workers"] == 2
+    trainer, *workers = job["processes"]
+    assert (trainer["pid"], trainer["role"], trainer["depth"]) == (torch_job.pid, "trainer", 0)
+    assert trainer["cmdline"][-1] == "--td-live"
+    assert sorted(w["pid"] for w in workers) == torch_job.workers
+    for w in workers:
+        assert (w["role"], w["ppid"], w["depth"]) == ("dataloader-worker", torch_job.pid, 1)
+        assert w["rss"] > 0 and w["threads"] >= 1 and w["cpu_percent"] is not None
+        # Workers share the trainer's pages: PSS counts them once, RSS in each.
+        assert w["pss"] < w["rss"]
+    assert job["rss"] == sum(p["rss"] for p in job["processes"])
+    host = data["host"]
+    assert len(host["per_core"]) >= 1 and host["cpu"]["iowait"] >= 0
+    assert host["levels"]["cpu_load_pct"] in ("ok", "warn", "alert")
+    assert data["gpu"]["available"] is False and data["gpu"]["reason"]
+    assert data["gpus"] == [] and data["thresholds"]["gpu_memory_alert_pct"] == 90.0
+
+
+def test_once_prints_the_screen_without_key_hints(td, torch_job):
+    result = td("top", "--once", "--interval", "0.3", env={**_env(), "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].strip().startswith("torchdoctor top")
+    assert any(line.startswith("GPUs: none shown: ") for line in lines)
+    assert any(f"job {torch_job.pid} 2 workers" in line for line in lines)
+    assert all(len(line) <= 80 for line in lines)
+    assert "q quit" not in result.stdout
+
+
+def test_bad_input_is_one_line_and_a_non_zero_exit(td, tmp_path):
+    bad = tmp_path / "t.toml"
+    bad.write_text("gpu_memory_alert = 95\n")
+    for args, message in [
+        (["--json"], "--json prints one snapshot: use it with --once"),
+        (["--once", "--interval", "0"], "--interval must be between 0 and 3600 seconds"),
+        (["--once", "--thresholds", str(bad)], "unknown threshold 'gpu_memory_alert'"),
+        ([], "torchdoctor top needs a terminal"),
+    ]:
+        result = td("top", *args)
+        assert result.returncode == 2, (args, result.stdout)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("torchdoctor: error: ") and message in line
+
+
+def test_snapshot_json_of_gpus_levels_and_unresolved_pids(torch_job):
+    gpu = fake_nvml.FakeGpu(compute_processes=[(torch_job.pid, 3 << 30), (4_000_000, 1 << 30)])
+    gpu.memory_used = int(0.93 * gpu.memory_total)
+    reader = GpuReader(fake_nvml.FakeNvml([gpu]), pid_namespace=PidNamespace(procfs_is_host=True))
+    collector = TopCollector(Thresholds(), gpu_reader=reader)
+    try:
+        readings = collector.read()
+    finally:
+        collector.close()
+    data = snapshot(readings, build_view(readings, Thresholds(), UiState()), Thresholds())
+    json.dumps(data)  # serialisable as is
+    (g,) = data["gpus"]
+    assert g["level"] == "alert" and g["memory_pct"] == pytest.approx(93.0, abs=0.1)
+    procs = {p["pid"]: p for p in data["gpu_processes"]}
+    assert procs[torch_job.pid]["job"] == torch_job.pid
+    assert procs[torch_job.pid]["used_memory"] == 3 << 30
+    (job,) = [j for j in data["jobs"] if j["root_pid"] == torch_job.pid]
+    assert job["gpu_memory"] == 3 << 30
+
+
+def test_confirmed_signal_reaches_the_process_and_only_it(tmp_path):
+    with detached_job(tmp_path, "--to-be-stopped") as job:
+        collector = TopCollector(
+            Thresholds(), gpu_reader=GpuReader(fake_nvml.scenario("no_driver"))
+        )
+        try:
+            readings = collector.read()
+        finally:
+            collector.close()
+        view = build_view(readings, Thresholds(), UiState())
+        (row,) = [r for r in view.rows() if r.pid == job.pid]
+        reused = SendSignal(job.pid, row.create_time - 100, signal.SIGTERM)
+        assert "PID was reused" in deliver(reused)
+        assert deliver(SendSignal(job.pid, row.create_time, signal.SIGTERM)) == (
+            f"sent SIGTERM to {job.pid}"
+        )
+        # The trainer is gone once its PID no longer answers (it is not our child: poll /proc).
+        deadline = time.monotonic() + 30
+        while _alive(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(job.pid)
+        assert "has exited" in deliver(SendSignal(job.pid, row.create_time, signal.SIGTERM))
+
+
+def test_terminal_keys_are_decoded():
+    assert decode_keys(b"\x1b[A\x1b[Bq") == ["up", "down", "q"]
+    assert decode_keys(b"/ab\x7f\r") == ["/", "a", "b", "backspace", "enter"]
+    assert decode_keys(b"\x1b[15~s") == ["s"]  # F5: ignored whole
+    assert decode_keys(b"\x1b") == ["esc"]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_interactive_in_an_80x24_terminal(torch_job):
+    session = f"td-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", session]
+    subprocess.run(
+        [
+            *tmux,
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "80",
+            "-y",
+            "24",
+            f"{sys.executable} -m torchdoctor top --interval 0.5",
+        ],
+        check=True,
+        env=_env(),
+    )
+
+    def screen() -> str:
+        return subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
+        ).stdout
+
+    def wait_for(predicate, what: str) -> str:
+        # The screen is redrawn by another process: poll it, with a generous deadline.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = screen()
+            if predicate(text):
+                return text
+            time.sleep(0.05)
+        raise AssertionError(f"{what} never appeared:\n{screen()}")
+
+    def keys(*k: str) -> None:
+        subprocess.run([*tmux, "send-keys", "-t", session, *k], check=True)
+
+    try:
+        text = wait_for(lambda t: "▸ job" in t and "MEM" in t, "the first screen")
+        lines = text.splitlines()
+        assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+        assert "q quit" in lines[0]
+        # Other jobs may run on this machine: find ours by its PID.
+        keys("/", str(torch_job.pid), "Enter")
+        text = wait_for(lambda t: f"{torch_job.pid} trainer" in t and "↑↓ select" in t, "our job")
+        jobs = [line for line in text.splitlines() if line.startswith("▸ job")]
+        assert jobs == [line for line in jobs if line.startswith(f"▸ job {torch_job.pid} ")], text
+        assert "2 workers" in jobs[0]
+        keys("Down", "Enter")
+        wait_for(lambda t: f"process {torch_job.pid}  trainer" in t, "the detail")
+        keys("k")
+        wait_for(lambda t: f"signal to {torch_job.pid}:" in t, "the signal prompt")
+        keys("t")
+        wait_for(lambda t: f"send SIGTERM to {torch_job.pid}" in t and "y/n" in t, "the question")
+        keys("n")
+        wait_for(lambda t: "no signal sent" in t, "the refusal")
+        assert _alive(torch_job.pid)
+        keys("q")
+        deadline = time.monotonic() + 10
+        while _has_session(tmux, session) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _has_session(tmux, session)
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def _has_session(tmux, session) -> bool:
+    return (
+        subprocess.run([*tmux, "has-session", "-t", session], capture_output=True).returncode == 0
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "TERM": "xterm-256color"}
