@@ -655,7 +655,9 @@ class Agent:
     def on_loader_iter(self, loader, it, t_iter: float) -> None:
         info = loader.__dict__.get("_torchdoctor_info")
         if info is None:
-            return
+            # Built before the agent was installed (watch() started after the DataLoader).
+            self.on_loader_created(loader)
+            info = loader.__dict__["_torchdoctor_info"]
         self.loader_batch_size = info.batch_size
         self.event(
             "epoch-start", {"loader_id": info.loader_id, "epoch": info.epochs, "step": self.step}
@@ -740,8 +742,13 @@ class Agent:
         self.cuda_seen = True
         attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is not None and not self.oom_observer:
-            attach(_make_oom_observer(self))
             self.oom_observer = True
+            try:
+                attach(_make_oom_observer(self))
+            except Exception as exc:
+                # Some allocator back-ends (cudaMallocAsync, pluggable) have no observers:
+                # an uncaught OOM is still recorded by the excepthook.
+                self.event("cuda-oom-observer-unavailable", {"error": f"{exc}"[:300]})
 
     def _cuda_step_stats(self):
         if not self.cuda_seen:

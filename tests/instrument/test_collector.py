@@ -1,0 +1,75 @@
+"""The collector: a real socket, real agent-side senders, the real recording writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+
+from torchdoctor.instrument import agent as agent_mod
+from torchdoctor.instrument.collector import BOOTSTRAP_DIR, Collector
+from torchdoctor.recording import RecordingWriter, open_recording
+
+
+def _message(pid, steps):
+    return {
+        "v": 1,
+        "pid": pid,
+        "rank": None,
+        "role": "trainer",
+        "step_fields": ["wall_s", "step", "t_start", "t_end", "data_wait_s", "future_field"],
+        "steps": [[0.5, i, 10.0 + i, 10.5 + i, 0.1, "x"] for i in range(steps)],
+        "settings": [[1.0, "torch.num_threads", "4"]],
+        "events": [[1.0, "process-start", "{}"]],
+    }
+
+
+def test_messages_from_several_senders_land_in_the_recording(tmp_path):
+    out = tmp_path / "r.sqlite"
+    writer = RecordingWriter(out, {})
+    collector = Collector(writer)
+    senders = [agent_mod.SocketSink(collector.address) for _ in range(3)]
+    for pid, sink in enumerate(senders, start=100):
+        sink(_message(pid, 4))
+        sink.close()
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raw.connect(collector.address)
+    raw.send(b"not json")
+    raw.send(json.dumps({"pid": "x"}).encode())
+    raw.close()
+    collector.close()
+    writer.close()
+    with open_recording(out) as rec:
+        steps = rec.rows("steps")
+        assert sorted({s["pid"] for s in steps}) == [100, 101, 102]
+        assert len(steps) == 12 and all(s["wall_s"] == 0.5 for s in steps)
+        assert len(rec.rows("settings")) == 3 and len(rec.rows("events")) == 3
+    assert collector.sink.errors == 2
+    assert not os.path.exists(collector.address)
+
+
+def test_child_env_chains_pythonpath_and_respects_no_instrument(tmp_path):
+    collector = Collector(RecordingWriter(tmp_path / "r.sqlite", {}))
+    try:
+        env = collector.child_env({"PYTHONPATH": "/opt/lib", "HOME": "/root"})
+        assert env["PYTHONPATH"] == os.pathsep.join([BOOTSTRAP_DIR, "/opt/lib"])
+        assert env[agent_mod.ENV_COLLECTOR] == collector.address
+        assert "sitecustomize.py" in os.listdir(BOOTSTRAP_DIR)
+        off = {"TORCHDOCTOR_NO_INSTRUMENT": "1"}
+        assert collector.child_env(off) is off
+    finally:
+        collector.close()
+
+
+def test_cannot_listen_warns_once_and_leaves_env_alone(tmp_path, monkeypatch):
+    def no_tmp(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_tmp)
+    warnings = []
+    collector = Collector(RecordingWriter(tmp_path / "r.sqlite", {}), warn=warnings.append)
+    env = {"PATH": "/bin"}
+    assert collector.child_env(env) is env
+    collector.close()
+    assert len(warnings) == 1 and "will not be recorded" in warnings[0]
