@@ -29,7 +29,7 @@ from torchdoctor.sampling.types import ProcessInfo, ProcessSample
 _ENV_NAMES = ("RANK", "LOCAL_RANK")
 _DEAD_STATES = ("Z", "X", "x")
 _FULL_RESCAN_S = 60.0
-_SLOW_BURST_S = 0.02
+_SLOW_BURST_S = 0.01
 _NOT_YET = "not read yet: PSS/USS are refreshed on a slower tier"
 
 
@@ -84,8 +84,8 @@ class JobReader:
     PSS/USS come from smaps_rollup, for which the kernel walks the page tables of every
     mapping: about 5 ms of CPU for a process that imported torch. They are refreshed at most
     every ``slow_refresh_s`` per process (the longest-waiting first) and carried over in
-    between, and all refreshes together may use at most ``slow_budget`` of one core (0.002 =
-    0.2 %), so a large job gets its PSS less often instead of a busy sampler. ``None`` lifts
+    between, and all refreshes together may use at most ``slow_budget`` of one core (0.001 =
+    0.1 %), so a large job gets its PSS less often instead of a busy sampler. ``None`` lifts
     the cap.
     """
 
@@ -95,7 +95,7 @@ class JobReader:
         *,
         slow_refresh_s: float = 5.0,
         include_root: bool = True,
-        slow_budget: float | None = 0.002,
+        slow_budget: float | None = 0.001,
     ) -> None:
         self.root_pid = root_pid
         self.slow_refresh_s = slow_refresh_s

@@ -1,0 +1,317 @@
+"""CPU cost of one full torchdoctor snapshot (host + a job of 20 processes, no GPU).
+
+Side by side in one run, interleaved round by round, on the same job:
+
+  raw        the same /proc (and cgroup) files read with os.open/os.read/os.close and not
+             parsed: the floor for anyone who does not keep descriptors open;
+  psutil     the way most tools do it: process_iter to find the tree, then per process
+             oneshot() with cpu_times, cpu_percent, memory_info, num_threads,
+             num_ctx_switches, io_counters, status (cmdline and environ once per process,
+             memory_full_info for PSS/USS on the slow rounds), plus the host calls
+             cpu_times_percent (total and per CPU), cpu_stats, virtual_memory, swap_memory,
+             disk_io_counters, getloadavg; PSI and cgroup cpu.stat read raw (psutil has none);
+  ours       Sampler(HostReader, JobReader, gpus=None).snapshot().
+
+Every 10th round is a "slow" round in all three variants: PSS/USS (smaps_rollup) are read for
+every process, as at the default 0.5 s interval with PSS every 5 s. Costs are CPU time of
+this process (user + system: the kernel's work generating /proc text counts) per snapshot,
+medians per kind of round; the amortized cost is (9 x fast + 1 x slow) / 10.
+
+Then the Sampler runs as torchdoctor runs it (0.5 s interval, default settings, including
+the PSS CPU budget) for --duration seconds and its CPU share is measured directly.
+
+    python benchmarks/snapshot_cost.py [--rounds 300] [--duration 20] [--job torch|plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+from torchdoctor.sampling.host import HostReader
+from torchdoctor.sampling.job import JobReader
+from torchdoctor.sampling.sampler import Sampler
+
+INTERVAL_S = 0.5
+SLOW_EVERY = 10  # PSS every 5 s at a 0.5 s interval
+TARGET_RAW, TARGET_PSUTIL, TARGET_SHARE = 2.0, 0.5, 0.5
+
+# The job: a parent and 19 forked children, like a trainer and its DataLoader workers. With
+# "torch" the parent imports torch first, so every process maps libtorch as real workers do
+# (which is what makes smaps_rollup expensive).
+JOB = r"""
+import os, sys
+if sys.argv[1] == "torch":
+    import torch
+    torch.ones(1)
+r, w = os.pipe()
+kids = []
+for _ in range(19):
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    kids.append(pid)
+os.close(r)
+print("ready", flush=True)
+sys.stdin.read()
+os.close(w)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+
+
+def start_job(kind: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", JOB, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    if proc.stdout.readline().strip() != "ready":
+        raise SystemExit("the benchmark job did not start")
+    return proc
+
+
+def job_pids(root: int) -> list[int]:
+    return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+
+
+# -- raw ----------------------------------------------------------------------------------------
+
+
+def _raw(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        while os.read(fd, 65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Raw:
+    def __init__(self, host_files: list[str], pids: list[int]) -> None:
+        self.host_files = host_files
+        self.fast = [f"/proc/{p}/{n}" for p in pids for n in ("stat", "status", "io")]
+        self.slow = [f"/proc/{p}/smaps_rollup" for p in pids]
+
+    def snapshot(self, slow: bool) -> None:
+        for path in self.host_files:
+            _raw(path)
+        for path in self.fast:
+            _raw(path)
+        if slow:
+            for path in self.slow:
+                _raw(path)
+
+
+# -- psutil -------------------------------------------------------------------------------------
+
+
+class PsutilWay:
+    def __init__(self, root: int, extra_files: list[str]) -> None:
+        self.root = root
+        self.extra_files = extra_files  # PSI + cgroup cpu.stat: no psutil call for them
+        self.seen: dict[int, tuple[list[str], dict[str, str]]] = {}
+
+    def snapshot(self, slow: bool) -> None:
+        psutil.cpu_times_percent(percpu=False)
+        psutil.cpu_times_percent(percpu=True)
+        psutil.cpu_stats()
+        psutil.virtual_memory()
+        psutil.swap_memory()
+        psutil.disk_io_counters()
+        psutil.getloadavg()
+        for path in self.extra_files:
+            _raw(path)
+        procs = {}
+        children: dict[int, list[int]] = {}
+        for p in psutil.process_iter(["ppid"]):
+            procs[p.pid] = p
+            children.setdefault(p.info["ppid"], []).append(p.pid)
+        todo, members = [self.root], []
+        while todo:
+            pid = todo.pop()
+            if pid in procs:
+                members.append(procs[pid])
+                todo.extend(children.get(pid, ()))
+        for p in members:
+            try:
+                with p.oneshot():
+                    p.cpu_times()
+                    p.cpu_percent(None)
+                    p.memory_info()
+                    p.num_threads()
+                    p.num_ctx_switches()
+                    p.io_counters()
+                    p.status()
+                    if p.pid not in self.seen:
+                        self.seen[p.pid] = (p.cmdline(), p.environ())
+                    if slow:
+                        p.memory_full_info()
+            except psutil.Error:
+                pass
+
+
+# -- ours ---------------------------------------------------------------------------------------
+
+
+class Ours:
+    def __init__(self, root: int) -> None:
+        # Same cadence as the others: the slow rounds use a reader that refreshes PSS at
+        # every read, the fast rounds one that never does after its first read.
+        self.fast = Sampler(
+            HostReader(root), JobReader(root, slow_refresh_s=1e9, slow_budget=None), None
+        )
+        self.slow = Sampler(
+            HostReader(root), JobReader(root, slow_refresh_s=0.0, slow_budget=None), None
+        )
+
+    def snapshot(self, slow: bool) -> None:
+        (self.slow if slow else self.fast).snapshot()
+
+
+# -----------------------------------------------------------------------------------------------
+
+
+def host_files(root: int) -> tuple[list[str], list[str]]:
+    """The host files HostReader reads (so raw reads exactly them), and the PSI + cgroup
+    subset that psutil has no call for."""
+    reader = HostReader(root)
+    files = ["/proc/stat", "/proc/meminfo", "/proc/vmstat", "/proc/loadavg", "/proc/diskstats"]
+    extra = [f"/proc/pressure/{n}" for n in ("cpu", "memory", "io")]
+    extra = [f for f in extra if os.path.exists(f)]
+    if reader._cg_stat is not None:
+        extra.append(reader._cg_stat.path)
+    reader.close()
+    return files + extra, extra
+
+
+def measure(variants: dict, rounds: int) -> dict[str, dict[str, float]]:
+    costs = {name: {"fast": [], "slow": []} for name in variants}
+    names = list(variants)
+    for r in range(rounds):
+        slow = r % SLOW_EVERY == 0
+        # Rotate the order so no variant always runs right after another's cache warm-up.
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            fn = variants[name]
+            t0 = time.process_time_ns()
+            fn(slow)
+            costs[name]["slow" if slow else "fast"].append(time.process_time_ns() - t0)
+    out = {}
+    for name, c in costs.items():
+        fast = statistics.median(c["fast"]) / 1e3
+        slow = statistics.median(c["slow"]) / 1e3
+        out[name] = {
+            "fast": fast,
+            "slow": slow,
+            "amortized": ((SLOW_EVERY - 1) * fast + slow) / SLOW_EVERY,
+        }
+    return out
+
+
+def sampler_share(root: int, duration: float) -> tuple[float, float, int]:
+    """CPU share (% of one core) of the Sampler with default settings at 0.5 s, in steady
+    state, and the one-off cost (ms) of creating it and taking the first snapshot (which
+    classifies every process on the machine and reads the first PSS values)."""
+    cpu_start = time.process_time()
+    sampler = Sampler(HostReader(root), JobReader(root), None)
+    sampler.snapshot()
+    startup_ms = (time.process_time() - cpu_start) * 1e3
+    n = 0
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    next_t = wall0
+    while time.monotonic() - wall0 < duration:
+        next_t += INTERVAL_S
+        delay = next_t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        sampler.snapshot()
+        n += 1
+    cpu = time.process_time() - cpu0
+    wall = time.monotonic() - wall0
+    return 100.0 * cpu / wall, startup_ms, n
+
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--job", choices=("torch", "plain"), default=None)
+    args = ap.parse_args()
+    kind = args.job
+    if kind is None:
+        try:
+            import importlib.util
+
+            kind = "torch" if importlib.util.find_spec("torch") else "plain"
+        except (ImportError, ValueError):
+            kind = "plain"
+
+    job = start_job(kind)
+    try:
+        pids = job_pids(job.pid)
+        files, extra = host_files(job.pid)
+        raw = Raw(files, pids)
+        ps = PsutilWay(job.pid, extra)
+        ours = Ours(job.pid)
+        for v in (raw, ps, ours):  # warm-up: first reads, psutil's caches
+            v.snapshot(True)
+            v.snapshot(False)
+        res = measure(
+            {"raw /proc": raw.snapshot, "psutil": ps.snapshot, "torchdoctor": ours.snapshot},
+            args.rounds,
+        )
+        share, startup_ms, n = sampler_share(job.pid, args.duration)
+    finally:
+        job.stdin.close()
+        job.wait()
+
+    print(
+        f"job: {len(pids)} processes ({kind}), {os.cpu_count()} CPUs, {args.rounds} rounds "
+        f"(PSS every {SLOW_EVERY}th); CPU time per snapshot, medians"
+    )
+    print(
+        f"{'variant':<13}{'fast µs':>10}{'with PSS µs':>13}{'amortized µs':>14}{'% core @0.5s':>14}"
+    )
+    for name, r in res.items():
+        pct = r["amortized"] / 1e6 / INTERVAL_S * 100
+        print(f"{name:<13}{r['fast']:>10.0f}{r['slow']:>13.0f}{r['amortized']:>14.0f}{pct:>13.2f}%")
+    ours_a = res["torchdoctor"]["amortized"]
+    vs_raw = ours_a / res["raw /proc"]["amortized"]
+    vs_ps = ours_a / res["psutil"]["amortized"]
+    fast_raw = res["torchdoctor"]["fast"] / res["raw /proc"]["fast"]
+    fast_ps = res["torchdoctor"]["fast"] / res["psutil"]["fast"]
+    print(
+        f"ours/raw    {vs_raw:.2f}x amortized ({fast_raw:.2f}x fast rounds)  "
+        f"target <= {TARGET_RAW}x  {verdict(vs_raw <= TARGET_RAW)}"
+    )
+    print(
+        f"ours/psutil {vs_ps:.2f}x amortized ({fast_ps:.2f}x fast rounds)  "
+        f"target <= {TARGET_PSUTIL}x  {verdict(vs_ps <= TARGET_PSUTIL)}"
+    )
+    print(
+        f"sampler at {INTERVAL_S} s with defaults (PSS within its 0.1 % budget), measured over "
+        f"{args.duration:.0f} s / {n} snapshots: {share:.2f} % of one core  "
+        f"target <= {TARGET_SHARE} %  {verdict(share <= TARGET_SHARE)}"
+    )
+    print(f"  plus once at start: {startup_ms:.1f} ms (first snapshot, first PSS values)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
