@@ -58,6 +58,22 @@ ROLE_LABELS = {
     "other": "other processes",
 }
 
+# Only the columns drawn: a recording of hours holds hundreds of thousands of rows.
+HOST_COLUMNS = [
+    "t",
+    "cpu_busy",
+    "cpu_iowait",
+    "mem_total",
+    "mem_used",
+    "swap_used",
+    "swap_in_per_s",
+    "swap_out_per_s",
+    "disk_read_per_s",
+    "disk_write_per_s",
+    "unavailable",
+]
+GPU_COLUMNS = ["t", "index", "utilization_gpu", "memory_used", "memory_total", "unavailable"]
+
 Diagnose = Callable[[Recording, Thresholds], list[Finding]]
 
 
@@ -74,14 +90,14 @@ def build_report_data(
     instead of costing the user the rest of it.
     """
     meta = rec.meta
-    host = rec.rows("host_samples")
+    host = rec.rows("host_samples", columns=HOST_COLUMNS)
     procs = rec.rows(
         "process_samples",
         columns=["t", "pid", "create_time", "role", "cpu_percent", "rss", "pss", "swap"]
         + ["threads", "read_bytes_per_s"],
     )
-    gpus = rec.rows("gpu_samples")
-    gpu_procs = rec.rows("gpu_process_samples")
+    gpus = rec.rows("gpu_samples", columns=GPU_COLUMNS)
+    gpu_procs = rec.rows("gpu_process_samples", columns=["t", "gpu_index", "used_memory", "in_job"])
     steps = rec.rows("steps")
     events = rec.rows("events")
     settings = rec.rows("settings")
@@ -90,7 +106,7 @@ def build_report_data(
     t0 = _origin(meta, host, procs, steps)
     end = rec.ended_at
     span = max(0.0, (end - t0) if end is not None else 0.0)
-    cpus = usable_cpus(meta, host)
+    cpus = usable_cpus(meta)
     ctx = _Ctx(t0=t0, max_points=max_points, thresholds=thresholds)
 
     findings, note = _run_diagnosis(rec, thresholds, diagnose)
@@ -121,7 +137,7 @@ def build_report_data(
         charts=charts,
         processes=process_rows,
         process_count=process_count,
-        settings=settings_rows(settings),
+        settings=settings_rows(settings, {p["pid"]: p["role"] for p in rec.processes()}),
         dataloaders=dataloader_rows(loaders),
         precision=precision_rows(steps),
         findings=findings,
@@ -563,13 +579,13 @@ def _markers(events: list[dict], ctx: _Ctx) -> list[Marker]:
 # -- machine and GPU facts ---------------------------------------------------------------
 
 
-def usable_cpus(meta: dict, host: list[dict]) -> float | None:
+def usable_cpus(meta: dict) -> float | None:
     """CPUs the job could use: affinity capped by the cgroup quota (see HostInfo.usable_cpus)."""
     info = meta.get("host") or {}
     allowed = info.get("allowed_cpus")
     n: float | None = float(len(allowed)) if allowed else None
-    if n is None:
-        n = next((float(len(r["per_core"])) for r in host if r.get("per_core")), None)
+    if n is None and info.get("logical_cpus"):
+        n = float(info["logical_cpus"])
     quota = info.get("cgroup_cpu_quota")
     if n is not None and quota:
         n = min(n, float(quota))
@@ -750,8 +766,13 @@ _GROUP_TITLES = {
 MAX_VALUE_ROWS = 4
 
 
-def settings_rows(settings: list[dict]) -> list[SettingRow]:
-    """The last value of each setting per process; processes that agree share one row."""
+def settings_rows(settings: list[dict], roles: dict[int, str] | None = None) -> list[SettingRow]:
+    """The last value of each setting per process; processes that agree share one row.
+
+    ``roles`` (pid -> role) lets a row say "trainer (pid 12)" or "4 DataLoader workers"
+    instead of a list of PIDs.
+    """
+    roles = roles or {}
     total_pids = {r["pid"] for r in settings}
     latest: dict[tuple[str, int], dict] = {}
     for r in settings:
@@ -771,18 +792,29 @@ def settings_rows(settings: list[dict]) -> list[SettingRow]:
             )
             continue
         for value, holders in sorted(values.items(), key=lambda kv: -len(kv[1])):
-            if len(values) == 1 and len(holders) == len(total_pids):
-                where = (
-                    "all processes"
-                    if len(total_pids) > 1
-                    else _who(holders[0]["pid"], holders[0]["rank"])
-                )
+            if len(values) == 1 and len(holders) == len(total_pids) > 1:
+                where = "all processes"
             else:
-                where = ", ".join(
-                    _who(h["pid"], h["rank"]) for h in sorted(holders, key=lambda h: h["pid"])
-                )
+                where = _holders_text(holders, roles)
             rows.append(SettingRow(_group_of(key)[1], key, value, where))
     return rows
+
+
+def _holders_text(holders: list[dict], roles: dict[int, str]) -> str:
+    """ "trainer (pid 12)", "2 DataLoader workers", "rank 0, pid 7" ... for a set of processes."""
+    by_role: dict[str, list[dict]] = defaultdict(list)
+    for h in sorted(holders, key=lambda h: (h["rank"] is None, h["rank"], h["pid"])):
+        by_role[roles.get(h["pid"], "")].append(h)
+    parts = []
+    for role, group in by_role.items():
+        if role == "dataloader-worker":
+            n = len(group)
+            parts.append(f"{n} DataLoader worker{'s' if n != 1 else ''}")
+        elif role == "trainer" and len(group) == 1:
+            parts.append(f"trainer (pid {group[0]['pid']})")
+        else:
+            parts.extend(_who(h["pid"], h["rank"]) for h in group)
+    return ", ".join(parts)
 
 
 def _setting_text(value: Any) -> str:
@@ -808,7 +840,7 @@ def _group_of(key: str) -> tuple[int, str]:
 def dataloader_rows(loaders: list[dict]) -> list[dict[str, str]]:
     out = []
     for d in loaders:
-        dataset = d["dataset_type"]
+        dataset = _short_type(d["dataset_type"])
         if d.get("dataset_len") is not None:
             dataset += f" ({d['dataset_len']:,} items)"
         out.append(
@@ -823,11 +855,16 @@ def dataloader_rows(loaders: list[dict]) -> list[dict[str, str]]:
                 "drop_last": _yes(d["drop_last"]),
                 "context": d["multiprocessing_context"] or "default",
                 "dataset": dataset,
-                "sampler": d["sampler_type"] or "n/a",
+                "sampler": _short_type(d["sampler_type"]) if d["sampler_type"] else "n/a",
                 "first_batch": fmt_value(d["first_batch_s"], SECONDS),
             }
         )
     return out
+
+
+def _short_type(name: str) -> str:
+    """``torch.utils.data.dataset.TensorDataset`` -> ``TensorDataset``: the name people know."""
+    return name.rsplit(".", 1)[-1]
 
 
 def precision_rows(steps: list[dict]) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ attached to an issue or opened on an air-gapped cluster.
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 import time
 from html import escape
@@ -19,7 +20,7 @@ from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.report.data import Diagnose, build_report_data
 from torchdoctor.report.model import Chart, ReportData
-from torchdoctor.report.svg import PALETTE_SIZE, chart_json, render_chart
+from torchdoctor.report.svg import PALETTE_SIZE, chart_json, render_chart, shows_ref
 from torchdoctor.report.units import fmt_clock, fmt_utc, fmt_value
 from torchdoctor.thresholds import Thresholds
 
@@ -279,10 +280,16 @@ def _chart(chart: Chart, span: float) -> str:
         head
         + "".join(legend)
         + render_chart(chart, span)
-        + f"<figcaption>{escape(chart.note)}{_alert_text(chart)}</figcaption>"
+        + f"<figcaption>{escape(chart.note)}{_off_chart_refs(chart)}{_alert_text(chart)}</figcaption>"
         + f'<script type="application/json" class="chart-data">{chart_json(chart, span)}</script>'
         + "</figure>"
     )
+
+
+def _off_chart_refs(chart: Chart) -> str:
+    peak = max([s.peak or 0.0 for s in chart.series] + [0.0])
+    hidden = [r.label for r in chart.refs if not shows_ref(r.value, peak)]
+    return f" Above the top of the chart: {escape(', '.join(hidden))}." if hidden else ""
 
 
 def _alert_text(chart: Chart) -> str:
@@ -304,7 +311,7 @@ def _processes(data: ReportData) -> str:
         parts.append('<p class="unavailable">No process of the job was recorded.</p></section>')
         return "".join(parts)
     parts.append(
-        '<table class="tree"><thead><tr><th>process</th><th>role</th><th>seen</th>'
+        '<div class="scroll"><table class="tree"><thead><tr><th>process</th><th>role</th><th>seen</th>'
         '<th class="num">CPU mean</th><th class="num">CPU peak</th><th class="num">RSS peak</th>'
         '<th class="num">PSS peak</th><th class="num">threads</th><th class="num">swap peak</th>'
         "<th>command line</th></tr></thead><tbody>"
@@ -320,20 +327,20 @@ def _processes(data: ReportData) -> str:
             who = f'{glyph}{escape(p.name)} <span class="mono">{p.pid}</span>'
             cls = ""
         seen = (
-            f"{fmt_clock(p.first_seen)}-{fmt_clock(p.last_seen)}"
+            f"{fmt_clock(p.first_seen)}–{fmt_clock(p.last_seen)}"
             if p.first_seen is not None and p.last_seen is not None
             else "n/a"
         )
         parts.append(
             f'<tr{cls}><td class="proc" style="{indent}">{who}</td>'
             f'<td><span class="role role-{escape(p.role)}">{escape(role)}</span></td>'
-            f"<td>{seen}</td>"
+            f'<td class="seen">{seen}</td>'
             f'<td class="num">{fmt_value(p.mean_cpu, "%")}</td><td class="num">{fmt_value(p.peak_cpu, "%")}</td>'
             f'<td class="num">{fmt_value(p.peak_rss, "B")}</td><td class="num">{fmt_value(p.peak_pss, "B")}</td>'
             f'<td class="num">{fmt_value(p.peak_threads, "")}</td><td class="num">{fmt_value(p.peak_swap, "B")}</td>'
-            f'<td class="cmd">{escape(" ".join(p.cmdline) or p.name)}</td></tr>'
+            f'<td class="cmd">{escape(shlex.join(p.cmdline) or p.name)}</td></tr>'
         )
-    parts.append("</tbody></table></section>")
+    parts.append("</tbody></table></div></section>")
     return "".join(parts)
 
 
@@ -367,7 +374,7 @@ def _settings(data: ReportData) -> str:
         parts.append("</tr></thead><tbody>")
         for row in data.dataloaders:
             parts.append("<tr>" + "".join(f"<td>{escape(row[c])}</td>" for c in cols) + "</tr>")
-        parts.append("</tbody></table>")
+        parts.append("</tbody></table></div>")
     else:
         parts.append('<p class="lead">No DataLoader was recorded.</p>')
     if data.precision:

@@ -28,7 +28,8 @@ def y_top(chart: Chart) -> float:
     """
     if chart.y_max is not None and chart.y_min_top == 0:
         return chart.y_max
-    highest = max([s.peak or 0.0 for s in chart.series] + [r.value for r in chart.refs] + [0.0])
+    data_peak = max([s.peak or 0.0 for s in chart.series] + [0.0])
+    highest = max([data_peak] + [r.value for r in chart.refs if shows_ref(r.value, data_peak)])
     top = max(highest * 1.08, chart.y_min_top)
     if chart.y_max is not None:
         top = min(top, chart.y_max)
@@ -44,6 +45,12 @@ def y_top(chart: Chart) -> float:
         if chart.y_max is None
         else min(chart.y_max, ticks[-1] * factor)
     )
+
+
+def shows_ref(value: float, data_peak: float) -> bool:
+    """A limit far above the data (64 GiB of RAM over a 2 GiB job) would flatten the lines
+    against the floor: such a limit is named in the caption instead of drawn."""
+    return value <= 4 * data_peak
 
 
 def render_chart(chart: Chart, span: float) -> str:
