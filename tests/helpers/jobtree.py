@@ -4,7 +4,8 @@ Run as ``python tests/helpers/jobtree.py``: this process is the job's root (a "t
 reads one command per line on stdin and answers one line on stdout, so a test can shape the
 tree step by step and know exactly when each step is done (no sleeps):
 
-    fork idle|spawn        start an idle child (multiprocessing fork or spawn) -> "<pid>"
+    fork idle|spawn|forkserver   start an idle child (multiprocessing fork, spawn or
+                           forkserver start method) -> "<pid>"
     burn PID SECONDS       the child spins until it used SECONDS of CPU -> "done"
     alloc PID MB           the child allocates and touches MB megabytes -> "done"
     comm PID NAME          the child renames itself (/proc/self/comm) -> "done"
@@ -75,7 +76,7 @@ def main() -> None:
         cmd = parts[0]
         if cmd == "fork":
             kind = parts[1]
-            ctx = mp.get_context("spawn" if kind == "spawn" else "fork")
+            ctx = mp.get_context(kind if kind in ("spawn", "forkserver") else "fork")
             parent_conn, child_conn = ctx.Pipe()
             proc = ctx.Process(target=child_main, args=(child_conn,), daemon=True)
             proc.start()

@@ -167,3 +167,13 @@ def test_cgroup_limits_follow_the_files_of_our_cgroup():
         assert quota is None or quota > 0
     else:
         assert quota is not None and quota <= expected
+
+
+def test_memory_and_load_agree_with_psutil_and_os():
+    psutil = pytest.importorskip("psutil")
+    s = HostReader().read()
+    vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+    assert s.mem_total == vm.total
+    assert s.mem_available == pytest.approx(vm.available, rel=0.05)
+    assert s.swap_total == sw.total
+    assert (s.load1, s.load5, s.load15) == pytest.approx(os.getloadavg(), abs=0.5)

@@ -198,6 +198,40 @@ def test_fork_and_spawn_children_of_a_trainer_are_workers(jobtree):
     assert {i.pid: i.role for i in new} == roles
 
 
+def test_forkserver_children_are_workers_and_the_server_a_helper(jobtree):
+    tree = jobtree()
+    worker = tree.fork("forkserver")
+    job = JobReader(tree.pid)
+    samples = by_pid(job.read()[0])
+    server = samples[samples[worker].ppid]
+    assert server.ppid == tree.pid
+    assert server.role == "other"
+    assert samples[worker].role == "dataloader-worker"
+    assert samples[tree.pid].role == "trainer"
+
+
+def test_figures_agree_with_psutil(jobtree):
+    psutil = pytest.importorskip("psutil")
+    tree = jobtree()
+    tree.fork()
+    tree.fork("spawn")
+    job = JobReader(tree.pid)
+    job.read()
+    samples = job.read()[0]
+    for s in samples:
+        p = psutil.Process(s.pid)
+        with p.oneshot():
+            assert s.create_time == pytest.approx(p.create_time(), abs=0.01)
+            assert s.ppid == p.ppid() and s.threads == p.num_threads()
+            assert s.name == p.name()
+            times = p.cpu_times()
+            assert s.cpu_user_s == pytest.approx(times.user, abs=0.02)
+            assert s.cpu_system_s == pytest.approx(times.system, abs=0.02)
+            # Idle processes: their memory does not move between the two reads.
+            assert s.rss == pytest.approx(p.memory_info().rss, rel=0.02)
+            assert s.swap == p.memory_full_info().swap
+
+
 def test_real_torch_dataloader_workers(jobtree):
     pytest.importorskip("torch")
     tree = jobtree()

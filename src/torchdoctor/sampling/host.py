@@ -157,15 +157,17 @@ class HostReader:
                 psi[name] = procfs.parse_pressure(data)
 
         nr_throttled = throttled_s = None
+        cg_reason = self._cg_error
         if self._cg_stat is not None and self._cg_version is not None:
             data = self._cg_stat.read()
             if data is not None:
                 nr_throttled, throttled_s = procfs.parse_cgroup_cpu_stat(data, self._cg_version)
+                # v2 lists throttling only where the cpu controller is enabled.
+                cg_reason = f"{self._cg_stat.path} has no throttling counters"
+            else:
+                cg_reason = self._cg_stat.error or cg_reason
         if nr_throttled is None:
-            err = self._cg_stat.error if self._cg_stat is not None else None
-            unavailable["cgroup_throttled_per_s"] = unavailable["cgroup_nr_throttled"] = (
-                err or self._cg_error
-            )
+            unavailable["cgroup_throttled_per_s"] = unavailable["cgroup_nr_throttled"] = cg_reason
 
         now = (
             mono,

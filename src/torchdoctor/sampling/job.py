@@ -3,9 +3,9 @@
 Discovery. Linux has no cheap "descendants of PID" call: ``/proc/<pid>/task/<tid>/children``
 needs CONFIG_PROC_CHILDREN and one read per *thread* (a torch trainer runs dozens), so the
 tree is found from PPIDs. The last PID the kernel handed out (the 5th field of /proc/loadavg)
-tells whether any process was created since the previous read; only then is /proc listed, and
-only the PIDs allocated since (PIDs are handed out cyclically) or never classified get their
-``stat`` read. PIDs known to be outside the job are remembered, so a steady job costs one
+tells whether any process was created since the previous read; only then (or when a member
+ended, whose PID may come back) is /proc listed, and only the PIDs allocated since (PIDs are
+handed out cyclically) or never classified get their ``stat`` read. PIDs known to be outside the job are remembered, so a steady job costs one
 small read for discovery. The memory is dropped every minute as a safety net.
 
 Membership is sticky: a process found in the tree stays part of the job until it exits,
