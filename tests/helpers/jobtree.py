@@ -28,6 +28,7 @@ import time
 def child_main(conn) -> None:
     """A child waiting on its control pipe: idle (blocked in read) unless told otherwise."""
     hoard = []
+    conn.send("ready")
     while True:
         try:
             msg = conn.recv()
@@ -81,6 +82,7 @@ def main() -> None:
             proc = ctx.Process(target=child_main, args=(child_conn,), daemon=True)
             proc.start()
             child_conn.close()
+            parent_conn.recv()  # running its loop: done starting up
             children[proc.pid] = (proc, parent_conn)
             reply(str(proc.pid))
         elif cmd in ("burn", "alloc"):

@@ -66,6 +66,28 @@ def test_workers_started_later_are_found_and_exited_ones_reported(jobtree):
     job.close()
 
 
+def test_a_job_beyond_the_descriptor_budget_is_still_followed_whole(jobtree):
+    import resource
+
+    tree = jobtree()
+    kids = [tree.fork() for _ in range(20)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # 300 descriptors: the reader keeps 3 per process for 44 // 3 = 14 of the 21 processes
+    # and reads the others by path.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        job = JobReader(tree.pid)
+        job.read()
+        assert tree.ask("exit", kids[-1]) == "gone"  # one read by path, as the last found
+        samples, _, ended = job.read()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert ended == [kids[-1]]
+    assert set(by_pid(samples)) == {tree.pid, *kids[:-1]}
+    assert all(s.cpu_percent is not None and s.rss > 0 for s in samples)
+    job.close()
+
+
 def test_zombie_children_count_as_ended(jobtree):
     tree = jobtree()
     child = tree.fork()
@@ -213,11 +235,11 @@ def test_forkserver_children_are_workers_and_the_server_a_helper(jobtree):
 def test_figures_agree_with_psutil(jobtree):
     psutil = pytest.importorskip("psutil")
     tree = jobtree()
-    tree.fork()
-    tree.fork("spawn")
-    job = JobReader(tree.pid)
+    ours = {tree.pid, tree.fork(), tree.fork("spawn")}  # not the resource tracker: it may
+    job = JobReader(tree.pid)  # still be starting, its memory moving between the reads
     job.read()
-    samples = job.read()[0]
+    samples = [s for s in job.read()[0] if s.pid in ours]
+    assert len(samples) == 3
     for s in samples:
         p = psutil.Process(s.pid)
         with p.oneshot():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import time
 
 from torchdoctor.sampling import procfs, roles
@@ -51,6 +52,7 @@ class _Proc:
         "stat_fd",
         "status_fd",
         "io_fd",
+        "kept",
         "io_error",
         "prev_mono",
         "prev_cpu",
@@ -114,6 +116,13 @@ class JobReader:
         self._roles_dirty = True
         with contextlib.suppress(OSError):
             self._loadavg_fd = procfs.open_ro("/proc/loadavg")
+        # Three descriptors per process are kept open; stay well inside the process's limit
+        # (the recorder needs its own) and read the rest by path.
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        self._fd_budget = max(0, min(soft // 2, soft - 256))
+        self._fds_kept = 0
         self._root_start: int | None = None
         self._root_fd: int | None = None
         try:
@@ -150,7 +159,7 @@ class JobReader:
     def close(self) -> None:
         """Release the descriptors kept open between reads."""
         for p in self._procs.values():
-            p.close()
+            self._drop(p)
         self._procs.clear()
         self._close_root()
         if self._loadavg_fd is not None:
@@ -167,11 +176,16 @@ class JobReader:
         for pid in list(procs):
             p = procs[pid]
             try:
-                st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
+                if p.kept:
+                    st = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
+                else:
+                    st = procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat", 1024))
+                    if st.starttime != p.starttime:
+                        st = None  # the PID now belongs to another process
             except (OSError, ValueError, IndexError):
                 st = None
             if st is None or st.state in _DEAD_STATES:
-                p.close()
+                self._drop(p)
                 del procs[pid]
                 ended.append(pid)
                 if st is not None:
@@ -240,7 +254,7 @@ class JobReader:
                 )
         for pid in gone_now:
             self._roles_dirty = True
-            procs.pop(pid).close()
+            self._drop(procs.pop(pid))
             if pid not in new_set:
                 ended.append(pid)
         if not self.include_root:
@@ -285,22 +299,17 @@ class JobReader:
         unknown = listing - procs.keys() - outside
         if not unknown:
             return []
-        found: dict[int, tuple[int, procfs.PidStat]] = {}
+        found: dict[int, procfs.PidStat] = {}
         for pid in unknown:
-            fd = None
             try:
-                fd = procfs.open_ro(f"/proc/{pid}/stat")
-                st = procfs.parse_pid_stat(procfs.pread_single(fd, 1024))
+                st = procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat", 1024))
             except (OSError, ValueError, IndexError):
-                if fd is not None:
-                    os.close(fd)
-                continue
+                continue  # gone already (or never readable): nothing to remember
             is_root = pid == self.root_pid and st.starttime == self._root_start
             if st.state in _DEAD_STATES or (pid == self.root_pid and not is_root):
-                os.close(fd)
                 outside.add(pid)
                 continue
-            found[pid] = (fd, st)
+            found[pid] = st
         # Attach candidates whose parent is in the job, until nothing changes (a new child of
         # a new child is attached in a later pass).
         added: list[_Proc] = []
@@ -308,31 +317,27 @@ class JobReader:
         while changed and found:
             changed = False
             for pid in sorted(found):
-                fd, st = found[pid]
-                is_root = pid == self.root_pid
-                if is_root or st.ppid in procs:
+                st = found[pid]
+                if pid == self.root_pid or st.ppid in procs:
                     del found[pid]
-                    p = self._new_proc(pid, fd, st)
+                    p = self._new_proc(pid, st)
                     if p is None:
-                        outside.add(pid)
                         continue
                     procs[pid] = p
                     added.append(p)
                     changed = True
-        for pid, (fd, _st) in found.items():
-            os.close(fd)
-            outside.add(pid)
+        outside.update(found)
         return added
 
-    def _new_proc(self, pid: int, stat_fd: int, st: procfs.PidStat) -> _Proc | None:
+    def _new_proc(self, pid: int, st: procfs.PidStat) -> _Proc | None:
         p = _Proc()
         p.pid = pid
         p.starttime = st.starttime
         p.create_time = self._btime + st.starttime / procfs.CLK_TCK
         p.ppid = st.ppid
         p.stat = st
-        p.stat_fd = stat_fd
-        p.status_fd = p.io_fd = None
+        p.stat_fd = p.status_fd = p.io_fd = None
+        p.kept = False
         p.io_error = None
         p.role = roles.OTHER
         p.prev_mono = None
@@ -340,17 +345,39 @@ class JobReader:
         p.pss = p.uss = None
         p.smaps_error = None
         p.slow_due = -1.0
-        try:
-            p.status_fd = procfs.open_ro(f"/proc/{pid}/status")
-        except procfs.GONE:
-            p.close()
-            return None
-        try:
-            p.io_fd = procfs.open_ro(f"/proc/{pid}/io")
-        except OSError as e:
-            p.io_error = f"/proc/{pid}/io: {e.strerror or e}"
+        if self._fds_kept + 3 <= self._fd_budget:
+            try:
+                p.stat_fd = procfs.open_ro(f"/proc/{pid}/stat")
+                # The descriptor pins the process it was opened on: make sure that is still
+                # the one classified above and not a successor with a reused PID.
+                again = procfs.parse_pid_stat(procfs.pread_single(p.stat_fd, 1024))
+                if again.starttime != st.starttime or again.state in _DEAD_STATES:
+                    p.close()
+                    return None
+                p.status_fd = procfs.open_ro(f"/proc/{pid}/status")
+            except (OSError, ValueError, IndexError):
+                p.close()
+                return None
+            try:
+                p.io_fd = procfs.open_ro(f"/proc/{pid}/io")
+            except OSError as e:
+                p.io_error = f"/proc/{pid}/io: {e.strerror or e}"
+            p.kept = True
+            self._fds_kept += 3
         self._exec_changed(p, st)
         return p
+
+    def _drop(self, p: _Proc) -> None:
+        if p.kept:
+            self._fds_kept -= 3
+        p.close()
+
+    def _read(self, p: _Proc, fd: int | None, name: str, size: int) -> bytes:
+        """One /proc/<pid> file: through the kept descriptor, or by path for processes
+        beyond the descriptor budget."""
+        if fd is not None:
+            return procfs.pread_single(fd, size)
+        return procfs.read_path(f"/proc/{p.pid}/{name}", size)
 
     def _exec_changed(self, p: _Proc, st: procfs.PidStat) -> None:
         """(Re)read what changes only at exec: command line, name, RANK."""
@@ -444,23 +471,22 @@ class JobReader:
         st = p.stat
         unavailable: dict[str, str] = {}
         try:
-            swap, vol, invol = procfs.parse_pid_status(procfs.pread_single(p.status_fd, 4096))
-        except procfs.GONE:
-            return None
+            swap, vol, invol = procfs.parse_pid_status(self._read(p, p.status_fd, "status", 4096))
+        except (OSError, ValueError):
+            return None  # gone (or unreadable): no sample rather than a half-made one
         read_b = write_b = None
-        if p.io_fd is not None:
+        if p.io_error is None:
             try:
-                read_b, write_b = procfs.parse_pid_io(procfs.pread_single(p.io_fd, 512))
-            except ProcessLookupError:
+                read_b, write_b = procfs.parse_pid_io(self._read(p, p.io_fd, "io", 512))
+            except (ProcessLookupError, FileNotFoundError):
                 return None
-            except OSError as e:
-                p.io_error = f"/proc/{p.pid}/io: {e.strerror or e}"
-                os.close(p.io_fd)
-                p.io_fd = None
-        if p.io_fd is None:
-            unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = (
-                p.io_error or "not readable"
-            )
+            except (OSError, ValueError) as e:
+                p.io_error = f"/proc/{p.pid}/io: {getattr(e, 'strerror', None) or e}"
+                if p.io_fd is not None:
+                    os.close(p.io_fd)
+                    p.io_fd = None
+        if p.io_error is not None:
+            unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = p.io_error
         if p.smaps_error is not None:
             unavailable["pss"] = unavailable["uss"] = p.smaps_error
         elif p.pss is None:
