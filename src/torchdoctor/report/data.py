@@ -940,7 +940,8 @@ def _summary(
     cpus: float | None,
     th: Thresholds,
 ) -> tuple[list[Figure], str, str]:
-    figures = [Figure("Duration", fmt_duration(span), _exit_text(meta.get("exit_status")), "none")]
+    duration = fmt_duration(span) if meta.get("started_at") is not None and span > 0 else "n/a"
+    figures = [Figure("Duration", duration, _exit_text(meta.get("exit_status")), "none")]
     if steps:
         stats = step_stats(steps, loaders, settings)
         rate = (
@@ -984,6 +985,17 @@ def _summary(
         )
         peak = fmt_value(max(iowait), PERCENT)
         figures.append(Figure("I/O wait (mean)", fmt_value(mean, PERCENT), f"peak {peak}", level))
+    job_cpu = [v for _, v in _sum_by_time(procs, "cpu_percent") if v is not None]
+    if job_cpu:
+        of = f" of {fmt_value(cpus, '')} allowed" if cpus else ""
+        figures.append(
+            Figure(
+                "Job CPU (mean)",
+                f"{fmt_value(sum(job_cpu) / len(job_cpu) / 100, '')} cores",
+                f"all its processes{of}, peak {fmt_value(max(job_cpu) / 100, '')} cores",
+                "none",
+            )
+        )
     pss = [v for _, v in _sum_by_time(procs, "pss") if v is not None]
     rss = [v for _, v in _sum_by_time(procs, "rss") if v is not None]
     if pss or rss:
@@ -1033,7 +1045,13 @@ def _summary(
         figures.append(Figure("GPU", "none", gpu_unavailable_reason(meta, gpus) or "", "none"))
 
     counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
-    if note:
+    if not (host or procs or steps):
+        verdict, level = (
+            "Nothing to judge: this recording holds no samples (the job ended before the "
+            "first one was taken).",
+            "none",
+        )
+    elif note:
         verdict, level = f"No diagnosis: {note}.", "none"
     elif counts["critical"] or counts["warning"]:
         top = findings[0]
@@ -1046,7 +1064,11 @@ def _summary(
             if counts["info"]
             else ""
         )
-        verdict, level = f"No bottleneck found: the job used the machine well{extra}.", "ok"
+        verdict, level = (
+            f"No bottleneck found: no figure stayed beyond the threshold table and no rule "
+            f"fired{extra}.",
+            "ok",
+        )
     return figures, verdict, level
 
 

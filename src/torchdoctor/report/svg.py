@@ -170,8 +170,8 @@ def chart_json(chart: Chart, span: float) -> str:
             for s in chart.series
         ],
     }
-    # "</" cannot end the script element early once escaped this way.
-    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    # No "<" at all, so no label can end the script element early or open a comment in it.
+    return json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def _path(points, x, y) -> tuple[str, list[tuple[float, float]]]:
