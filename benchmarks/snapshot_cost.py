@@ -281,9 +281,10 @@ def main() -> int:
         job.stdin.close()
         job.wait()
 
+    on_machine = sum(1 for n in os.listdir("/proc") if n.isdigit())
     print(
-        f"job: {len(pids)} processes ({kind}), {os.cpu_count()} CPUs, {args.rounds} rounds "
-        f"(PSS every {SLOW_EVERY}th); CPU time per snapshot, medians"
+        f"job: {len(pids)} processes ({kind}); machine: {os.cpu_count()} CPUs, {on_machine} "
+        f"processes; {args.rounds} rounds, PSS every {SLOW_EVERY}th; CPU time per snapshot"
     )
     print(
         f"{'variant':<13}{'fast µs':>10}{'with PSS µs':>13}{'amortized µs':>14}{'% core @0.5s':>14}"
