@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from torchdoctor.cli.common import thresholds_option
 from torchdoctor.report.units import BYTES, fmt_value
 
 
@@ -14,29 +15,23 @@ from torchdoctor.report.units import BYTES, fmt_value
     "--out",
     type=click.Path(path_type=str),
     default=None,
+    metavar="FILE",
     help="Where to write the HTML file (default: beside the recording, ending in .html).",
 )
-@click.option(
-    "--thresholds",
-    "thresholds_file",
-    type=click.Path(path_type=str),
-    default=None,
-    help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] "
-    "in the nearest pyproject.toml, else the built-in table).",
-)
-def command(recording: str, out: str | None, thresholds_file: str | None) -> None:
+@thresholds_option
+def command(recording: str, out: str | None, thresholds: str | None) -> None:
     """Write a self-contained HTML report of RECORDING: timelines, processes, settings, findings.
 
-    The file opens offline in any browser: nothing is fetched from the network.
+    The file opens offline in any browser: nothing is fetched from the network. An existing
+    report of the same name is replaced.
     """
     from torchdoctor.report.html import write_report
     from torchdoctor.thresholds import load_thresholds
 
-    thresholds = load_thresholds(thresholds_file)
-    path, data = write_report(recording, out, thresholds)
-    severe = sum(1 for f in data.findings if f.severity in ("critical", "warning"))
+    path, data = write_report(recording, out, load_thresholds(thresholds))
     size = fmt_value(path.stat().st_size, BYTES)
     click.echo(f"report written to {path} ({size})")
     click.echo(f"  {data.verdict}")
     if data.diagnosis_note is None and data.findings:
+        severe = sum(1 for f in data.findings if f.severity in ("critical", "warning"))
         click.echo(f"  {len(data.findings)} finding(s), {severe} to act on")
