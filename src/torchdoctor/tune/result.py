@@ -35,6 +35,7 @@ class Measurement:
     data_wait_share: float | None = None  # share of step time spent waiting for data
     peak_memory: int | None = None  # bytes: job's summed PSS (RSS where PSS is unknown)
     duration_s: float = 0.0  # wall time of the whole trial, start-up included
+    first_step_s: float | None = None  # from the start to the first training step
     reason: str = ""  # why it failed / was rejected / was cut
     recording: str | None = None
     log: str | None = None

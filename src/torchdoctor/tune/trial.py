@@ -1,0 +1,445 @@
+"""One trial: the user's unmodified command, run once with given settings, recorded the way
+`torchdoctor run` records it, measured, and cleaned up to the last process.
+
+Each trial runs in its own process group with stdin from /dev/null and its output in a log
+file beside its recording. A terminal's Ctrl-C therefore reaches only the tuner, which stops
+the trial's whole tree itself (TERM, then KILL) and reaps it: nothing outlives a trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchdoctor.errors import UserError
+from torchdoctor.instrument.agent import ENV_OVERRIDES, ENV_STOP_AFTER_STEPS, STOPPED_EXIT_STATUS
+from torchdoctor.instrument.collector import Collector
+from torchdoctor.launcher import FORWARDED, exit_status, wait_for_signal
+from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.recording.metadata import run_metadata
+from torchdoctor.recording.recorder import Recorder
+from torchdoctor.sampling.sampler import Sampler
+from torchdoctor.tune.measure import (
+    ObservedJob,
+    memory_peak,
+    observed_job,
+    snapshot_memory,
+    step_window,
+    warmup_steps,
+)
+from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement
+from torchdoctor.tune.space import Config
+
+# Runs of the original settings start the script exactly as written (no overrides at all), so
+# a loader the first DataLoader does not represent (a validation loader) keeps its own values.
+UNCHANGED_PURPOSES = ("original", "verify-original")
+POLL_S = 0.1
+KILL_GRACE_S = 3.0
+MIN_MEASURED_STEPS = 5
+CALIBRATION_MIN_STEPS = 10
+CALIBRATION_MAX_STEPS = 2000
+
+
+class TrialWriter(RecordingWriter):
+    """A RecordingWriter that also watches the trial as it runs: steps arriving from the
+    job's agents, and memory and swap from each snapshot against the budget."""
+
+    def __init__(self, path: Path, meta: dict, memory_budget: int | None) -> None:
+        super().__init__(path, meta)
+        self.memory_budget = memory_budget
+        self.steps_seen = 0
+        self.first_step_at: float | None = None  # monotonic arrival times
+        self.last_step_at: float | None = None
+        self.warm_at: float | None = None  # arrival of the step that ends the warm-up
+        self.warmup = 0
+        self.violation: str | None = None
+
+    def add_steps(self, records) -> None:
+        records = list(records)
+        super().add_steps(records)
+        if not records:
+            return
+        now = time.monotonic()
+        self.steps_seen += len(records)
+        if self.first_step_at is None:
+            self.first_step_at = now
+        self.last_step_at = now
+        if self.warm_at is None and self.steps_seen >= self.warmup:
+            self.warm_at = now
+
+    def write_snapshot(self, snap) -> None:
+        super().write_snapshot(snap)
+        if self.violation is not None:
+            return
+        used = snapshot_memory(snap.processes)
+        if self.memory_budget is not None and used > self.memory_budget:
+            self.violation = (
+                f"memory {_gib(used)} above the budget {_gib(self.memory_budget)} "
+                "(half of the RAM available when tune started)"
+            )
+        elif snap.host is not None and (snap.host.swap_out_per_s or 0) > 0:
+            self.violation = f"the host swapped out {snap.host.swap_out_per_s / 1e6:.1f} MB/s"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+@dataclass(slots=True)
+class TrialLimits:
+    """When a trial is stopped by the tuner."""
+
+    startup_s: float = 300.0  # until its first step
+    stall_s: float = 60.0  # between steps: longer means it hangs
+    cap_s: float | None = None  # whole trial; a slow configuration is measured on what it did
+
+
+@dataclass
+class TrialRunner:
+    """Runs trials of one command; callable as the search's ``measure`` function.
+
+    ``measured_steps`` None: the first trial calibrates it, running until its measured
+    window lasts ``window_s`` (at least 10 steps), so that later trials of a faster or
+    slower job last about as long.
+    """
+
+    executable: str
+    argv: list[str]
+    folder: Path
+    env: dict[str, str]
+    memory_budget: int | None = None
+    measured_steps: int | None = None
+    window_s: float = 5.0
+    limits: TrialLimits = field(default_factory=TrialLimits)
+    interval_s: float = 0.5
+    signals_held: bool = False
+    on_trial: Callable[[Measurement], None] | None = None
+    on_start: Callable[[int, Config, str], None] | None = None
+    observed: ObservedJob | None = None  # what the first trial's job reported
+    interrupted: bool = False
+    threads_set_in_script: bool = False  # seen in a trial that overrode the threads
+    _index: int = 0
+    _gpus: object = None
+
+    def close(self) -> None:
+        if self._gpus is not None:
+            with contextlib.suppress(Exception):
+                self._gpus.close()
+            self._gpus = None
+
+    def __call__(self, config: Config, purpose: str, deadline: float | None) -> Measurement:
+        index = self._index
+        self._index += 1
+        if self.on_start is not None:
+            self.on_start(index, config, purpose)
+        if self.interrupted:
+            m = Measurement(index, config, purpose, INTERRUPTED, reason="interrupted")
+        else:
+            m = self._run(index, config, purpose, deadline)
+        if self.on_trial is not None:
+            self.on_trial(m)
+        return m
+
+    # -- one trial ----------------------------------------------------------------------------
+
+    def _env(self, config: Config, purpose: str) -> dict[str, str]:
+        env = dict(self.env)
+        for key in (ENV_OVERRIDES, ENV_STOP_AFTER_STEPS):
+            env.pop(key, None)
+        if purpose not in UNCHANGED_PURPOSES:
+            env[ENV_OVERRIDES] = json.dumps(config.overrides())
+            env["OMP_NUM_THREADS"] = str(config.num_threads)
+        steps = self.measured_steps or CALIBRATION_MAX_STEPS
+        env[ENV_STOP_AFTER_STEPS] = str(warmup_steps(config) + steps)
+        return env
+
+    def _run(self, index: int, config: Config, purpose: str, deadline: float | None):
+        from torchdoctor.sampling.gpus import GpuReader
+        from torchdoctor.sampling.host import HostReader
+        from torchdoctor.sampling.hostinfo import read_host_info
+        from torchdoctor.sampling.job import JobReader
+
+        if self._gpus is None:
+            self._gpus = GpuReader()
+        path = self.folder / f"trial-{index:02d}.sqlite"
+        log = self.folder / f"trial-{index:02d}.log"
+        env = self._env(config, purpose)
+        meta = run_metadata(
+            mode="tune-trial",
+            command=self.argv,
+            root_pid=None,
+            interval_s=self.interval_s,
+            env=env,
+            host_info=read_host_info(),
+            gpu_status=self._gpus.status,
+            instrumented=True,
+        )
+        meta["tune"] = {"index": index, "purpose": purpose, "config": config.as_dict()}
+        writer = TrialWriter(path, meta, self.memory_budget)
+        writer.warmup = warmup_steps(config)
+        collector = Collector(writer, warn=lambda message: None)
+        if not collector.listening:
+            writer.close({"ended_at": time.time(), "exit_status": None})
+            raise UserError(
+                f"cannot listen for the job's instrumentation ({collector.error}); "
+                "tune needs it to count steps: check that TMPDIR or /tmp is writable"
+            )
+        started = time.monotonic()
+        child = TrialProcess(self.executable, self.argv, collector.child_env(env), log)
+        recorder = Recorder(
+            Sampler(HostReader(), JobReader(child.pid), self._gpus), writer, self.interval_s
+        )
+        writer.set_meta({"root_pid": child.pid})
+        recorder.start()
+        outcome = None
+        try:
+            outcome = self._watch(child, writer, started, deadline)
+        finally:
+            if outcome is None:  # an exception (KeyboardInterrupt in a notebook) got us here
+                self.interrupted = True
+            child.stop()
+            recorder.stop()
+            collector.close(timeout=2.0)
+            writer.close({"ended_at": time.time(), "exit_status": child.returncode})
+        duration = time.monotonic() - started
+        return self._measure(
+            index, config, purpose, outcome, child, writer, started, path, log, duration
+        )
+
+    def _watch(self, child: TrialProcess, writer: TrialWriter, started: float, deadline):
+        """Wait for the trial to end or for a reason to stop it: (status, reason)."""
+        calibrating = self.measured_steps is None
+        while True:
+            if self._wait_signal():
+                self.interrupted = True
+                return INTERRUPTED, "interrupted"
+            if child.poll() is not None:
+                return None, ""
+            now = time.monotonic()
+            if writer.violation is not None:
+                return REJECTED, writer.violation
+            if deadline is not None and now >= deadline:
+                return INTERRUPTED, "budget reached"
+            if writer.last_step_at is None:
+                if now - started > self.limits.startup_s:
+                    return FAILED, f"hung: no training step within {self.limits.startup_s:.0f} s"
+                continue
+            if now - writer.last_step_at > self.limits.stall_s:
+                return FAILED, f"hung: no training step for {self.limits.stall_s:.0f} s"
+            if self.limits.cap_s is not None and now - started > self.limits.cap_s:
+                return OK, f"cut at the trial time cap ({self.limits.cap_s:.0f} s)"
+            if (
+                calibrating
+                and writer.warm_at is not None
+                and writer.steps_seen - writer.warmup >= CALIBRATION_MIN_STEPS
+                and now - writer.warm_at >= self.window_s
+            ):
+                return OK, ""
+
+    def _wait_signal(self) -> bool:
+        if self.signals_held:
+            signum = wait_for_signal(POLL_S)
+            return signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        time.sleep(POLL_S)
+        return False
+
+    def _measure(
+        self, index, config, purpose, outcome, child, writer, started, path, log, duration
+    ):
+        status, reason = outcome if outcome is not None else (INTERRUPTED, "interrupted")
+        m = Measurement(
+            index,
+            config,
+            purpose,
+            FAILED,
+            duration_s=duration,
+            recording=str(path),
+            log=str(log),
+        )
+        with open_recording(path) as rec:
+            steps = rec.rows("steps")
+            observed = observed_job(rec)
+            m.peak_memory = memory_peak(rec)
+            swapped = [
+                r["swap_out_per_s"]
+                for r in rec.rows("host_samples", columns=["swap_out_per_s"])
+                if r["swap_out_per_s"]
+            ]
+        if status != INTERRUPTED:
+            if self.observed is None:
+                self.observed = observed
+            self.threads_set_in_script |= observed.threads_set_in_script
+        if writer.first_step_at is not None:
+            m.first_step_s = writer.first_step_at - started
+        warmup = warmup_steps(config)
+        window = step_window(steps, warmup)
+        if window is not None:
+            m.throughput = window.steps_per_s
+            m.samples_per_s = window.samples_per_s
+            m.steps = window.steps
+            m.warmup_steps = warmup
+            m.spread = window.spread
+            m.data_wait_share = window.data_wait_share
+        if status is None:  # the command ended by itself
+            code = child.returncode
+            if code == STOPPED_EXIT_STATUS or code == 0:
+                status = OK
+                if code == 0:
+                    reason = f"the command ended by itself after {len(steps)} steps"
+            else:
+                status, reason = FAILED, _failure(code, log)
+        budget = self.memory_budget
+        if status == OK:
+            if m.peak_memory is not None and budget is not None and m.peak_memory > budget:
+                status = REJECTED
+                reason = f"memory {_gib(m.peak_memory)} above the budget {_gib(budget)}"
+            if status == OK and swapped:
+                status = REJECTED
+                reason = f"the host swapped out {max(swapped) / 1e6:.1f} MB/s"
+        if status == OK and (window is None or window.steps < MIN_MEASURED_STEPS):
+            status = FAILED
+            reason = f"too few steps to measure: {len(steps)} steps, {warmup} of them warm-up" + (
+                f" ({reason})" if reason else ""
+            )
+        if status == OK and self.measured_steps is None:
+            self.measured_steps = max(CALIBRATION_MIN_STEPS, window.steps)
+        m.status = status
+        m.reason = reason
+        return m
+
+
+def _failure(code: int, log: Path) -> str:
+    """Why a trial's command failed, in one line: its status and its last error line."""
+    if code > 128:
+        name = _signal_name(code - 128)
+        text = f"killed by {name}"
+        if code - 128 == signal.SIGKILL:
+            text += " (out of memory?)"
+    else:
+        text = f"exit status {code}"
+    last = _last_error_line(log)
+    return f"{text}: {last}" if last else text
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _last_error_line(log: Path) -> str:
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 8192))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        line = line.strip()
+        if line:
+            return line[:200]
+    return ""
+
+
+class TrialProcess:
+    """The trial's command in a new process group, stdout+stderr to ``log``, no stdin."""
+
+    def __init__(self, executable: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        try:
+            self.pid = os.posix_spawn(
+                executable,
+                argv,
+                env,
+                file_actions=actions,
+                setpgroup=0,
+                setsigmask=(),
+                setsigdef=(*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
+            )
+        except OSError as exc:
+            raise UserError(f"cannot start {argv[0]}: {exc.strerror}", exit_code=127) from None
+        self.pgid = self.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = exit_status(status)
+        return self.returncode
+
+    def stop(self) -> None:
+        """End the command and every process it started (those that left its process group
+        included), then reap it. Also run after a clean exit: DataLoader workers of a
+        crashed trainer would otherwise live on until their watchdog notices."""
+        tree = _descendants(self.pid)
+        self._signal_all(signal.SIGTERM, tree)
+        end = time.monotonic() + KILL_GRACE_S
+        while time.monotonic() < end:
+            self.poll()
+            if self.returncode is not None and not _alive(self.pgid, tree):
+                return
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL, tree | _descendants(self.pid))
+        while self.poll() is None:
+            time.sleep(0.02)
+        end = time.monotonic() + KILL_GRACE_S
+        while _alive(self.pgid, tree) and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def _signal_all(self, signum: int, tree: set[int]) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _alive(pgid: int, pids: set[int]) -> bool:
+    """Whether anything of the trial still runs (zombies awaiting their reaper do not count)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # The group still has members: are they all zombies?
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return False

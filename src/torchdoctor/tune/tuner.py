@@ -1,0 +1,290 @@
+"""`torchdoctor tune`'s engine: the user's command run in short trials, searched and verified.
+
+The first trial runs the script exactly as written: it tells the job's own settings, calibrates
+the trial length and is diagnosed for a first suggestion. The search and verification then run
+trials with overrides applied by the instrumentation, under one hard time budget.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from torchdoctor.errors import UserError
+from torchdoctor.launcher import resolve_command
+from torchdoctor.tune.result import Measurement, TuneResult
+from torchdoctor.tune.search import Search, SearchLimits
+from torchdoctor.tune.space import Config, Space
+from torchdoctor.tune.trial import TrialLimits, TrialRunner
+
+DEFAULT_BUDGET_S = 300.0
+MIN_BUDGET_S = 20.0
+KEEP_FREE = 0.5  # share of the RAM available at the start that the job must leave free
+_PLACEHOLDER = Config(num_workers=0, num_threads=1)
+
+
+def parse_duration(text: str) -> float:
+    """'5m', '90s', '1h30m', '300' -> seconds; UserError on anything else."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        return float(value)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise UserError(f"cannot read the duration {text!r}: write it like 300, 90s, 5m or 1h")
+    scale = {"h": 3600, "m": 60, "s": 1}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def allowed_cpus() -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup CPU quota."""
+    from torchdoctor.sampling.hostinfo import read_host_info
+
+    info = read_host_info()
+    cpus = len(info.allowed_cpus) or os.cpu_count() or 1
+    if info.cgroup_cpu_quota:
+        cpus = min(cpus, max(1, math.ceil(info.cgroup_cpu_quota)))
+    return cpus
+
+
+def available_memory() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def tune_folder(base: Path | None = None) -> Path:
+    """./torchdoctor-runs/tune-<UTC time>/ (a new one each time)."""
+    root = base or Path("torchdoctor-runs")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder = root / f"tune-{stamp}"
+    n = 2
+    while folder.exists():
+        folder = root / f"tune-{stamp}-{n}"
+        n += 1
+    try:
+        folder.mkdir(parents=True)
+    except OSError as exc:
+        raise UserError(
+            f"cannot create the folder {str(folder)!r} for the trials' recordings: "
+            f"{exc.strerror}; run tune from a writable folder or pass --out"
+        ) from None
+    return folder
+
+
+def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config | None:
+    """The diagnosis' recommended settings for the first trial, applied to ``original``."""
+    from torchdoctor.diagnosis.engine import diagnose
+    from torchdoctor.recording import open_recording
+
+    changes: dict = {}
+    try:
+        with open_recording(recording_path) as rec:
+            findings = diagnose(rec)
+    except Exception:  # noqa: BLE001 - a diagnosis problem only costs tune its head start
+        return None
+    keys = {
+        "num_workers": "num_workers",
+        "prefetch_factor": "prefetch_factor",
+        "pin_memory": "pin_memory",
+        "persistent_workers": "persistent_workers",
+        "torch.num_threads": "num_threads",
+        "num_threads": "num_threads",
+    }
+    for finding in findings:
+        for key, value in (finding.settings or {}).items():
+            field = keys.get(key)
+            if field is None or field in changes:
+                continue
+            if field in ("pin_memory", "persistent_workers"):
+                changes[field] = bool(value)
+            else:
+                try:
+                    changes[field] = int(value)
+                except (TypeError, ValueError):
+                    continue
+    if not changes:
+        return None
+    suggestion = replace(original, **changes).normalized()
+    return suggestion if suggestion != original else None
+
+
+def tune_command(
+    argv: list[str],
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    trial_steps: int | None = None,
+    trial_timeout_s: float | None = None,
+    keep_free: float = KEEP_FREE,
+    folder: Path | None = None,
+    signals_held: bool = False,
+    on_trial: Callable[[Measurement], None] | None = None,
+    on_start: Callable[[int, Config, str], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> TuneResult:
+    """Tune ``argv``'s DataLoader and thread settings within ``budget_s`` seconds.
+
+    Raises UserError when the command cannot be tuned (it fails as written, takes no
+    optimizer step, or the budget is too small to run it twice).
+    """
+    if budget_s < MIN_BUDGET_S:
+        raise UserError(
+            f"--budget {budget_s:g}s is too short: tune needs at least {MIN_BUDGET_S:g}s "
+            "(a few trials of the job); try --budget 5m"
+        )
+    if trial_steps is not None and trial_steps < 5:
+        raise UserError(f"--trial-steps {trial_steps} is too few: use 5 or more (default: auto)")
+    executable = resolve_command(list(argv))
+    started = time.monotonic()
+    deadline = started + budget_s
+    folder = tune_folder() if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    memory_budget = int(available_memory() * (1 - keep_free))
+    cpus = allowed_cpus()
+    timeout = trial_timeout_s
+    runner = TrialRunner(
+        executable=executable,
+        argv=list(argv),
+        folder=folder,
+        env=dict(os.environ if env is None else env),
+        memory_budget=memory_budget,
+        measured_steps=trial_steps,
+        # Short trials for short budgets: about 40 trials fit in the budget.
+        window_s=min(15.0, max(2.0, budget_s / 40)),
+        # The first trial shows how long the job takes to start: only the budget limits it.
+        limits=TrialLimits(startup_s=budget_s / 2, stall_s=timeout or 60.0),
+        signals_held=signals_held,
+        on_trial=on_trial,
+        on_start=on_start,
+    )
+    try:
+        if on_phase:
+            on_phase("original")
+        first = runner(_PLACEHOLDER, "original", deadline)
+        observed = runner.observed
+        if first.status == "interrupted":
+            first.config = observed.config if observed and observed.config else first.config
+            return _partial(first, started, budget_s, memory_budget)
+        if observed is None or observed.config is None:
+            if first.reason.startswith(("exit status", "killed by")):
+                raise UserError(
+                    f"the command does not run as written: {first.reason}. Fix that first "
+                    f"(its output is in {first.log})"
+                )
+            raise UserError(
+                "the command took no training step (no torch optimizer.step()) "
+                + (f"({first.reason}); " if first.reason else "; ")
+                + f"tune needs a training loop. Its output: {first.log}"
+            )
+        original = observed.config
+        first.config = original
+        if not first.ok:
+            raise UserError(
+                f"the command does not run as written: {first.reason}. Fix that first "
+                f"(its output is in {first.log})"
+            )
+        runner.limits = _limits_after(first, trial_timeout_s)
+        space = Space.for_machine(
+            cpus,
+            tune_pin_memory=any(d.startswith("cuda") for d in observed.devices),
+            tune_persistent=observed.epochs_seen > 1,
+            include=original,
+        )
+        if not observed.has_loader:
+            space = replace(space, num_workers=(0,))
+        suggestion = suggestion_from_diagnosis(first.recording, original)
+        if on_phase:
+            on_phase("search")
+        search = Search(
+            space,
+            runner,
+            original,
+            suggestions=[suggestion] if suggestion else [],
+            limits=SearchLimits(deadline=deadline),
+            first=first,
+        )
+        result = search.run()
+    finally:
+        runner.close()
+    result.elapsed_s = time.monotonic() - started
+    result.budget_s = budget_s
+    result.memory_budget = memory_budget
+    result.threads_set_in_script = runner.threads_set_in_script
+    result.notes.extend(_notes(result, space, observed, runner, suggestion))
+    return result
+
+
+def _limits_after(first: Measurement, timeout: float | None) -> TrialLimits:
+    """Limits for every later trial, scaled on the first one."""
+    step_s = 1 / first.throughput if first.throughput else 1.0
+    to_first = first.first_step_s or first.duration_s
+    return TrialLimits(
+        startup_s=max(timeout or 30.0, 2 * to_first),
+        stall_s=timeout or max(20.0, 30 * step_s),
+        # A configuration 3x slower than the job as written is no candidate: measure what
+        # it did by then and move on.
+        cap_s=max(3 * first.duration_s, first.duration_s + 20.0),
+    )
+
+
+def _partial(first: Measurement, started: float, budget_s: float, memory_budget: int):
+    return TuneResult(
+        original=first.config,
+        recommended=first.config,
+        candidate=None,
+        trials=[first],
+        noise=0.0,
+        verification=None,
+        stopped="interrupted",
+        elapsed_s=time.monotonic() - started,
+        search_s=time.monotonic() - started,
+        budget_s=budget_s,
+        memory_budget=memory_budget,
+    )
+
+
+def _notes(result: TuneResult, space: Space, observed, runner, suggestion) -> list[str]:
+    notes = []
+    if result.stopped == "budget":
+        notes.append(
+            "The budget ended the search before it converged: a larger --budget may find more."
+        )
+    if result.stopped == "interrupted":
+        notes.append("Interrupted: the results so far are shown, nothing was verified.")
+    if result.candidate is not None and result.candidate != result.original:
+        v = result.verification
+        if v is None or not v.confirmed:
+            why = v.reason if v is not None else "no verification ran"
+            notes.append(f"Keeping your settings: the search's pick was not verified ({why}).")
+    if len(space.persistent_workers) == 1 and observed.has_loader:
+        notes.append(
+            "persistent_workers was left as it is: the trials never reached the end of an "
+            "epoch, where it matters."
+        )
+    if len(space.pin_memory) == 1 and observed.has_loader:
+        notes.append("pin_memory was left as it is: the model trains on the CPU.")
+    if not observed.has_loader:
+        notes.append("The job builds no DataLoader: only the trainer's threads were tuned.")
+    if runner.threads_set_in_script:
+        notes.append(
+            "The script calls torch.set_num_threads() itself, which OMP_NUM_THREADS does not "
+            "override: change that call's value instead."
+        )
+    cut = [m for m in result.trials if m.ok and "time cap" in m.reason]
+    if cut:
+        notes.append(f"{len(cut)} slow trial(s) were measured on the steps they made by the cap.")
+    if suggestion is not None:
+        notes.append(f"The diagnosis of the first trial suggested {suggestion.label()}.")
+    done = [m.duration_s for m in result.trials if m.ok]
+    if done:
+        notes.append(
+            f"A trial took {statistics.median(done):.1f} s (median); "
+            f"{runner.measured_steps} measured steps each."
+        )
+    return notes

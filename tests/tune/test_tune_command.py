@@ -1,0 +1,207 @@
+"""`torchdoctor tune` on real short trials of a real (tiny) training job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import TORCHDOCTOR
+from torchdoctor.tune.result import FAILED, OK
+from torchdoctor.tune.space import Config
+from torchdoctor.tune.trial import TrialLimits, TrialRunner
+
+JOB = str(Path(__file__).resolve().parent / "jobs" / "slow_data.py")
+
+
+def quiet_env() -> dict[str, str]:
+    # One trainer thread as written: the job's speed then depends on its data loading only,
+    # which the tests control, and not on how busy the machine's other CPU is.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def tune(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*TORCHDOCTOR, "tune", *args],
+        cwd=cwd,
+        env=quiet_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def trial_pids(out: Path) -> set[int]:
+    """Every process any trial's recording saw (trainer and DataLoader workers)."""
+    from torchdoctor.recording import open_recording
+
+    pids: set[int] = set()
+    for path in out.glob("trial-*.sqlite"):
+        with open_recording(path) as rec:
+            pids |= {p["pid"] for p in rec.processes()}
+    return pids
+
+
+def running(pids: set[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp_path):
+    out = tmp_path / "out"
+    budget = 150
+    # 3 workers make the job hang and 4 make it crash: the search must record both as
+    # failed and still find and verify 2 workers.
+    proc = tune(
+        "--budget", f"{budget}s", "--trial-steps", "12", "--trial-timeout", "8", "--json",
+        "--out", str(out), "--", sys.executable, JOB,
+        "--hang-with-workers", "3", "--crash-with-workers", "4",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    trials = result["trials"]
+    assert result["original"]["num_workers"] == 0
+    assert result["changed"] is True
+    assert result["recommended"]["num_workers"] in (1, 2)
+    assert result["verification"]["confirmed"] is True
+    assert result["gain"] > 1.3
+    assert min(result["verification"]["ratios"]) > 1.0
+    assert result["paste"]["env_lines"] == [
+        f"export OMP_NUM_THREADS={result['recommended']['num_threads']}"
+    ]
+    assert (
+        result["paste"]["dataloader_kwargs"]["num_workers"] == result["recommended"]["num_workers"]
+    )
+    by_workers = {}
+    for t in trials:
+        by_workers.setdefault(t["config"]["num_workers"], []).append(t)
+    hung = [t for t in by_workers.get(3, []) if t["status"] == FAILED]
+    crashed = [t for t in by_workers.get(4, []) if t["status"] == FAILED]
+    assert hung and "hung" in hung[0]["reason"]
+    assert crashed and "RuntimeError: this job cannot run with 4 workers" in crashed[0]["reason"]
+    # The search went on after them, and every trial has its own recording and log.
+    assert any(t["status"] == OK for t in trials[trials.index(crashed[0]) + 1 :])
+    for t in trials:
+        assert Path(t["recording"]).exists() and Path(t["log"]).exists()
+    # The budget is a hard limit (verification included).
+    assert result["elapsed_s"] <= budget + 5
+    # The hung trial's processes (trainer and 3 workers) were all ended.
+    assert not running(trial_pids(out))
+    # Progress went to stderr, one line per trial.
+    assert proc.stderr.count("trial ") >= 2 * len(trials)
+
+
+def test_healthy_job_keeps_its_own_settings_within_the_budget(tmp_path):
+    out = tmp_path / "out"
+    budget = 45
+    # Data costs nothing and every step waits 15 ms on something no setting changes.
+    proc = tune(
+        "--budget", f"{budget}s", "--trial-steps", "15", "--out", str(out), "--",
+        sys.executable, JOB, "--sample-ms", "0", "--step-ms", "15",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Keep your settings" in proc.stdout
+    assert "Paste into" not in proc.stdout
+    assert "As written:  w=0 t=1" in proc.stdout
+    assert not running(trial_pids(out))
+    # The user's script is untouched and nothing was written beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path):
+    out = tmp_path / "out"
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [*TORCHDOCTOR, "tune", "--budget", "5m", "--out", str(out), "--",
+         sys.executable, JOB, "--workers", "2", "--ready", str(ready)],
+        cwd=tmp_path,
+        env=quiet_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the first trial never took a step"
+            time.sleep(0.1)
+        trainer = int(ready.read_text())
+        tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        assert trainer in tree
+        assert len(tree) >= 3  # the trainer and its 2 DataLoader workers
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert "Interrupted" in stdout
+    assert not running(tree)
+
+
+def test_trial_runner_records_crash_and_hang_as_failed(tmp_path):
+    runner = TrialRunner(
+        executable=sys.executable,
+        argv=[sys.executable, JOB, "--crash-with-workers", "1", "--hang-with-workers", "2"],
+        folder=tmp_path,
+        env=quiet_env(),
+        measured_steps=10,
+        limits=TrialLimits(startup_s=120, stall_s=3),
+    )
+    try:
+        crashed = runner(Config(1, 1, 2), "search", None)
+        hung = runner(Config(2, 1, 2), "search", None)
+        fine = runner(Config(0, 1), "search", None)
+    finally:
+        runner.close()
+    assert crashed.status == FAILED
+    assert crashed.reason.startswith("exit status 1: RuntimeError: this job cannot run")
+    assert hung.status == FAILED and hung.reason == "hung: no training step for 3 s"
+    assert not running(trial_pids(tmp_path))
+    assert fine.status == OK and fine.steps >= 10 and fine.throughput > 0
+    assert fine.data_wait_share > 0.5  # the job is data-bound as written
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["--budget", "5x"], "cannot read the duration '5x'", 2),
+        (["--budget", "5s"], "--budget 5s is too short", 2),
+        (["--trial-steps", "2"], "--trial-steps 2 is too few", 2),
+    ],
+)
+def test_bad_options_say_what_to_do(tmp_path, args, message, code):
+    proc = tune(*args, "--", sys.executable, JOB, cwd=tmp_path, timeout=60)
+    assert proc.returncode == code
+    assert proc.stderr.startswith("torchdoctor: error: ")
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_command_that_fails_as_written_is_reported_not_tuned(tmp_path):
+    proc = tune(
+        "--budget", "60s", "--out", str(tmp_path / "out"), "--",
+        sys.executable, JOB, "--workers", "1", "--crash-with-workers", "1",
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "does not run as written: exit status 1: RuntimeError" in proc.stderr
