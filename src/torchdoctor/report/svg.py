@@ -7,6 +7,7 @@ browser; the report's small script only adds the hover read-out on top of the SV
 from __future__ import annotations
 
 import json
+import math
 from html import escape
 
 from torchdoctor.report.model import Chart
@@ -24,27 +25,19 @@ def y_top(chart: Chart) -> float:
     """The value at the top of the plot: fixed for shares of a whole, else room over the data.
 
     ``y_max`` alone fixes the top (CPU is 0-100 % of the machine); with ``y_min_top`` as well it
-    caps a top that otherwise follows the data but never hides the alert band.
+    caps a top that otherwise follows the data but never hides the alert band. A top that
+    follows the data is rounded up to a tick, so the highest gridline carries a label.
     """
     if chart.y_max is not None and chart.y_min_top == 0:
         return chart.y_max
     data_peak = max([s.peak or 0.0 for s in chart.series] + [0.0])
     highest = max([data_peak] + [r.value for r in chart.refs if shows_ref(r.value, data_peak)])
-    top = max(highest * 1.08, chart.y_min_top)
-    if chart.y_max is not None:
-        top = min(top, chart.y_max)
-    if top <= 0:
-        top = 1.0
+    top = max(highest * 1.08, chart.y_min_top) or 1.0
     _, factor = scale_for(chart.unit, top)
     ticks = nice_ticks(0.0, top / factor)
-    if ticks and ticks[-1] * factor < top:
-        step = ticks[1] - ticks[0] if len(ticks) > 1 else ticks[-1]
-        ticks.append(ticks[-1] + step)
-    return (
-        max(top, ticks[-1] * factor)
-        if chart.y_max is None
-        else min(chart.y_max, ticks[-1] * factor)
-    )
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else top / factor
+    rounded = math.ceil(top / factor / step - 1e-9) * step * factor
+    return min(rounded, chart.y_max) if chart.y_max is not None else rounded
 
 
 def shows_ref(value: float, data_peak: float) -> bool:
