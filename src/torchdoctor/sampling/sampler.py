@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from torchdoctor.sampling.gpus import LOST_REASON
 from torchdoctor.sampling.types import Snapshot
 
 
@@ -27,14 +28,7 @@ class Sampler:
         if self.gpus is not None:
             gpu_samples, gpu_procs = self.gpus.read({p.pid for p in processes})
         if self.gpus is not None and self.gpus.status.available and gpu_samples:
-            # NVML lists every compute/graphics process per device, so a job process that
-            # is absent holds no GPU memory: a measured zero, not an unknown.
-            by_pid: dict[int, int] = {}
-            for gp in gpu_procs:
-                if gp.in_job and gp.local_pid is not None and gp.used_memory is not None:
-                    by_pid[gp.local_pid] = by_pid.get(gp.local_pid, 0) + gp.used_memory
-            for p in processes:
-                p.gpu_memory = by_pid.get(p.pid, 0)
+            _join_gpu_memory(processes, gpu_samples, gpu_procs, self.gpus.status)
         return Snapshot(
             t=t,
             host=host,
@@ -44,3 +38,39 @@ class Sampler:
             new_processes=new,
             ended_pids=ended,
         )
+
+
+def _join_gpu_memory(processes, gpu_samples, gpu_procs, status) -> None:
+    """Each job process's GPU memory summed over devices, or None with the reason.
+
+    NVML lists every process per device, so a job process absent from every complete list
+    holds no GPU memory: a measured zero. When a list is missing (a lost GPU, an NVML error)
+    or NVML's PIDs cannot be matched to ours (a container), absence proves nothing.
+    """
+    unknown_reason = status.process_pids_unresolved
+    if unknown_reason is None:
+        missing = [
+            g.index
+            for g in gpu_samples
+            if "processes" in g.unavailable or g.unavailable.get("memory_used") == LOST_REASON
+        ]
+        if missing:
+            unknown_reason = f"process list unavailable on GPU {', '.join(map(str, missing))}"
+    by_pid: dict[int, int] = {}
+    no_figure: set[int] = set()
+    for gp in gpu_procs:
+        if not gp.in_job or gp.local_pid is None:
+            continue
+        if gp.used_memory is None:
+            no_figure.add(gp.local_pid)
+        else:
+            by_pid[gp.local_pid] = by_pid.get(gp.local_pid, 0) + gp.used_memory
+    for p in processes:
+        if unknown_reason is not None:
+            p.gpu_memory = None
+            p.unavailable["gpu_memory"] = unknown_reason
+        elif p.pid in no_figure:
+            p.gpu_memory = None
+            p.unavailable["gpu_memory"] = "NVML gives no memory figure for this process"
+        else:
+            p.gpu_memory = by_pid.get(p.pid, 0)
