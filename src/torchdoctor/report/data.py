@@ -454,8 +454,8 @@ def gpu_util_chart(gpus: list[dict], meta: dict, ctx: _Ctx) -> Chart:
     if not chart.series:
         return _nothing(
             chart,
-            "no GPU / NVML unavailable: "
-            + (_unavailable_reason(gpus, "utilization_gpu") or "utilization not reported"),
+            "NVML reported no utilization for any GPU: "
+            + (_unavailable_reason(gpus, "utilization_gpu") or "no reason given"),
         )
     return chart
 
@@ -510,8 +510,8 @@ def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: _Ctx) -
     if not chart.series:
         return _nothing(
             chart,
-            "no GPU / NVML unavailable: "
-            + (_unavailable_reason(gpus, "memory_used") or "memory not reported"),
+            "NVML reported no memory figures for any GPU: "
+            + (_unavailable_reason(gpus, "memory_used") or "no reason given"),
         )
     return chart
 

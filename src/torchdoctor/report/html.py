@@ -64,6 +64,11 @@ def write_report(
             fh.write(page)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write the report to {str(target)!r}: {exc.strerror}; choose another -o"
+        ) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
