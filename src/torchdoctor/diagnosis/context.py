@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
+from torchdoctor.instrument.stats import warmup_steps
 from torchdoctor.recording.reader import Recording
 from torchdoctor.thresholds import Thresholds
 
@@ -193,15 +194,14 @@ class DiagnosisContext:
 
     @cached_property
     def steady_steps(self) -> list[dict[str, Any]]:
-        """Steps without each process's warm-up (the first step and the first 5 %)."""
+        """Steps without each process's warm-up (the rule ``show`` and ``tune`` use too)."""
         by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for s in self.steps:
             by_pid[s["pid"]].append(s)
         out: list[dict[str, Any]] = []
         for rows in by_pid.values():
             rows.sort(key=lambda r: r["step"])
-            skip = max(1, int(len(rows) * 0.05)) if len(rows) >= 4 else 0
-            out.extend(rows[skip:])
+            out.extend(rows[warmup_steps(len(rows)) :])
         out.sort(key=lambda r: r["t_end"])
         return out
 
@@ -297,9 +297,21 @@ class DiagnosisContext:
         return any((s["cuda_reserved"] or 0) > 0 for s in self.steps)
 
     @cached_property
+    def param_devices(self) -> list[str]:
+        """Devices of the optimizer's parameters (``params.devices``), empty when unknown."""
+        devices: list[str] = []
+        for pid in self.compute_pids:
+            value = self.settings.get(pid, {}).get("params.devices")
+            if isinstance(value, list):
+                devices.extend(str(d) for d in value)
+            elif value:
+                devices.append(str(value))
+        return sorted(set(devices))
+
+    @cached_property
     def uses_gpu(self) -> bool:
-        device = str(self.setting("model.device") or self.setting("params.device") or "")
-        return bool(self.job_gpu_indices) or self.steps_use_cuda or device.startswith("cuda")
+        on_cuda = any(d.startswith("cuda") for d in self.param_devices)
+        return bool(self.job_gpu_indices) or self.steps_use_cuda or on_cuda
 
     @cached_property
     def job_gpus(self) -> list[int]:

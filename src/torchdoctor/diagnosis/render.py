@@ -76,7 +76,7 @@ def render_findings(findings: list[Finding], console: Console | None = None) -> 
         )
         console.print(Text(f"torchdoctor diagnosis: {counts}", style="bold"))
     for f in findings:
-        console.print(_panel(f))
+        console.print(_panel(f), soft_wrap=False)  # panels wrap even on soft-wrap consoles
 
 
 def _panel(f: Finding) -> Panel:

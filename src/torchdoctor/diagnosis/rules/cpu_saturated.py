@@ -2,7 +2,8 @@
 
 For GPU training a saturated CPU is the bottleneck (the GPU waits for the host); for CPU
 training it means the job already uses what it has, which is reported as information. When
-the CPUs are saturated by other processes, the job is competing for them.
+the CPUs are saturated by other processes, the job is competing for them: that is reported
+under its own id, ``cpu-contention``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 
 ID = "cpu-saturated"
+CONTENTION_ID = "cpu-contention"  # the CPUs are saturated by other processes, not the job
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
@@ -32,7 +34,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         others = host_span.mean - (job_share or 0.0) * usable / max(ctx.allowed_cpus, 1)
         return [
             Finding(
-                id=ID,
+                id=CONTENTION_ID,
                 severity="warning",
                 title=f"Other processes keep the CPUs {host_span.mean:.0f} % busy while the job runs",
                 evidence=[

@@ -38,6 +38,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     t0, t1 = summary.t_start, summary.t_end
     current = loader["num_workers"] if loader else None
 
+    idle = _idle_cpus(ctx, t0, t1)
     if current:
         load_per_batch = current * (wait + compute)
         worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1)
@@ -45,17 +46,15 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         load_per_batch = wait
         worker_cores = None
         trainer_cores = mean_cpu_cores(ctx, ctx.compute_pids, t0, t1)
-        if trainer_cores is not None and share > 0:
+        if trainer_cores is not None and share > 0 and (idle is None or idle >= 0.5):
             # The trainer's main thread is busy while it computes on the CPU; what is left
-            # of its CPU time is the most that loading can have cost.
+            # of its CPU time is the most that loading can have cost. (On a saturated
+            # machine the trainer got less than it wanted, so the bound says nothing.)
             busy_computing = (1 - share) if not ctx.uses_gpu else 0.0
             worker_cores = max(trainer_cores - busy_computing, 0.0) / share
-    cost = min(max(worker_cores if worker_cores is not None else 1.0, 0.15), 1.0)
-    budget = max(ctx.usable_cpus - 1.0, 1.0)
-    cpu_cap = max(1, math.floor(budget / cost + 1e-9))
-    needed = max(1, math.ceil(1.2 * load_per_batch / compute))
-    floor_workers = (current or 0) + 1
-    workers = min(max(needed, floor_workers), cpu_cap)
+    cost = min(max(worker_cores if worker_cores is not None else 1.0, 0.1), 1.0)
+    workers, predicted = size_workers(load_per_batch, compute, cost, ctx.usable_cpus)
+    needed = max(1, math.ceil(load_per_batch / compute))
 
     evidence = [
         Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
@@ -69,7 +68,6 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if worker_cores is not None:
         label = "CPU per loading worker" if current else "most CPU the loading can cost"
         evidence.append(Evidence(label, round(worker_cores * 100, 1), "% of a core", t0, t1))
-    idle = _idle_cpus(ctx, t0, t1)
     if idle is not None:
         evidence.append(Evidence("idle CPUs while the job ran", round(idle, 1), "CPUs", t0, t1))
 
@@ -82,7 +80,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             f"{workers} and persistent_workers=True so batches are prepared in parallel."
         )
         settings = {"num_workers": workers, "persistent_workers": True}
-        expected, predicted = _expected(summary.mean_wall_s, compute, load_per_batch, workers)
+        expected = _expected(summary.mean_wall_s, predicted)
     elif workers > (current or 0):
         settings = {"num_workers": workers, "persistent_workers": True}
         bursty = summary.p90_data_wait_s > 4 * max(summary.median_data_wait_s, 1e-4)
@@ -91,15 +89,24 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         if ctx.uses_gpu:
             settings["pin_memory"] = True
         args = ", ".join(f"{k}={v}" for k, v in settings.items())
-        idle_text = f" and {idle:.1f} of {fmt_cpus(ctx.usable_cpus)} CPUs sit idle" if idle else ""
+        idle_text = (
+            f" and {idle:.1f} of {fmt_cpus(ctx.allowed_cpus)} CPUs sit idle"
+            if idle is not None and idle >= 1
+            else ""
+        )
         recommendation = (
             f"DataLoader({args}): {share * 100:.0f} % of each step waits for data "
             f"({fmt_s(wait)} of {fmt_s(summary.mean_wall_s)}){idle_text}. "
             f"Loading one batch takes about {fmt_s(load_per_batch)} against "
-            f"{fmt_s(compute)} of compute, so {needed} workers would keep ahead"
-            + (f"; {workers} fit the {ctx.cpu_limit_text}." if workers < needed else ".")
+            f"{fmt_s(compute)} of compute"
+            + (
+                f", so {workers} workers keep ahead."
+                if workers >= needed
+                else f"; {needed} workers would keep ahead but {workers} is what the "
+                f"{ctx.cpu_limit_text} can feed at {cost * 100:.0f} % of a core per worker."
+            )
         )
-        expected, predicted = _expected(summary.mean_wall_s, compute, load_per_batch, workers)
+        expected = _expected(summary.mean_wall_s, predicted)
     else:
         recommendation = (
             f"The {current} workers already use the CPU the job can spare "
@@ -113,7 +120,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         "Data wait is the time each step blocks in next() on the DataLoader iterator, measured "
         "inside the job; warm-up steps are left out."
     )
-    if predicted is not None:
+    if predicted is not None and settings:
         evidence.append(Evidence("predicted step time after the fix", round(predicted, 6), "s"))
     return [
         Finding(
@@ -130,16 +137,30 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     ]
 
 
-def _expected(
-    step: float, compute: float, load_per_batch: float, workers: int
-) -> tuple[str, float]:
-    predicted = max(compute, load_per_batch / workers) * 1.05
+def size_workers(load: float, compute: float, cost: float, cpus: float) -> tuple[int, float]:
+    """(workers, predicted step time) for batches that take ``load`` seconds to produce in one
+    worker using ``cost`` cores, a step that computes for ``compute`` seconds, on ``cpus``.
+
+    A step can be no shorter than its compute, nor than the CPU work of one step (loading
+    plus the trainer's main thread) spread over all CPUs. With k workers a batch is ready
+    every load/k. The smallest k that reaches the floor wins; when compute is the floor,
+    20 % more keeps the queue ahead of the jitter.
+    """
+    floor = max(compute, (load * cost + compute) / cpus)
+    if floor <= compute:
+        workers = math.ceil(1.2 * load / compute - 1e-9)
+    else:
+        workers = math.ceil(load / floor - 1e-9)
+    workers = max(1, min(workers, math.ceil(4 * cpus)))  # each worker holds a dataset copy
+    return workers, max(floor, load / workers) * 1.05
+
+
+def _expected(step: float, predicted: float) -> str:
     predicted = min(predicted, step)
     speedup = step / predicted if predicted > 0 else 1.0
     return (
         f"About {speedup:.1f}x more steps per second ({fmt_s(step)} -> about "
-        f"{fmt_s(predicted)} per step) while the loader keeps ahead of the model.",
-        predicted,
+        f"{fmt_s(predicted)} per step) while the loader keeps ahead of the model."
     )
 
 

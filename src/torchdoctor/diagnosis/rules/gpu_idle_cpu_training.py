@@ -13,9 +13,10 @@ FREE_UTILIZATION_PCT = 10.0
 def check(ctx: DiagnosisContext) -> list[Finding]:
     if ctx.step_summary is None or ctx.uses_gpu or not ctx.gpu_infos:
         return []
-    device = ctx.setting("model.device") or ctx.setting("params.device")
-    if device is not None and not str(device).startswith("cpu"):
+    devices = ctx.param_devices
+    if devices and any(not d.startswith("cpu") for d in devices):
         return []
+    device = devices[0] if devices else None
     candidates = []
     for index in ctx.gpu_infos:
         util = mean([v for _, v in ctx.gpu_series(index, "utilization_gpu")])

@@ -19,6 +19,7 @@ CAUSES = (
     "swap-thrash",
     "thread-oversubscription",
     "cpu-saturated",
+    "cpu-contention",
     "workers-not-persistent",
     "gpu-throttled",
     "pin-memory-off",

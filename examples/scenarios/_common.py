@@ -1,0 +1,86 @@
+"""What the scenario scripts share: their command line, a small model and the training loop.
+
+Every scenario accepts the knobs torchdoctor's recommendations turn (``--num-workers``,
+``--threads``, ``--persistent-workers``...), runs about 10-20 s by default, and ``--steps N``
+makes a short run for tests. The last line printed is the throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+
+def parser(description: str, *, steps: int, batch_size: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=steps, help="optimizer steps in all")
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader num_workers")
+    p.add_argument("--prefetch-factor", type=int, default=None)
+    p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N)")
+    return p
+
+
+def loader_kwargs(args: argparse.Namespace) -> dict:
+    kw = {
+        "batch_size": args.batch_size,
+        "shuffle": True,
+        "num_workers": args.num_workers,
+        "drop_last": True,
+    }
+    if args.num_workers > 0:
+        kw["persistent_workers"] = args.persistent_workers
+        if args.prefetch_factor:
+            kw["prefetch_factor"] = args.prefetch_factor
+    return kw
+
+
+def mlp(inputs: int, hidden: int, outputs: int = 10, layers: int = 3) -> nn.Module:
+    mods: list[nn.Module] = []
+    width = inputs
+    for _ in range(layers):
+        mods += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    mods.append(nn.Linear(width, outputs))
+    return nn.Sequential(*mods)
+
+
+def train(
+    model: nn.Module,
+    batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    steps: int,
+    *,
+    on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> None:
+    """Train for ``steps`` optimizer steps, re-iterating ``batches()`` per epoch; print the rate."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    step = 0
+    samples = 0
+    start = time.perf_counter()
+    while step < steps:
+        for x, y in batches():
+            opt.zero_grad(set_to_none=True)
+            out = model(x)
+            loss = loss_fn(out, y)
+            loss.backward()
+            opt.step()
+            if on_step is not None:
+                on_step(out, loss)
+            step += 1
+            samples += len(x)
+            if step >= steps:
+                break
+    elapsed = time.perf_counter() - start
+    print(f"done: {step} steps in {elapsed:.1f} s ({samples / elapsed:.0f} samples/s)", flush=True)
+
+
+def apply_threads(args: argparse.Namespace, default: int | None = None) -> None:
+    threads = args.threads or default
+    if threads:
+        torch.set_num_threads(threads)

@@ -1,0 +1,93 @@
+"""dataloader-bound: the data-wait share decides; the worker count comes from the figures."""
+
+from __future__ import annotations
+
+from tests.diagnosis.builders import Job, Proc, const, loader, make_steps
+from tests.diagnosis.conftest import by_id, evidence, serious
+from torchdoctor.diagnosis.rules.dataloader_bound import size_workers
+from torchdoctor.thresholds import Thresholds
+
+
+def job(wait: float, wall: float = 0.1, cpus: int = 8, workers: int = 0, **kw) -> Job:
+    procs = [Proc(1000, cpu=kw.pop("trainer_cpu", const(95.0)))]
+    procs += [
+        Proc(2000 + i, role="dataloader-worker", cpu=const(kw.get("worker_cpu", 90.0)))
+        for i in range(workers)
+    ]
+    kw.pop("worker_cpu", None)
+    return Job(
+        cpus=cpus,
+        procs=procs,
+        steps=make_steps(n=300, wall=wall, wait=wait),
+        dataloaders=[loader(num_workers=workers, persistent_workers=workers > 0)],
+        settings={1000: {"torch.num_threads": cpus}},
+        **kw,
+    )
+
+
+def test_below_the_limit_is_silent(run_rules):
+    findings = run_rules(job(wait=0.009))  # 9 % < 10 %
+    assert "dataloader-bound" not in [f.id for f in findings]
+    assert serious(findings) == []
+
+
+def test_just_above_the_limit_warns(run_rules):
+    f = by_id(run_rules(job(wait=0.011)), "dataloader-bound")
+    assert f.severity == "warning"
+    assert evidence(f, "data wait share") == 11.0
+
+
+def test_workers_sized_from_load_and_compute(run_rules):
+    # 60 ms of 100 ms waits with num_workers=0: one batch takes 60 ms to load, the model
+    # computes 40 ms, so 60/40 * 1.2 -> 2 workers keep ahead on 8 idle CPUs.
+    f = by_id(run_rules(job(wait=0.06)), "dataloader-bound")
+    assert f.severity == "critical"
+    assert f.settings == {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
+    assert "DataLoader(num_workers=2" in f.recommendation
+    assert "60.0 ms of 100.0 ms" in f.recommendation
+    assert "2.4x" in f.expected_effect  # 100 ms -> max(40, 60 / 2) * 1.05 = 42 ms
+
+
+def test_cgroup_quota_limits_the_workers(run_rules):
+    # Loading 300 ms of CPU work per batch against 50 ms of compute: 8 CPUs would take
+    # 8 workers, a 1.5-CPU quota only feeds 2.
+    wide = by_id(run_rules(job(wait=0.3, wall=0.35)), "dataloader-bound")
+    quota = by_id(run_rules(job(wait=0.3, wall=0.35, quota=1.5)), "dataloader-bound")
+    assert wide.settings["num_workers"] == 8
+    assert quota.settings["num_workers"] == 2
+    assert "cgroup quota" in quota.recommendation
+
+
+def test_existing_workers_that_fall_behind_get_more(run_rules):
+    # Two workers, still 40 % waiting: a batch takes 2 * (40 + 60) = 200 ms in one worker,
+    # and each worker uses a third of a core (I/O-bound), so 200/60*1.2 -> 4 workers.
+    f = by_id(run_rules(job(wait=0.04, workers=2, worker_cpu=33.0)), "dataloader-bound")
+    assert f.settings["num_workers"] == 4
+    assert evidence(f, "CPU per loading worker") == 33.0
+
+
+def test_workers_already_use_every_cpu(run_rules):
+    f = by_id(run_rules(job(wait=0.05, cpus=2, workers=2, worker_cpu=95.0)), "dataloader-bound")
+    assert f.settings == {}
+    assert "already use the CPU" in f.recommendation
+
+
+def test_threshold_is_configurable(run_rules):
+    findings = run_rules(job(wait=0.011), Thresholds(data_wait_alert_pct=20.0))
+    assert "dataloader-bound" not in [f.id for f in findings]
+
+
+def test_without_steps_the_rule_is_silent(run_rules):
+    findings = run_rules(Job(procs=[Proc(1000, cpu=const(50.0))]))
+    assert findings == []
+
+
+def test_size_workers_model():
+    # Compute-bound floor: 20 % headroom.
+    assert size_workers(0.06, 0.04, 1.0, 8)[0] == 2
+    # CPU-bound floor: 2 CPUs, loading a full core: (300 + 50) / 2 = 175 ms per step at best.
+    workers, predicted = size_workers(0.3, 0.05, 1.0, 2)
+    assert workers == 2
+    assert abs(predicted - 0.175 * 1.05) < 1e-9
+    # Waiting on I/O costs little CPU: more workers than CPUs.
+    assert size_workers(0.05, 0.015, 0.1, 2)[0] == 4
