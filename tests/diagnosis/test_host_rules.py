@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.diagnosis.builders import GiB, MiB, Gpu, Job, Proc, const, loader, make_steps
+from tests.diagnosis.builders import GiB, Gpu, Job, MiB, Proc, const, loader, make_steps
 from tests.diagnosis.conftest import by_id, evidence, serious
 
 
