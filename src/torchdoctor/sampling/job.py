@@ -30,7 +30,7 @@ from torchdoctor.sampling.types import ProcessInfo, ProcessSample
 _ENV_NAMES = ("RANK", "LOCAL_RANK")
 _DEAD_STATES = ("Z", "X", "x")
 _FULL_RESCAN_S = 60.0
-_SLOW_BURST_S = 0.01
+_SLOW_BURST_S = 0.05
 _NOT_YET = "not read yet: PSS/USS are refreshed on a slower tier"
 
 
