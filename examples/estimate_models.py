@@ -58,9 +58,14 @@ class SmallResNet(nn.Module):
 
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
+        )
         self.layers = nn.Sequential(
-            BasicBlock(32, 32, 1), BasicBlock(32, 64, 2), BasicBlock(64, 128, 2), BasicBlock(128, 128, 1)
+            BasicBlock(32, 32, 1),
+            BasicBlock(32, 64, 2),
+            BasicBlock(64, 128, 2),
+            BasicBlock(128, 128, 1),
         )
         self.head = nn.Linear(128, classes)
 

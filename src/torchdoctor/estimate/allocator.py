@@ -49,7 +49,9 @@ class OutOfMemory(Exception):
     """The simulated device cannot hold the allocation even after freeing cached segments."""
 
     def __init__(self, requested: int, reserved: int, capacity: int) -> None:
-        super().__init__(f"cannot allocate {requested} B with {reserved} B of {capacity} B reserved")
+        super().__init__(
+            f"cannot allocate {requested} B with {reserved} B of {capacity} B reserved"
+        )
         self.requested = requested
         self.reserved = reserved
         self.capacity = capacity

@@ -12,8 +12,9 @@ from torchdoctor.estimate.profiles import GpuProfile
 from torchdoctor.estimate.trace import ACTIVATIONS, Trace
 
 WORKSPACES = "workspaces"
+KERNEL_SCRATCH = "kernel scratch"
 OUTSIDE_MODULES = "(loss and code outside modules)"
-_REPEAT = re.compile(r"(?<=[^.])\.\d+(?=\.|$)")
+_REPEAT = re.compile(r"(?<=[^.])\.\d+(?=\.|$)")  # the first numeric path component
 
 
 @dataclass
@@ -36,15 +37,24 @@ class Peak:
         return self.reserved + self.context
 
 
-def cpu_peak(trace: Trace) -> Peak:
-    """Peak of live storage bytes, exactly as the CPU allocates them."""
+def cpu_peak(trace: Trace, scratch: bool = True) -> Peak:
+    """Peak of live storage bytes as the CPU allocates them, with kernels' scratch memory
+    (``scratch=False``: tensor storages only)."""
     live = 0
     peak = -1
     peak_event = 0
     by: dict[str, int] = {}
     snapshot: dict[str, int] = {}
     sizes, categories = trace.sizes, trace.categories
+    inserts: dict[int, int] = {}
+    if scratch:
+        for transient in trace.transients:
+            inserts[transient.event] = inserts.get(transient.event, 0) + transient.nbytes
     for index, event in enumerate(trace.events):
+        extra = inserts.get(index)
+        if extra and live + extra > peak:
+            peak, peak_event, snapshot = live + extra, index, dict(by)
+            snapshot[KERNEL_SCRATCH] = extra
         if event >= 0:
             size = sizes[event]
             live += size
@@ -155,9 +165,7 @@ class Activations:
 
 def activations_by_module(trace: Trace, top: int = 5) -> Activations:
     """Activation bytes saved by each module (innermost) in the last step's forward pass."""
-    forward_starts = [
-        (i, mark) for i, mark in enumerate(trace.phase_marks) if mark[1] == "forward"
-    ]
+    forward_starts = [(i, mark) for i, mark in enumerate(trace.phase_marks) if mark[1] == "forward"]
     if not forward_starts:
         return Activations(0)
     last_index, last_mark = forward_starts[-1]
@@ -173,7 +181,11 @@ def activations_by_module(trace: Trace, top: int = 5) -> Activations:
             by_module[module] = by_module.get(module, 0) + trace.sizes[event]
     groups: dict[tuple[str, str], list[int]] = {}
     for module, nbytes in by_module.items():
-        name = _REPEAT.sub(".*", trace.module_names[module]) if module > 0 else OUTSIDE_MODULES
+        name = (
+            _REPEAT.sub(".*", trace.module_names[module], count=1)
+            if module > 0
+            else OUTSIDE_MODULES
+        )
         entry = groups.setdefault((name, trace.module_classes[module]), [0, 0])
         entry[0] += nbytes
         entry[1] += 1

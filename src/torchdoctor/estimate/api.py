@@ -23,6 +23,7 @@ _BREAKDOWN_ORDER = (
     "inputs",
     "activations",
     "temporaries",
+    "kernel scratch",
     "workspaces",
 )
 # Fall back to a real CPU run only when the model states surely fit in a fraction of the RAM.
@@ -61,7 +62,9 @@ def estimate(
         inference=inference, checkpointing=checkpointing, device=device, gpu=gpu,
         gpu_memory=gpu_memory,
     )  # fmt: skip
-    return estimate_workload(workload, setup, target, margin, fallback, _capacity(target, gpu_memory))
+    return estimate_workload(
+        workload, setup, target, margin, fallback, _capacity(target, gpu_memory)
+    )
 
 
 def max_batch(
@@ -148,7 +151,9 @@ def prepare(
         spec = fake_copy_factory(model)
         spec.__qualname__ = type(model).__name__
     elif not isinstance(model, str) and not callable(model):
-        raise UserError(f"cannot estimate a {type(model).__name__}: pass a spec string, factory or model")
+        raise UserError(
+            f"cannot estimate a {type(model).__name__}: pass a spec string, factory or model"
+        )
     return load_workload(spec, shape, tokens), setup, target
 
 
@@ -179,6 +184,7 @@ def estimate_workload(
     trace, method, notes = _trace(workload, setup, target, fallback)
     limit = int(capacity * (1.0 - margin)) if capacity is not None else None
     breakdown: dict[str, int]
+    tensor_peak = None
     if target.is_cuda:
         assert target.gpu is not None
         peak = cuda_peak(trace, target.gpu)
@@ -205,6 +211,7 @@ def estimate_workload(
             )
     else:
         peak = cpu_peak(trace)
+        tensor_peak = cpu_peak(trace, scratch=False).allocated
         breakdown = _ordered(peak.by_category)
         reserved = total = None
         fits = peak.allocated <= limit if limit is not None else None
@@ -217,6 +224,7 @@ def estimate_workload(
         target=target,
         parameter_count=trace.parameter_count,
         peak_allocated=peak.allocated,
+        tensor_peak=tensor_peak,
         peak_reserved=reserved,
         total=total,
         breakdown=breakdown,
@@ -244,7 +252,9 @@ def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: b
     except DataDependentOp as exc:
         problem = exc.describe()
         if not fallback:
-            raise UserError(f"{problem}: fake tensors cannot trace it (a real CPU run is off)") from None
+            raise UserError(
+                f"{problem}: fake tensors cannot trace it (a real CPU run is off)"
+            ) from None
         available = _available_ram()
         if exc.parameter_bytes * 4 > available * _REAL_RUN_RAM_FRACTION:
             raise UserError(
@@ -292,12 +302,19 @@ def alternatives(
     """Changes that could make a step fit, each re-estimated rather than guessed."""
     options: list[tuple[str, TrainingSetup]] = []
     if setup.precision == "fp32":
-        options.append(("bf16 mixed precision (--precision bf16-mixed)", setup.with_(precision="bf16-mixed")))
+        options.append(
+            ("bf16 mixed precision (--precision bf16-mixed)", setup.with_(precision="bf16-mixed"))
+        )
     if not setup.checkpointing and not setup.inference:
-        options.append(("activation checkpointing (--checkpointing)", setup.with_(checkpointing=True)))
+        options.append(
+            ("activation checkpointing (--checkpointing)", setup.with_(checkpointing=True))
+        )
     if setup.optimizer in ("adam", "adamw") and setup.optimizer_impl != "fused":
         options.append(
-            (f"fused {setup.optimizer} (--optimizer-impl fused)", setup.with_(optimizer_impl="fused"))
+            (
+                f"fused {setup.optimizer} (--optimizer-impl fused)",
+                setup.with_(optimizer_impl="fused"),
+            )
         )
         options.append(
             ("SGD with momentum instead of Adam (--optimizer sgd-momentum)",
@@ -310,7 +327,11 @@ def alternatives(
         combined = combined.with_(checkpointing=True)
     found: list[Alternative] = []
     for change, changed in options:
-        found.append(Alternative(change, _probe(workload, changed, target, margin, fallback, capacity, on_probe)))
+        found.append(
+            Alternative(
+                change, _probe(workload, changed, target, margin, fallback, capacity, on_probe)
+            )
+        )
     if setup.batch_size > 1 and not setup.inference:
         found.extend(_accumulation(workload, setup, target, margin, fallback, capacity, on_probe))
     if combined != setup and all(not a.estimate.fits for a in found):
@@ -320,7 +341,11 @@ def alternatives(
                 batch_size=1, grad_accumulation=setup.batch_size * setup.grad_accumulation
             )
             label += f", {setup.batch_size} micro-batches of 1"
-        found.append(Alternative(label, _probe(workload, combined, target, margin, fallback, capacity, on_probe)))
+        found.append(
+            Alternative(
+                label, _probe(workload, combined, target, margin, fallback, capacity, on_probe)
+            )
+        )
     return found
 
 

@@ -18,7 +18,7 @@ These constants are documented values, not measured by torchdoctor yet: the GPU 
 
 from __future__ import annotations
 
-from torchdoctor.estimate.profiles import MiB, GpuProfile
+from torchdoctor.estimate.profiles import GpuProfile, MiB
 
 CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024
 CUBLAS_WORKSPACE_BYTES_SM90 = 32 * MiB

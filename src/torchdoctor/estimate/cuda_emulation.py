@@ -35,15 +35,51 @@ _ORIGINAL_SDPA = F.scaled_dot_product_attention
 _ORIGINAL_DROPOUT = F.dropout
 _LOW = (torch.float16, torch.bfloat16)
 
-_FP32_NAMES = (
-    "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow softplus "
-    "layer_norm group_norm frobenius_norm nuclear_norm cosine_similarity poisson_nll_loss "
-    "cosine_embedding_loss nll_loss hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss "
-    "mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss triplet_margin_loss "
-    "multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp"
-).split()
-_FP32_DTYPE_NAMES = "prod softmax log_softmax cumprod cumsum sum vector_norm".split()
-_LOWER_EXTRA_NAMES = "mv addmv addr chain_matmul multi_dot".split()
+_FP32_NAMES = [
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow",
+    "softplus",
+    "layer_norm",
+    "group_norm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+]
+_FP32_DTYPE_NAMES = ["prod", "softmax", "log_softmax", "cumprod", "cumsum", "sum", "vector_norm"]
+_LOWER_EXTRA_NAMES = ["mv", "addmv", "addr", "chain_matmul", "multi_dot"]
 
 
 def _functions(names: list[str]) -> frozenset[Any]:
@@ -92,10 +128,8 @@ class CudaEmulation(TorchFunctionMode):
         enable_gqa: bool = False,
     ) -> torch.Tensor:
         args = (query, key, value, attn_mask, dropout_p, is_causal, scale)
-        if torch.is_autocast_enabled("cpu"):
-            dtype = torch.get_autocast_dtype("cpu")
-        else:
-            dtype = query.dtype
+        autocast = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
         backend = sdpa_backend(self.gpu, dtype, query.shape[-1], attn_mask is not None)
         self.backends[backend] = self.backends.get(backend, 0) + 1
         if backend == "math" or query.dim() != 4 or enable_gqa or key.shape[-3] != query.shape[-3]:
@@ -116,7 +150,7 @@ class CudaEmulation(TorchFunctionMode):
         return _ORIGINAL_DROPOUT(input, p, training, inplace)
 
     def attention_backward_transients(
-        self, args: tuple, kwargs: dict, out: Any
+        self, func: Any, args: tuple, kwargs: dict, out: Any
     ) -> list[tuple[int, str]]:
         query = args[1]
         mask = kwargs.get("attn_mask", args[8] if len(args) > 8 else None)
@@ -141,7 +175,11 @@ class CudaEmulation(TorchFunctionMode):
                 args, kwargs = _cast_floating(args, kwargs, _LOW, torch.float32)
             elif func in _FP32_DTYPE:
                 first = args[0] if args else None
-                if isinstance(first, torch.Tensor) and first.dtype in _LOW and "dtype" not in kwargs:
+                if (
+                    isinstance(first, torch.Tensor)
+                    and first.dtype in _LOW
+                    and "dtype" not in kwargs
+                ):
                     kwargs = {**kwargs, "dtype": torch.float32}
             elif func in _LOWER_EXTRA:
                 args, kwargs = _cast_floating(args, kwargs, (torch.float32,), self.low_dtype)

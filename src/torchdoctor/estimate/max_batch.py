@@ -43,7 +43,9 @@ def find_max_batch(
 
     first = probe(1)
     if not first.fits:
-        found = alternatives(workload, setup.with_(batch_size=1), target, margin, fallback, capacity, on_probe)
+        found = alternatives(
+            workload, setup.with_(batch_size=1), target, margin, fallback, capacity, on_probe
+        )
         return MaxBatch(0, first, probes, capacity, found, time.perf_counter() - started)
 
     lo, hi = 1, None

@@ -90,7 +90,9 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def custom_profile(memory_bytes: int, compute_capability: tuple[int, int] | None = None) -> GpuProfile:
+def custom_profile(
+    memory_bytes: int, compute_capability: tuple[int, int] | None = None
+) -> GpuProfile:
     """A GPU known only by its memory size."""
     cc = compute_capability or DEFAULT_COMPUTE_CAPABILITY
     return GpuProfile(f"GPU with {format_bytes(memory_bytes)}", memory_bytes, cc)

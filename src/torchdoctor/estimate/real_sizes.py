@@ -48,3 +48,94 @@ def real_output_sizes(func: Any, args: tuple, kwargs: dict) -> list[int]:
 
 
 PROBED_OPS = ("mkldnn_rnn_layer",)
+
+
+# CPU kernels that allocate scratch memory inside one call: oneDNN convolutions and RNN layers
+# (reordered weights, scratchpads), and low-precision matmuls (packed operands).
+SCRATCH_OPS = (
+    "convolution",
+    "convolution_backward",
+    "mkldnn_convolution",
+    "mkldnn_rnn_layer",
+    "mkldnn_rnn_layer_backward",
+)
+LOW_PRECISION_SCRATCH_OPS = ("mm", "addmm", "bmm", "baddbmm")
+# Probing runs the real kernel; above this many input bytes it is skipped (scratch unmodelled).
+SCRATCH_PROBE_LIMIT = 256 * 1024 * 1024
+
+_scratch_cache: dict[tuple, int] = {}
+
+
+def _input_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_input_bytes(v) for v in value)
+    return 0
+
+
+def cpu_scratch(func: Any, args: tuple, kwargs: dict) -> int:
+    """Bytes a real CPU kernel holds above its outputs at its peak inside one call.
+
+    The kernel runs once, for real, on zero tensors of the same shapes under
+    ``torch.profiler`` with ``profile_memory=True`` (cached by shapes).
+    """
+    from torch._C._profiler import _EventType
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.profiler import ProfilerActivity, profile
+
+    if _input_bytes(args) > SCRATCH_PROBE_LIMIT:
+        return 0
+    key = (str(func), _key(args), _key(tuple(sorted(kwargs.items()))))
+    if key not in _scratch_cache:
+        with unset_fake_temporarily():
+            real_args, real_kwargs = _real(args), _real(kwargs)
+            if func._opname == "mkldnn_rnn_layer_backward":
+                real_args = _with_real_rnn_workspace(real_args)
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                out = func(*real_args, **real_kwargs)
+            del out
+        allocations: list[tuple[int, int]] = []
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+                allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
+        allocations.sort(key=lambda item: item[0])
+        live = peak = 0
+        for _, size in allocations:
+            live += size
+            peak = max(peak, live)
+        _scratch_cache[key] = max(peak - max(live, 0), 0)
+    return _scratch_cache[key]
+
+
+def _with_real_rnn_workspace(args: tuple) -> tuple:
+    """mkldnn_rnn_layer_backward needs the workspace of a real forward (the fake one has the
+    meta kernel's size): run that forward on the same zero tensors."""
+    (input, w1, w2, w3, w4, hx, cx, _out, _hy, _cy, _go, _ghy, _gcy, reverse, mode, hidden_size,
+     num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, _ws) = args  # fmt: skip
+    # oneDNN keeps a workspace only when gradients are wanted (and backward runs without them).
+    input, w1, w2, w3, w4 = (t.detach().requires_grad_() for t in (input, w1, w2, w3, w4))
+    with torch.enable_grad():
+        forward = torch.ops.aten.mkldnn_rnn_layer(
+            input, w1, w2, w3, w4, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers,
+            has_biases, bidirectional, batch_first, train,
+        )  # fmt: skip
+    return (*args[:-1], forward[3].detach())
+
+
+def scratch_rule(func_name: str) -> Any:
+    """A tracker transient rule adding ``func_name``'s CPU scratch after its outputs."""
+    low_precision_only = func_name in LOW_PRECISION_SCRATCH_OPS
+
+    def rule(func: Any, args: tuple, kwargs: dict, out: Any) -> list[tuple[int, str]]:
+        if low_precision_only:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is None or first.dtype not in (torch.bfloat16, torch.float16):
+                return []
+        nbytes = cpu_scratch(func, args, kwargs)
+        return [(nbytes, f"{func_name} scratch")] if nbytes else []
+
+    return rule

@@ -35,6 +35,7 @@ class Estimate:
     target: Target
     parameter_count: int
     peak_allocated: int
+    tensor_peak: int | None  # CPU: peak of live tensor bytes alone, without kernel scratch
     peak_reserved: int | None
     total: int | None  # nvidia-smi's view: reserved + CUDA context (None on the CPU)
     breakdown: dict[str, int]
@@ -69,6 +70,7 @@ class Estimate:
             },
             "parameters": self.parameter_count,
             "peak_allocated_bytes": self.peak_allocated,
+            "tensor_peak_bytes": self.tensor_peak,
             "peak_reserved_bytes": self.peak_reserved,
             "total_bytes": self.total,
             "breakdown_bytes": dict(self.breakdown),

@@ -34,14 +34,18 @@ class TrainingSetup:
         if self.batch_size < 1:
             raise UserError(f"--batch must be at least 1, not {self.batch_size}")
         if self.optimizer not in OPTIMIZERS:
-            raise UserError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+            raise UserError(
+                f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}"
+            )
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             raise UserError(
                 f"unknown optimizer implementation {self.optimizer_impl!r}: "
                 f"use one of {', '.join(OPTIMIZER_IMPLS)}"
             )
         if self.precision not in PRECISIONS:
-            raise UserError(f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+            raise UserError(
+                f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}"
+            )
         if self.grad_accumulation < 1:
             raise UserError("--grad-accumulation must be at least 1")
 

@@ -20,7 +20,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """``3x224x224`` (or ``3,224,224``) -> (3, 224, 224): one sample's shape, no batch dim."""
     parts = [p for p in re.split(r"[x,\s]+", text.strip().lower()) if p]
     if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UserError(f"cannot read input shape {text!r}: write one sample's shape like 3x224x224")
+        raise UserError(
+            f"cannot read input shape {text!r}: write one sample's shape like 3x224x224"
+        )
     return tuple(int(p) for p in parts)
 
 
@@ -85,7 +87,9 @@ def _workload(
         try:
             return split_batch(maker(batch_size))
         except Exception as exc:
-            raise UserError(f"the batch maker of {name} raised {type(exc).__name__}: {exc}") from exc
+            raise UserError(
+                f"the batch maker of {name} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     def loss_fn(output: Any, target: Any) -> Any:
         loss = parts.get("loss") or default_loss
@@ -157,7 +161,9 @@ def _import_factory(spec: str) -> Callable[[], Any]:
         defined = [
             n
             for n, v in vars(module).items()
-            if callable(v) and not n.startswith("_") and getattr(v, "__module__", "") == module.__name__
+            if callable(v)
+            and not n.startswith("_")
+            and getattr(v, "__module__", "") == module.__name__
         ]
         hint = f" (it defines: {', '.join(sorted(defined))})" if defined else ""
         raise UserError(f"no factory {attr!r} in {target}{hint}")
@@ -199,7 +205,9 @@ def _hf_factory(model_type: str) -> Callable[[], Any]:
     try:
         config = transformers.AutoConfig.for_model(model_type)
     except ValueError:
-        raise UserError(f"transformers knows no model type {model_type!r} (e.g. gpt2, llama, bert)") from None
+        raise UserError(
+            f"transformers knows no model type {model_type!r} (e.g. gpt2, llama, bert)"
+        ) from None
 
     def build() -> Any:
         for auto in ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModel"):

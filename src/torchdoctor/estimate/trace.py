@@ -13,7 +13,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchdoctor.errors import UserError
-from torchdoctor.estimate.real_sizes import PROBED_OPS, real_output_sizes
+from torchdoctor.estimate.real_sizes import (
+    LOW_PRECISION_SCRATCH_OPS,
+    PROBED_OPS,
+    SCRATCH_OPS,
+    real_output_sizes,
+    scratch_rule,
+)
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
     apply_checkpointing,
@@ -72,7 +78,9 @@ class Trace:
     attention_backends: dict[str, int] = field(default_factory=dict)
 
 
-def trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: bool = False) -> Trace:
+def trace_step(
+    workload: Workload, setup: TrainingSetup, target: Target, real: bool = False
+) -> Trace:
     """Run the step of ``setup`` under fake tensors (or real ones) and record its storages."""
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
@@ -102,6 +110,9 @@ def trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: b
         if fake_mode is not None:
             for op in PROBED_OPS:
                 tracker.size_probes[op] = real_output_sizes
+            if not target.is_cuda:
+                for op in (*SCRATCH_OPS, *LOW_PRECISION_SCRATCH_OPS):
+                    tracker.transient_rules[op] = scratch_rule(op)
         for tensor in model.parameters():
             tracker.register_existing(tensor, PARAMETERS)
         for tensor in model.buffers():
@@ -124,7 +135,10 @@ def trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: b
             assert optimizer is not None
             for state in optimizer.state.values():
                 for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and (token := tracker.token_of(value)) is not None:
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and (token := tracker.token_of(value)) is not None
+                    ):
                         states.add(token)
                         if key == "step" and steps_on_host:
                             host.add(token)  # foreach/for-loop keep `step` on the CPU
@@ -137,18 +151,26 @@ def trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: b
             emulation = emulate_cuda(target.gpu, low_precision_dtype(setup), tracker)
         try:
             with stack, emulation as emulated, tracker:
-                run_training(model, batch, workload.loss_fn, optimizer, setup, tracker, on_grads, on_state)
+                run_training(
+                    model, batch, workload.loss_fn, optimizer, setup, tracker, on_grads, on_state
+                )
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-            raise DataDependentOp(_op_name(exc), _where(stack, tracker, False), _bytes(model)) from exc
+            raise DataDependentOp(
+                _op_name(exc), _where(stack, tracker, False), _bytes(model)
+            ) from exc
         except UnsupportedOperatorException as exc:
-            raise DataDependentOp(_op_name(exc), _where(stack, tracker, False), _bytes(model)) from exc
+            raise DataDependentOp(
+                _op_name(exc), _where(stack, tracker, False), _bytes(model)
+            ) from exc
         except UserError:
             raise
         except RuntimeError as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if "data-dependent" in message or "DataDependent" in type(exc).__name__:
                 raise DataDependentOp(
-                    tracker.failed_op or tracker.last_op, _where(stack, tracker, False), _bytes(model)
+                    tracker.failed_op or tracker.last_op,
+                    _where(stack, tracker, False),
+                    _bytes(model),
                 ) from exc
             raise UserError(
                 f"{workload.name} failed on a batch of {setup.batch_size} from {workload.batch_source}"
@@ -158,7 +180,6 @@ def trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: b
         events = list(tracker.events)
         parameter_count = sum(p.numel() for p in model.parameters())
         parameter_bytes = _bytes(model)
-        del model, optimizer, batch, params
 
     storages = tracker.storages
     categories = _categorize(tracker, events, gradients, states)

@@ -78,7 +78,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.failed_op: str | None = None
         self.failed_module = 0
         self._refs: dict[weakref.ref, int] = {}
-        # Callbacks by op name: fn(args, kwargs, outputs) -> [(nbytes, what)] transient memory.
+        # Callbacks by op name: fn(func, args, kwargs, outputs) -> [(nbytes, what)] transient memory.
         self.transient_rules: dict[str, Any] = {}
         # Callbacks by op name: fn(func, args, kwargs) -> real output sizes, for ops whose meta
         # kernels cannot know them (oneDNN workspaces).
@@ -159,13 +159,13 @@ class LiveStorageTracker(TorchDispatchMode):
             self._correct_sizes(out, probe(func, args, kwargs))
         rule = self.transient_rules.get(name)
         if rule is not None:
-            for nbytes, what in rule(args, kwargs, out):
+            for nbytes, what in rule(func, args, kwargs, out):
                 self.transients.append(Transient(len(self.events), nbytes, what))
         return out
 
     def _correct_sizes(self, out: Any, sizes: list[int]) -> None:
         outputs = out if isinstance(out, (tuple, list)) else (out,)
-        for tensor, nbytes in zip(outputs, sizes):
+        for tensor, nbytes in zip(outputs, sizes, strict=False):
             if not isinstance(tensor, torch.Tensor):
                 continue
             token = self.token_of(tensor)

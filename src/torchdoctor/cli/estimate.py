@@ -1,0 +1,254 @@
+"""``torchdoctor estimate``: will a training step fit, and the largest batch that does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from torchdoctor.errors import UserError
+from torchdoctor.estimate.profiles import PROFILES, format_bytes
+from torchdoctor.estimate.setup import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+
+_EPILOG = (
+    """\b
+SPEC names the model:
+  file.py:factory          a function returning a model, (model, make_batch) or
+                           (model, make_batch, loss); make_batch(n) -> (inputs, target)
+  package.module:factory   the same, imported
+  torchvision:NAME         e.g. torchvision:resnet50 (when torchvision imports)
+  hf:MODEL_TYPE            e.g. hf:gpt2, built from its config (transformers; no weights)
+\b
+GPUs: """
+    + ", ".join(PROFILES)
+    + """ (or --gpu-memory 24GiB)
+\b
+Examples:
+  torchdoctor estimate models.py:make --input 3x224x224 --batch 64
+  torchdoctor estimate models.py:gpt --tokens 1024 --batch 8 --gpu A100-80GB
+  torchdoctor estimate models.py:gpt --tokens 1024 --gpu H100-80GB --max-batch
+"""
+)
+
+
+@click.command(
+    "estimate",
+    epilog=_EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.argument("spec")
+@click.option("--batch", "batch_size", type=int, default=1, show_default=True, help="Batch size.")
+@click.option(
+    "--input",
+    "input_shape",
+    metavar="SHAPE",
+    help="One sample's shape, e.g. 3x224x224 (float inputs).",
+)
+@click.option(
+    "--tokens",
+    type=int,
+    metavar="SEQ",
+    help="Sequence length of token-id inputs (vocab from the model).",
+)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option(
+    "--optimizer-impl",
+    type=click.Choice(OPTIMIZER_IMPLS),
+    default="auto",
+    show_default=True,
+    help="auto: what torch picks on the target (foreach on CUDA, for-loop on the CPU).",
+)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
+@click.option(
+    "--grad-accumulation",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="Micro-batches per optimizer step.",
+)
+@click.option(
+    "--inference", is_flag=True, help="One forward pass under no_grad instead of training."
+)
+@click.option(
+    "--checkpointing", is_flag=True, help="Wrap the repeated blocks in activation checkpointing."
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    help="Target device [cuda when --gpu/--gpu-memory is given, else cpu].",
+)
+@click.option(
+    "--gpu", metavar="NAME", help="GPU profile, e.g. A100-80GB, H100-80GB, L4, T4, RTX 4090."
+)
+@click.option(
+    "--gpu-memory", metavar="SIZE", help="Target memory instead of a profile, e.g. 24GiB."
+)
+@click.option(
+    "--margin",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Fraction of the memory kept free when deciding what fits.",
+)
+@click.option(
+    "--max-batch", "find_max", is_flag=True, help="Find the largest batch that fits the target."
+)
+@click.option(
+    "--no-fallback",
+    is_flag=True,
+    help="Never fall back to a real CPU run when fake tensors cannot trace the model.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
+)
+def command(
+    spec: str,
+    batch_size: int,
+    input_shape: str | None,
+    tokens: int | None,
+    optimizer: str,
+    optimizer_impl: str,
+    precision: str,
+    grad_accumulation: int,
+    inference: bool,
+    checkpointing: bool,
+    device: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    margin: float,
+    find_max: bool,
+    no_fallback: bool,
+    as_json: bool,
+) -> None:
+    """Estimate the GPU (or CPU) memory of a training step, without a GPU.
+
+    Two training steps are traced under fake tensors on the CPU, storage by storage; for a CUDA
+    target the attention kernels, dropout masks, autocast lists, optimizer implementation and
+    the caching allocator of CUDA are modelled on top.
+    """
+    from torchdoctor.estimate import api
+
+    device = device or ("cuda" if gpu or gpu_memory else "cpu")
+    options: dict[str, Any] = dict(
+        input_shape=input_shape, tokens=tokens, optimizer=optimizer, optimizer_impl=optimizer_impl,
+        precision=precision, grad_accumulation=grad_accumulation, inference=inference,
+        checkpointing=checkpointing, device=device, gpu=gpu, gpu_memory=gpu_memory, margin=margin,
+        fallback=not no_fallback,
+    )  # fmt: skip
+    if find_max:
+        if batch_size != 1:
+            raise UserError("--max-batch searches the batch size: leave out --batch")
+        found = api.max_batch(spec, **options)
+        click.echo(json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found))
+        return
+    result = api.estimate(spec, batch_size=batch_size, **options)
+    found_alternatives = []
+    if result.fits is False and result.gpu_memory is not None:
+        workload, setup, target = api.prepare(
+            spec,
+            batch_size=batch_size,
+            **{k: v for k, v in options.items() if k not in ("margin", "fallback")},
+        )
+        found_alternatives = api.alternatives(
+            workload, setup, target, margin, not no_fallback, result.gpu_memory
+        )
+    if as_json:
+        data = result.to_dict()
+        data["alternatives"] = [a.to_dict() for a in found_alternatives]
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(render_estimate(result))
+        if found_alternatives:
+            click.echo(render_alternatives(found_alternatives, result))
+
+
+def _target_line(result: Any) -> str:
+    gpu = result.target.gpu
+    if gpu is None:
+        return "CPU"
+    cc = ".".join(map(str, gpu.compute_capability))
+    return f"{gpu.name} ({format_bytes(gpu.memory_bytes)}, sm{cc.replace('.', '')})"
+
+
+def render_estimate(result: Any) -> str:
+    """The estimate as the terminal shows it."""
+    lines = [
+        f"{result.model}: {result.setup.describe()} on {_target_line(result)}",
+        f"{result.parameter_count / 1e6:,.1f} M parameters; {result.method} in {result.seconds:.1f} s",
+        "",
+    ]
+    if result.total is not None:
+        lines += [
+            f"  peak allocated  {format_bytes(result.peak_allocated):>11}   torch.cuda.max_memory_allocated()",
+            f"  peak reserved   {format_bytes(result.peak_reserved):>11}   torch.cuda.max_memory_reserved()",
+            f"  nvidia-smi      {format_bytes(result.total):>11}   reserved + CUDA context",
+        ]
+    else:
+        lines.append(
+            f"  peak memory     {format_bytes(result.peak_allocated):>11}   live tensor bytes on the CPU"
+        )
+    if result.fits is not None:
+        verdict = "fits" if result.fits else "does NOT fit"
+        lines.append(
+            f"  {verdict} in {format_bytes(result.gpu_memory)} keeping {result.margin:.0%} free"
+        )
+    total = result.headline_bytes or 1
+    lines += ["", f"  at the peak (step {result.peak_step + 1}, {result.peak_phase}):"]
+    for name, value in result.breakdown.items():
+        if value:
+            lines.append(f"    {name:<20} {format_bytes(value):>11}  {value / total:6.1%}")
+    if result.top_modules:
+        lines += ["", "  activation memory by module (last forward pass, saved for backward):"]
+        for module in result.top_modules:
+            label = f"{module.module} ({module.type})" if module.type else module.module
+            if module.count > 1:
+                label += f" x{module.count}"
+            lines.append(f"    {label:<44} {format_bytes(module.bytes):>11}")
+    base = result.baselines
+    naive = "naive formula: 4 B x params" + (
+        "" if result.setup.inference else " x 2 x optimizer factor"
+    )
+    lines += [
+        "",
+        "  what rules of thumb say (no activations):",
+        f"    {naive:<44} {format_bytes(base.naive_formula_bytes):>11}",
+        f"    {'parameters only, like accelerate':<44} {format_bytes(base.params_only_bytes):>11}",
+    ]
+    if result.notes:
+        lines.append("")
+        lines += [f"  note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+def render_alternatives(found: list[Any], result: Any) -> str:
+    lines = ["", "  what would make it fit (each re-estimated):"]
+    for alt in found:
+        verdict = "fits" if alt.estimate.fits else "does not fit"
+        lines.append(
+            f"    {alt.change:<66} {format_bytes(alt.estimate.headline_bytes):>11}  {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def render_max_batch(found: Any) -> str:
+    searched = ", ".join(
+        f"{b} ({format_bytes(n)}{'' if fits else ', too big'})" for b, n, fits in found.probes
+    )
+    first = found.estimate
+    margin = f"keeping {first.margin:.0%} free" if first else ""
+    if found.batch_size == 0:
+        head = [
+            f"not even batch 1 fits {format_bytes(found.capacity)} {margin}: "
+            f"it needs {format_bytes(first.headline_bytes)}",
+        ]
+        body = render_estimate(first)
+        return "\n".join(head + ["", body, render_alternatives(found.alternatives, first)])
+    head = [
+        f"largest batch that fits {format_bytes(found.capacity)} {margin}: {found.batch_size} "
+        f"({format_bytes(first.headline_bytes)})",
+        f"searched {len(found.probes)} simulated steps in {found.seconds:.1f} s: {searched}",
+        "",
+    ]
+    return "\n".join(head) + render_estimate(first)
