@@ -33,6 +33,10 @@ from torchdoctor.sampling.types import ProcessInfo
 from torchdoctor.thresholds import Thresholds
 
 HISTORY = 120  # samples kept per process for the detail sparklines
+# PSS comes from smaps_rollup, which costs the kernel ~5 ms for a trainer (a walk of all its
+# mappings): all jobs together may spend this share of one core on it.
+PSS_CPU_SHARE = 0.004
+REGISTRY_EVERY_S = 5.0  # stale entries are pruned this often; new ones are seen at once
 
 
 class _History:
@@ -65,6 +69,9 @@ class TopCollector:
         self._jobs: dict[int, tuple[float, JobReader]] = {}  # root pid -> (create time, reader)
         self._history: dict[int, _History] = {}
         self._infos: dict[int, ProcessInfo] = {}  # every live job process, by PID
+        self._registry: list[registry.RegistryEntry] = []
+        self._registry_due = 0.0
+        self._registry_mtime: int | None = None
         self._hostname = socket.gethostname()
         self._uid = os.getuid()
 
@@ -95,6 +102,8 @@ class TopCollector:
                     continue  # gone between the scan and now
                 self._jobs[root] = (time.time(), reader)
         infos = self._infos
+        for _, reader in self._jobs.values():
+            reader.slow_budget = PSS_CPU_SHARE / len(self._jobs)
         for root, (_, reader) in sorted(self._jobs.items()):
             samples, new_infos, ended = reader.read()
             for info in new_infos:
@@ -155,7 +164,7 @@ class TopCollector:
         self, jobs: list[JobReading], ppid: dict[int, int], notes: list[str]
     ) -> None:
         try:
-            entries = registry.active()
+            entries = self._registry_entries()
         except OSError as exc:
             notes.append(f"recordings of `torchdoctor run` not shown: {exc}")
             return
@@ -181,6 +190,23 @@ class TopCollector:
                 job.recording = self.recordings.status(entry.recording_path)
                 in_use.add(entry.recording_path)
         self.recordings.forget_except(in_use)
+
+    def _registry_entries(self) -> list[registry.RegistryEntry]:
+        """registry.active(), re-read when an entry was added or removed, else every few s."""
+        try:
+            mtime = os.stat(registry.registry_dir()).st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        now = time.monotonic()
+        if mtime != self._registry_mtime or now >= self._registry_due:
+            self._registry = registry.active()
+            self._registry_due = now + REGISTRY_EVERY_S
+            # Pruning changes the folder: take its time after active().
+            try:
+                self._registry_mtime = os.stat(registry.registry_dir()).st_mtime_ns
+            except FileNotFoundError:
+                self._registry_mtime = None
+        return self._registry
 
     def _update_history(self, jobs: list[JobReading]) -> None:
         live = set()

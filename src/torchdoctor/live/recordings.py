@@ -22,7 +22,10 @@ from torchdoctor.live.model import FindingBrief, RecordingStatus
 from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
-FINDINGS_EVERY_S = 10.0
+FINDINGS_EVERY_S = 30.0
+# The diagnosis reads the whole recording, which grows: its refresh is spaced out so that it
+# uses at most this share of one core.
+FINDINGS_CPU_SHARE = 0.005
 _STEP_COLUMNS = (
     "pid",
     "rank",
@@ -43,7 +46,7 @@ class _Watched:
     error: str | None
     findings: list[FindingBrief] = field(default_factory=list)
     findings_error: str | None = None
-    findings_due: float = 0.0
+    findings_due: float = 0.0  # monotonic time
 
 
 class RecordingWatcher:
@@ -75,7 +78,7 @@ class RecordingWatcher:
             self._steps(w.db, now, status)
         except sqlite3.Error as exc:
             status.unavailable["steps"] = f"cannot read the steps of {path}: {exc}"
-        self._refresh_findings(w, now)
+        self._refresh_findings(w)
         status.findings = list(w.findings)
         if w.findings_error:
             status.unavailable["findings"] = w.findings_error
@@ -107,7 +110,8 @@ class RecordingWatcher:
         return _Watched(path, db, None)
 
     def _steps(self, db: sqlite3.Connection, now: float, status: RecordingStatus) -> None:
-        status.steps = db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+        # Rows are only ever appended: the last rowid is the count, without a table scan.
+        status.steps = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM steps").fetchone()[0]
         if status.steps == 0:
             status.unavailable["steps"] = (
                 "no step recorded yet (is the training loop instrumented?)"
@@ -131,10 +135,11 @@ class RecordingWatcher:
         shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
         status.data_wait_share = max(shares) if shares else None
 
-    def _refresh_findings(self, w: _Watched, now: float) -> None:
-        if now < w.findings_due:
+    def _refresh_findings(self, w: _Watched) -> None:
+        mono = time.monotonic()
+        if mono < w.findings_due:
             return
-        w.findings_due = now + FINDINGS_EVERY_S
+        cpu0 = time.thread_time()
         from torchdoctor.diagnosis.engine import diagnose
         from torchdoctor.recording.reader import open_recording
 
@@ -146,6 +151,9 @@ class RecordingWatcher:
         except Exception as exc:  # a diagnosis failure must never take the live view down
             w.findings_error = f"diagnosis failed: {type(exc).__name__}: {exc}"
             return
+        finally:
+            spent = time.thread_time() - cpu0
+            w.findings_due = mono + max(FINDINGS_EVERY_S, spent / FINDINGS_CPU_SHARE)
         reported = complaints.getvalue().strip().splitlines()
         w.findings_error = reported[0] if reported else None
         w.findings = [

@@ -1,0 +1,201 @@
+"""Overhead of `torchdoctor top` at a 1 s refresh with 300 processes on the machine.
+
+Goal (issue 7): <= 2 % of one core. Measured as the CPU time (utime + stime from
+/proc/<pid>/stat) a monitor process spends over a wall-clock window, after a warm-up that
+leaves its imports and first scans out, in the same run and under the same 300 processes as
+the baselines:
+
+- ``torchdoctor``: the interactive refresh path, once a second: TopCollector.read() (host,
+  NVML, discovery of PyTorch processes, JobReader per job, registry), build_view() and the rich
+  rendering of an 120 x 40 screen to a terminal console writing to /dev/null;
+- ``psutil-scan``: an htop-like psutil loop: per-core CPU, memory, swap, load and, for every
+  process, cpu_percent, memory_info, num_threads and cmdline;
+- ``glances``: ``glances -q`` (all plugins, no display), when the ``glances`` command is found
+  (``--glances PATH``; install it in a throwaway venv: ``python -m venv /tmp/g && /tmp/g/bin/pip
+  install glances nvitop``);
+- ``nvitop-host``: the calls nvitop's host panel makes each refresh (``nvitop.host`` cpu/memory/
+  swap/load), when nvitop imports in the given venv (``--nvitop-python PATH``). nvitop looks at
+  GPU processes only, so it scans no process table: a lower bound, not a like-for-like.
+
+Monitors run one after the other, twice, alternating, so machine noise hits all of them.
+Usage: ``python benchmarks/top_overhead.py [--processes 300] [--window 15]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+TORCHDOCTOR_LOOP = """
+import io, sys, time
+from rich.console import Console
+from torchdoctor.live.collect import TopCollector
+from torchdoctor.live.model import UiState, build_view
+from torchdoctor.live.render import render
+from torchdoctor.thresholds import Thresholds
+
+th = Thresholds()
+collector = TopCollector(th, interval_s=1.0)
+console = Console(file=open("/dev/null", "w"), force_terminal=True, width=120, height=40,
+                  color_system="truecolor")
+state = UiState()
+print("ready", flush=True)
+next_t = time.monotonic()
+while True:
+    readings = collector.read()
+    console.print(render(build_view(readings, th, state), 120, 40))
+    next_t += 1.0
+    time.sleep(max(0.0, next_t - time.monotonic()))
+"""
+
+PSUTIL_LOOP = """
+import time, psutil
+attrs = ["cpu_percent", "memory_info", "num_threads", "cmdline", "name", "ppid"]
+print("ready", flush=True)
+next_t = time.monotonic()
+while True:
+    psutil.cpu_times_percent(percpu=True)
+    psutil.virtual_memory(); psutil.swap_memory(); psutil.getloadavg()
+    rows = [p.info for p in psutil.process_iter(attrs)]
+    next_t += 1.0
+    time.sleep(max(0.0, next_t - time.monotonic()))
+"""
+
+NVITOP_HOST_LOOP = """
+import time
+from nvitop import host
+print("ready", flush=True)
+next_t = time.monotonic()
+while True:
+    host.cpu_percent(percpu=True); host.virtual_memory(); host.swap_memory()
+    host.load_average()
+    next_t += 1.0
+    time.sleep(max(0.0, next_t - time.monotonic()))
+"""
+
+TORCH_JOB = """
+import os, sys, torch, torch.utils.data as tud
+torch.set_num_threads(1)
+class D(tud.Dataset):
+    def __len__(self): return 1000
+    def __getitem__(self, i): return os.getpid()
+it = iter(tud.DataLoader(D(), batch_size=1, num_workers=2))
+next(it); next(it)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_count() -> int:
+    return sum(1 for n in os.listdir("/proc") if n.isdigit())
+
+
+def measure(argv: list[str], window: float, warmup: float, wait_ready: bool) -> float:
+    """Percent of one core the monitor used over ``window`` seconds after ``warmup``."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if wait_ready:
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"{argv[0]} did not start")
+        time.sleep(warmup)  # benchmark timing, not synchronisation: leave start-up out
+        c0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(window)
+        c1, t1 = cpu_seconds(proc.pid), time.monotonic()
+        return 100.0 * (c1 - c0) / (t1 - t0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=300)
+    parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument("--warmup", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--glances", default=shutil.which("glances") or "/tmp/cmpvenv/bin/glances")
+    parser.add_argument("--nvitop-python", default="/tmp/cmpvenv/bin/python")
+    args = parser.parse_args()
+
+    extra: list[subprocess.Popen] = []
+    job = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            # One real PyTorch job (trainer + 2 DataLoader workers) for top to find and group.
+            script = Path(tmp) / "train.py"
+            script.write_text(TORCH_JOB)
+            job = subprocess.Popen(
+                [sys.executable, str(script)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            assert job.stdout.readline().strip() == "ready"
+            while process_count() < args.processes:
+                extra.append(subprocess.Popen(["sleep", "3600"]))
+            print(f"processes on the machine: {process_count()} (spawned {len(extra)} + 1 job)")
+
+            monitors: dict[str, tuple[list[str], bool]] = {
+                "torchdoctor top": ([sys.executable, "-c", TORCHDOCTOR_LOOP], True),
+                "psutil-scan": ([sys.executable, "-c", PSUTIL_LOOP], True),
+            }
+            if os.access(args.glances, os.X_OK):
+                monitors["glances -q"] = ([args.glances, "-q", "-t", "1"], False)
+            else:
+                print(f"glances not found at {args.glances}: skipped")
+            nvitop_ok = os.access(args.nvitop_python, os.X_OK) and (
+                subprocess.run(
+                    [args.nvitop_python, "-c", "import nvitop"], capture_output=True
+                ).returncode
+                == 0
+            )
+            if nvitop_ok:
+                monitors["nvitop-host"] = ([args.nvitop_python, "-c", NVITOP_HOST_LOOP], True)
+            else:
+                print(f"nvitop not importable with {args.nvitop_python}: skipped")
+
+            results: dict[str, list[float]] = {name: [] for name in monitors}
+            for _ in range(args.rounds):
+                for name, (argv, ready) in monitors.items():
+                    results[name].append(measure(argv, args.window, args.warmup, ready))
+    finally:
+        for p in extra:
+            p.kill()
+        for p in extra:
+            p.wait()
+        if job is not None:
+            with contextlib.suppress(OSError):
+                job.stdin.close()
+            job.kill()
+            job.wait()
+
+    base = sum(results["psutil-scan"]) / len(results["psutil-scan"])
+    print(f"\n{'monitor':<18}{'% of one core (per round)':<30}{'mean':>7}{'vs psutil-scan':>16}")
+    for name, values in results.items():
+        mean = sum(values) / len(values)
+        rounds = "  ".join(f"{v:.2f}" for v in values)
+        print(f"{name:<18}{rounds:<30}{mean:>6.2f}%{mean / base:>15.2f}x")
+    td = sum(results["torchdoctor top"]) / len(results["torchdoctor top"])
+    verdict = "meets" if td <= 2.0 else "MISSES"
+    print(f"\ntorchdoctor top: {td:.2f} % of one core at 1 s refresh: {verdict} the 2 % goal")
+
+
+if __name__ == "__main__":
+    main()
