@@ -10,6 +10,8 @@ Side by side in one run, interleaved round by round, on the same job:
              memory_full_info for PSS/USS on the slow rounds), plus the host calls
              cpu_times_percent (total and per CPU), cpu_stats, virtual_memory, swap_memory,
              disk_io_counters, getloadavg; PSI and cgroup cpu.stat read raw (psutil has none);
+  psutil-pids  the same calls on Process objects kept for the job's PIDs, without
+             process_iter (a kinder baseline, shown for information);
   ours       Sampler(HostReader, JobReader, gpus=None).snapshot().
 
 Every 10th round is a "slow" round in all three variants: PSS/USS (smaps_rollup) are read for
@@ -124,15 +126,7 @@ class PsutilWay:
         self.seen: dict[int, tuple[list[str], dict[str, str]]] = {}
 
     def snapshot(self, slow: bool) -> None:
-        psutil.cpu_times_percent(percpu=False)
-        psutil.cpu_times_percent(percpu=True)
-        psutil.cpu_stats()
-        psutil.virtual_memory()
-        psutil.swap_memory()
-        psutil.disk_io_counters()
-        psutil.getloadavg()
-        for path in self.extra_files:
-            _raw(path)
+        self.host()
         procs = {}
         children: dict[int, list[int]] = {}
         for p in psutil.process_iter(["ppid"]):
@@ -144,6 +138,20 @@ class PsutilWay:
             if pid in procs:
                 members.append(procs[pid])
                 todo.extend(children.get(pid, ()))
+        self.processes(members, slow)
+
+    def host(self) -> None:
+        psutil.cpu_times_percent(percpu=False)
+        psutil.cpu_times_percent(percpu=True)
+        psutil.cpu_stats()
+        psutil.virtual_memory()
+        psutil.swap_memory()
+        psutil.disk_io_counters()
+        psutil.getloadavg()
+        for path in self.extra_files:
+            _raw(path)
+
+    def processes(self, members: list[psutil.Process], slow: bool) -> None:
         for p in members:
             try:
                 with p.oneshot():
@@ -160,6 +168,19 @@ class PsutilWay:
                         p.memory_full_info()
             except psutil.Error:
                 pass
+
+
+class PsutilKnownPids(PsutilWay):
+    """A kinder psutil baseline: the job's Process objects are kept and nothing else is
+    listed (no process_iter), so the cost does not grow with the machine's process count."""
+
+    def __init__(self, root: int, extra_files: list[str], pids: list[int]) -> None:
+        super().__init__(root, extra_files)
+        self.members = [psutil.Process(pid) for pid in pids]
+
+    def snapshot(self, slow: bool) -> None:
+        self.host()
+        self.processes(self.members, slow)
 
 
 # -- ours ---------------------------------------------------------------------------------------
@@ -268,12 +289,18 @@ def main() -> int:
         files, extra = host_files(job.pid)
         raw = Raw(files, pids)
         ps = PsutilWay(job.pid, extra)
+        ps_known = PsutilKnownPids(job.pid, extra, pids)
         ours = Ours(job.pid)
-        for v in (raw, ps, ours):  # warm-up: first reads, psutil's caches
+        for v in (raw, ps, ps_known, ours):  # warm-up: first reads, psutil's caches
             v.snapshot(True)
             v.snapshot(False)
         res = measure(
-            {"raw /proc": raw.snapshot, "psutil": ps.snapshot, "torchdoctor": ours.snapshot},
+            {
+                "raw /proc": raw.snapshot,
+                "psutil": ps.snapshot,
+                "psutil-pids": ps_known.snapshot,
+                "torchdoctor": ours.snapshot,
+            },
             args.rounds,
         )
         share, startup_ms, n = sampler_share(job.pid, args.duration)
@@ -305,6 +332,8 @@ def main() -> int:
         f"ours/psutil {vs_ps:.2f}x amortized ({fast_ps:.2f}x fast rounds)  "
         f"target <= {TARGET_PSUTIL}x  {verdict(vs_ps <= TARGET_PSUTIL)}"
     )
+    vs_known = ours_a / res["psutil-pids"]["amortized"]
+    print(f"ours/psutil-pids {vs_known:.2f}x amortized (information: no process_iter)")
     print(
         f"sampler at {INTERVAL_S} s with defaults (PSS within its 0.1 % budget), measured over "
         f"{args.duration:.0f} s / {n} snapshots: {share:.2f} % of one core  "
