@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
@@ -139,3 +140,14 @@ def test_process_detail_shows_command_environment_and_history(torch_job):
     assert "OMP_NUM_THREADS=1" in screen.line_with("env ")
     assert "history: last 3 refreshes" in screen.text
     assert screen.line_with("CPU% ") and screen.line_with("RSS  ")
+
+
+def test_gpu_process_outside_any_job_is_named():
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        gpu = fake_nvml.FakeGpu(compute_processes=[(other.pid, b.GIB)])
+        screen = show(build_view(collect(fake_nvml.FakeNvml([gpu])), TH, UiState()), height=200)
+    finally:
+        other.kill()
+        other.wait()
+    assert f"[0] {other.pid} sleep 1.0G" in screen.line_with("on GPU:")

@@ -7,6 +7,7 @@ never sleeps past its time. Works over SSH in any terminal rich can size, 80 x 2
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
@@ -122,7 +123,15 @@ def deliver(action: SendSignal) -> str:
 def run_interactive(
     collector: TopCollector, thresholds: Thresholds, interval_s: float, console: Console
 ) -> None:
-    """Until ``q``: refresh every ``interval_s``, redraw at once after each key."""
+    """Until ``q`` (or Ctrl-C): refresh every ``interval_s``, redraw at once after each key."""
+    # Ctrl-C is a normal way out of a live view; EOF: the terminal went away.
+    with contextlib.suppress(KeyboardInterrupt, EOFError):
+        _loop(collector, thresholds, interval_s, console)
+
+
+def _loop(
+    collector: TopCollector, thresholds: Thresholds, interval_s: float, console: Console
+) -> None:
     state = UiState()
     with (
         KeyReader(sys.stdin.fileno()) as keys,

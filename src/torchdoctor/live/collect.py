@@ -132,6 +132,11 @@ class TopCollector:
                 for p in job.processes:
                     p.gpu_memory = vram.get(p.pid, 0)
 
+        names = {
+            gp.local_pid: _comm(gp.local_pid)
+            for gp in gpu_procs
+            if gp.local_pid is not None and gp.local_pid not in all_pids
+        }
         self._attach_recordings(jobs, found.ppid, notes)
         self._update_history(jobs)
         if found.unreadable and self._uid != 0:
@@ -156,6 +161,7 @@ class TopCollector:
             },
             detail=detail,
             notes=notes,
+            process_names={pid: name for pid, name in names.items() if name is not None},
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -226,6 +232,11 @@ class TopCollector:
         if pid not in job_pids:
             return None
         return read_process_detail(pid, self._uid)
+
+
+def _comm(pid: int) -> str | None:
+    name = procfs.read_text(f"/proc/{pid}/comm")
+    return name or None
 
 
 def read_process_detail(pid: int, uid: int | None = None) -> ProcessDetail | None:

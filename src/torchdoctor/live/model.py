@@ -131,6 +131,7 @@ class TopReadings:
     history: dict[int, ProcessHistory] = field(default_factory=dict)
     detail: ProcessDetail | None = None
     notes: list[str] = field(default_factory=list)  # e.g. processes that could not be read
+    process_names: dict[int, str] = field(default_factory=dict)  # GPU processes outside jobs
 
 
 @dataclass(slots=True)
@@ -280,7 +281,8 @@ def build_view(readings: TopReadings, thresholds: Thresholds, state: UiState) ->
     jobs = [j for j in jobs if j.rows]
     jobs.sort(key=lambda j: _job_sort_key(j, state.sort))
     pid_to_job = {p.pid: job.root_pid for job in readings.jobs for p in job.processes}
-    names = {p.pid: p.name for job in readings.jobs for p in job.processes}
+    names = dict(readings.process_names)
+    names.update({p.pid: p.name for job in readings.jobs for p in job.processes})
     view = View(
         t=readings.t,
         interval_s=readings.interval_s,

@@ -205,8 +205,7 @@ def _gpus(view: View, width: int) -> list[Text]:
                 line.append(f"[{gp.gpu_index}] host pid {gp.pid} ", "")
                 line.append("unresolved", "yellow")
             else:
-                who = gp.name or "not PyTorch"
-                line.append(f"[{gp.gpu_index}] {gp.local_pid} {who}")
+                line.append(f"[{gp.gpu_index}] {gp.local_pid} {units.printable(gp.name or '?')}")
             line.append(f" {units.size(gp.used_memory)}")
         lines.append(line)
     return lines
