@@ -64,13 +64,13 @@ def running(pids: set[int]) -> list[int]:
 
 def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp_path):
     out = tmp_path / "out"
-    budget = 150
-    # 3 workers make the job hang and 4 make it crash: the search must record both as
+    budget = 180
+    # 3 workers make the job crash and 4 make it hang: the search must record both as
     # failed and still find and verify 2 workers.
     proc = tune(
         "--budget", f"{budget}s", "--trial-steps", "12", "--trial-timeout", "8", "--json",
         "--out", str(out), "--", sys.executable, JOB,
-        "--hang-with-workers", "3", "--crash-with-workers", "4",
+        "--crash-with-workers", "3", "--hang-with-workers", "4",
         cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -91,17 +91,17 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     by_workers = {}
     for t in trials:
         by_workers.setdefault(t["config"]["num_workers"], []).append(t)
-    hung = [t for t in by_workers.get(3, []) if t["status"] == FAILED]
-    crashed = [t for t in by_workers.get(4, []) if t["status"] == FAILED]
+    crashed = [t for t in by_workers.get(3, []) if t["status"] == FAILED]
+    hung = [t for t in by_workers.get(4, []) if t["status"] == FAILED]
+    assert crashed and "RuntimeError: this job cannot run with 3 workers" in crashed[0]["reason"]
     assert hung and "hung" in hung[0]["reason"]
-    assert crashed and "RuntimeError: this job cannot run with 4 workers" in crashed[0]["reason"]
     # The search went on after them, and every trial has its own recording and log.
-    assert any(t["status"] == OK for t in trials[trials.index(crashed[0]) + 1 :])
+    assert any(t["status"] == OK for t in trials[trials.index(hung[0]) + 1 :])
     for t in trials:
         assert Path(t["recording"]).exists() and Path(t["log"]).exists()
     # The budget is a hard limit (verification included).
     assert result["elapsed_s"] <= budget + 5
-    # The hung trial's processes (trainer and 3 workers) were all ended.
+    # The hung trial's processes (trainer and 4 workers) were all ended.
     assert not running(trial_pids(out))
     # Progress went to stderr, one line per trial.
     assert proc.stderr.count("trial ") >= 2 * len(trials)
