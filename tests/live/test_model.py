@@ -150,3 +150,21 @@ def test_filter_typing_detail_and_quit():
     assert state.filter == ""
     _, action = handle_key(state, "q", view)
     assert action == Quit()
+
+
+def test_unrecorded_job_with_saturated_workers_and_an_idle_trainer_is_flagged():
+    def job_with(trainer_cpu, worker_cpu):
+        return b.job(
+            600,
+            [
+                b.proc(600, 1, cpu=trainer_cpu),
+                b.proc(601, 600, role="dataloader-worker", cpu=worker_cpu),
+                b.proc(602, 600, role="dataloader-worker", cpu=worker_cpu),
+            ],
+        )
+
+    starved = build_view(b.readings([job_with(12.0, 97.0)]), TH, UiState()).jobs[0]
+    assert starved.status == "likely starved: 2 workers at 97 % CPU, trainer at 12 %"
+    assert starved.status_level == "warn"
+    busy = build_view(b.readings([job_with(99.0, 97.0)]), TH, UiState()).jobs[0]
+    assert (busy.status, busy.status_level) == ("", "ok")

@@ -226,6 +226,11 @@ class ProcessRow:
     pss: int | None
     gpu_memory: int | None
     matched: bool  # matches the filter (rows shown for context are dimmed)
+    uss: int | None = None
+    swap: int | None = None
+    read_bytes_per_s: float | None = None
+    write_bytes_per_s: float | None = None
+    ctx_involuntary_per_s: float | None = None  # preempted: waiting for a CPU
 
 
 @dataclass(slots=True)
@@ -234,6 +239,7 @@ class JobView:
     command: str
     ranks: list[int]
     workers: int
+    process_count: int
     cpu_percent: float
     threads: int
     rss: int
@@ -454,6 +460,11 @@ def _job_view(job: JobReading, readings: TopReadings, state: UiState) -> JobView
             pss=p.pss,
             gpu_memory=p.gpu_memory,
             matched=not state.filter or _matches(state.filter, p, command),
+            uss=p.uss,
+            swap=p.swap,
+            read_bytes_per_s=p.read_bytes_per_s,
+            write_bytes_per_s=p.write_bytes_per_s,
+            ctx_involuntary_per_s=p.ctx_involuntary_per_s,
         )
 
     rows: list[ProcessRow] = []
@@ -493,6 +504,7 @@ def _job_view(job: JobReading, readings: TopReadings, state: UiState) -> JobView
         command=command,
         ranks=sorted({p.rank for p in procs if p.rank is not None}),
         workers=sum(1 for p in procs if p.role == "dataloader-worker"),
+        process_count=len(procs),
         cpu_percent=sum(p.cpu_percent or 0.0 for p in procs),
         threads=sum(p.threads for p in procs),
         rss=sum(p.rss for p in procs),
@@ -525,6 +537,29 @@ def _job_status(job: JobReading, readings: TopReadings) -> tuple[str, str]:
         if rec.step_rate_per_s is not None:
             return "not waiting for data", "ok"
         return "recording, no steps yet", "ok"
+    return _starvation_hint(job)
+
+
+# Without a recording there is no step time to split, but the CPU of the processes tells a
+# data-starved job apart: its workers run flat out producing batches while the trainer, which
+# waits for them, is mostly idle. (A GPU-bound trainer busy-waits on CUDA near 100 %.)
+WORKER_SATURATED_PCT = 80.0
+TRAINER_IDLE_PCT = 50.0
+
+
+def _starvation_hint(job: JobReading) -> tuple[str, str]:
+    trainers = [p.cpu_percent for p in job.processes if p.role == "trainer"]
+    workers = [p.cpu_percent for p in job.processes if p.role == "dataloader-worker"]
+    if not trainers or not workers or None in trainers or None in workers:
+        return "", "ok"
+    worker_mean = sum(workers) / len(workers)  # type: ignore[arg-type]
+    trainer_mean = sum(trainers) / len(trainers)  # type: ignore[arg-type]
+    if worker_mean >= WORKER_SATURATED_PCT and trainer_mean < TRAINER_IDLE_PCT:
+        return (
+            f"likely starved: {len(workers)} workers at {worker_mean:.0f} % CPU, "
+            f"trainer at {trainer_mean:.0f} %",
+            "warn",
+        )
     return "", "ok"
 
 

@@ -110,7 +110,7 @@ def _host(host: HostView | None, width: int, height: int) -> list[Text]:
         cpu.append(f"{host.system:.0f}")
         cpu.append(" io ", STATE_STYLE["iowait"])
         cpu.append(f"{host.iowait:.1f}", LEVEL_STYLE[host.iowait_level])
-        if host.steal:
+        if host.steal is not None and host.steal >= 0.5:
             cpu.append(" st ", STATE_STYLE["steal"])
             cpu.append(f"{host.steal:.0f}")
     l1, l5, l15 = host.load
@@ -297,7 +297,8 @@ def _job_lines(job: JobView) -> list[Text]:
     if job.workers:
         parts.append(f"{job.workers} worker{'s' if job.workers != 1 else ''}")
     if not parts:
-        parts.append("1 process" if len(job.rows) == 1 else f"{len(job.rows)} processes")
+        n = job.process_count
+        parts.append("1 process" if n == 1 else f"{n} processes")
     line.append(f" {', '.join(parts)}")
     line.append(f"  CPU {job.cpu_percent:.0f}%  {job.threads} thr")
     line.append(f"  PSS {units.size(job.pss if job.pss is not None else job.rss)}")
@@ -305,10 +306,10 @@ def _job_lines(job: JobView) -> list[Text]:
         line.append(f"  VRAM {units.size(job.gpu_memory)}")
     lines = [line]
     rec = job.recording
-    if rec is not None:
+    if rec is not None or job.status:
         second = seg("  │ ", "dim")
-        if rec.step_rate_per_s is not None:
-            second.append(f"{rec.step_rate_per_s:.1f} step/s", "bold")
+        if rec is not None and rec.step_rate_per_s is not None:
+            second.append(_step_rate(rec.step_rate_per_s), "bold")
             if rec.data_wait_share is not None:
                 second.append("  data wait ")
                 second.append(
@@ -320,6 +321,15 @@ def _job_lines(job: JobView) -> list[Text]:
             second.append(job.status, LEVEL_STYLE[job.status_level] or "green")
         lines.append(second)
     return lines
+
+
+def _step_rate(rate: float) -> str:
+    """Steps per second, or seconds per step for slow steps (0.04 step/s reads badly)."""
+    if rate == 0.0:
+        return "0 step/s"
+    if rate >= 1.0:
+        return f"{rate:.1f} step/s"
+    return f"{1.0 / rate:.1f} s/step"
 
 
 def _process_line(row: ProcessRow, selected: bool) -> Text:
@@ -384,9 +394,15 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
             + Text(f"{units.size(row.gpu_memory):>7} ")
             + Text(units.sparkline(h.gpu_memory, spark_w), "magenta")
         )
+    ctx = row.ctx_involuntary_per_s
     lines.append(
-        Text(f"PSS {units.size(row.pss)}  (history: last {len(h.cpu_percent)} refreshes)", "dim")
+        Text(
+            f"PSS {units.size(row.pss)}  USS {units.size(row.uss)}  swap {units.size(row.swap)}"
+            f"  I/O r {units.rate(row.read_bytes_per_s)} w {units.rate(row.write_bytes_per_s)}"
+            f"  preempted {'-' if ctx is None else f'{ctx:.0f}'}/s"
+        )
     )
+    lines.append(Text(f"history: last {len(h.cpu_percent)} refreshes", "dim"))
     return lines[:room]
 
 
@@ -443,6 +459,8 @@ def _footer(view: View, width: int) -> list[Text]:
         return [Text(f"send {s.pending_signal} to {what}? y/n", "bold yellow")]
     if s.message:
         return [Text(s.message, "bold")]
+    if view.detail is not None:
+        return [Text("esc/enter close  k signal  ? help  q quit", "dim")]
     return [
         Text(
             "↑↓ select  enter detail  s sort  / filter  k signal  ? help  q quit",
