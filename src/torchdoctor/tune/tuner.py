@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import resolve_command
+from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
 from torchdoctor.tune.space import Config, Space
@@ -189,15 +190,8 @@ def tune_command(
                 f"the command does not run as written: {first.reason}. Fix that first "
                 f"(its output is in {first.log})"
             )
-        runner.limits = _limits_after(first, trial_timeout_s)
-        space = Space.for_machine(
-            cpus,
-            tune_pin_memory=any(d.startswith("cuda") for d in observed.devices),
-            tune_persistent=observed.epochs_seen > 1,
-            include=original,
-        )
-        if not observed.has_loader:
-            space = replace(space, num_workers=(0,))
+        runner.limits = limits_after(first, trial_timeout_s)
+        space = space_for(observed, cpus)
         suggestion = suggestion_from_diagnosis(first.recording, original)
         if on_phase:
             on_phase("search")
@@ -220,7 +214,25 @@ def tune_command(
     return result
 
 
-def _limits_after(first: Measurement, timeout: float | None) -> TrialLimits:
+def space_for(observed: ObservedJob, cpus: int) -> Space:
+    """The settings worth searching for this job on this machine.
+
+    pin_memory only matters when the model is on a GPU, and persistent_workers only where
+    the trials see an epoch end; otherwise they keep the job's own values.
+    """
+    original = observed.config
+    space = Space.for_machine(
+        cpus,
+        tune_pin_memory=any(str(d).startswith("cuda") for d in observed.devices),
+        tune_persistent=observed.epochs_seen > 1,
+        include=original,
+    )
+    if not observed.has_loader:
+        space = replace(space, num_workers=(0,))
+    return space
+
+
+def limits_after(first: Measurement, timeout: float | None = None) -> TrialLimits:
     """Limits for every later trial, scaled on the first one."""
     step_s = 1 / first.throughput if first.throughput else 1.0
     to_first = first.first_step_s or first.duration_s
