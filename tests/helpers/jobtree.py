@@ -12,6 +12,8 @@ tree step by step and know exactly when each step is done (no sleeps):
     exit PID               the child exits and is reaped -> "gone"
     zombie PID             the child exits and is left unreaped (a zombie) -> "zombie"
     reap PID               reap a zombie left by "zombie" -> "gone"
+    preexec                fork a child that waits to exec (like a shell's child) -> "<pid>"
+    exec PID               that child execs a new Python program -> "execd"
     loader                 start a torch DataLoader with 2 fork workers -> "<pid> <pid>"
     quit                   exit (children are told to exit first)
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -51,6 +54,10 @@ def child_main(conn) -> None:
             return
 
 
+# What an exec'd child runs: say so on the inherited pipe, then wait for SIGTERM.
+EXEC_TARGET = "import os, signal, sys; os.write(int(sys.argv[1]), b'x'); signal.pause()"
+
+
 class _Dataset:
     """Every item is the PID of the worker that produced it."""
 
@@ -63,6 +70,8 @@ class _Dataset:
 
 def main() -> None:
     children: dict[int, tuple[mp.Process, object]] = {}
+    pending_exec: dict[int, tuple[int, int]] = {}
+    execd: list[int] = []
     loaders = []
     out = sys.stdout
 
@@ -112,6 +121,30 @@ def main() -> None:
             proc, conn = children.pop(int(parts[1]))
             proc.join()
             reply("gone")
+        elif cmd == "preexec":
+            go_r, go_w = os.pipe()
+            ready_r, ready_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # a fork child that will exec on "exec PID", like a shell's child
+                os.close(go_w)
+                os.close(ready_r)
+                if not os.read(go_r, 1):
+                    os._exit(0)
+                os.set_inheritable(ready_w, True)
+                os.execv(sys.executable, [sys.executable, "-c", EXEC_TARGET, str(ready_w)])
+            os.close(go_r)
+            os.close(ready_w)
+            pending_exec[pid] = (go_w, ready_r)
+            reply(str(pid))
+        elif cmd == "exec":
+            pid = int(parts[1])
+            go_w, ready_r = pending_exec.pop(pid)
+            os.write(go_w, b"g")
+            os.read(ready_r, 1)  # written by the new program
+            os.close(go_w)
+            os.close(ready_r)
+            execd.append(pid)
+            reply("execd")
         elif cmd == "loader":
             import torch.utils.data as tud
 
@@ -129,6 +162,12 @@ def main() -> None:
         with contextlib.suppress(OSError):
             conn.send(("exit",))
         proc.join()
+    for go_w, _ready_r in pending_exec.values():
+        os.close(go_w)  # the child sees EOF and exits without exec'ing
+    for pid in execd:
+        os.kill(pid, signal.SIGTERM)
+    for pid in [*pending_exec, *execd]:
+        os.waitpid(pid, 0)
     loaders.clear()
 
 

@@ -114,6 +114,7 @@ class JobReader:
         self._loadavg_fd: int | None = None
         self._last_pid: int | None = None
         self._roles_dirty = True
+        self._reinfo: set[int] = set()
         with contextlib.suppress(OSError):
             self._loadavg_fd = procfs.open_ro("/proc/loadavg")
         # Three descriptors per process are kept open; stay well inside the process's limit
@@ -197,7 +198,6 @@ class JobReader:
             p.stat = st
             if st.comm != p.comm:
                 self._exec_changed(p, st)
-                self._roles_dirty = True
 
         last_pid = self._read_last_pid()
         listing: set[int] | None = None
@@ -224,11 +224,13 @@ class JobReader:
         # 3. Fast fields, slow tier, roles.
         samples: list[ProcessSample] = []
         infos: list[ProcessInfo] = []
+        gone_now = self._refresh_slow(mono)
         if self._roles_dirty:
             self._assign_roles()
             self._roles_dirty = False
         new_set = {p.pid for p in new}
-        gone_now = self._refresh_slow(mono)
+        # Processes that exec'd are described again (new command line, role, rank).
+        reinfo, self._reinfo = self._reinfo, set()
         for pid, p in procs.items():
             if pid in gone_now:
                 continue
@@ -239,7 +241,7 @@ class JobReader:
             if not self.include_root and self._is_root(p):
                 continue
             samples.append(s)
-            if pid in new_set:
+            if pid in new_set or pid in reinfo:
                 infos.append(
                     ProcessInfo(
                         pid=p.pid,
@@ -248,8 +250,9 @@ class JobReader:
                         name=p.name,
                         cmdline=p.cmdline,
                         role=p.role,
-                        rank=p.rank,
-                        local_rank=p.local_rank,
+                        # Workers inherit their trainer's environment, RANK included.
+                        rank=p.rank if p.role == roles.TRAINER else None,
+                        local_rank=p.local_rank if p.role == roles.TRAINER else None,
                     )
                 )
         for pid in gone_now:
@@ -380,7 +383,14 @@ class JobReader:
         return procfs.read_path(f"/proc/{p.pid}/{name}", size)
 
     def _exec_changed(self, p: _Proc, st: procfs.PidStat) -> None:
-        """(Re)read what changes only at exec: command line, name, RANK."""
+        """(Re)read what changes only at exec: command line, name, RANK.
+
+        A process first seen between fork and exec (a shell starting a trainer) shows its
+        parent's command line; it is described again once it runs its own program.
+        """
+        if hasattr(p, "cmdline"):
+            self._reinfo.add(p.pid)
+            self._roles_dirty = True
         p.comm = st.comm
         try:
             p.cmdline = procfs.parse_cmdline(procfs.read_path(f"/proc/{p.pid}/cmdline"))
@@ -459,9 +469,16 @@ class JobReader:
                 p.smaps_error = None
             except ProcessLookupError:
                 gone.append(p.pid)
+                continue
             except OSError as e:
                 p.pss = p.uss = None
                 p.smaps_error = f"/proc/{p.pid}/smaps_rollup: {e.strerror or e}"
+            # exec does not always change the name (python exec'ing python): compare the
+            # command line too, now and then.
+            with contextlib.suppress(OSError):
+                cmdline = procfs.parse_cmdline(procfs.read_path(f"/proc/{p.pid}/cmdline"))
+                if cmdline and cmdline != p.cmdline:
+                    self._exec_changed(p, p.stat)
             p.slow_due = mono + self.slow_refresh_s
             if budget is not None:
                 self._slow_tokens -= time.thread_time() - cpu0
