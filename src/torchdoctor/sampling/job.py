@@ -80,7 +80,8 @@ class JobReader:
     """The processes of the tree rooted at ``root_pid``.
 
     ``read()`` returns (samples of every live process, ProcessInfo of processes seen for the
-    first time, PIDs gone since the previous read). Per-process rates (CPU %, context
+    first time, PIDs gone since the previous read). A process that execs is described again
+    (same PID and create time; new command line, role and rank): the last description wins. Per-process rates (CPU %, context
     switches, I/O) are ``None`` in a process's first sample.
 
     PSS/USS come from smaps_rollup, for which the kernel walks the page tables of every
