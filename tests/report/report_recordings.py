@@ -41,6 +41,7 @@ class Spec:
     swap_spike_at: float | None = 30.0  # one sample of heavy swap-out, seconds from the start
     swap_spike: float = 48e6  # bytes/s
     complete: bool = True
+    per_core: bool = True  # per-CPU splits (the heatmap); costly to write for long recordings
 
 
 def host_info() -> dict:
@@ -81,6 +82,12 @@ def gpu_status(spec: Spec) -> dict:
             for i in range(spec.gpus)
         ],
     }
+
+
+def _core(core: int, busy: float, rng: random.Random) -> CpuSplit:
+    """One CPU's split: the first six carry the trainer and its workers, the rest idle more."""
+    load = min(99.0, busy * 1.5 + rng.random() * 8) if core < 6 else busy * 0.35 + rng.random() * 6
+    return CpuSplit(load * 0.8, 0.0, load * 0.2, 100.0 - load - 1.0, 1.0, 0.0, 0.0, 0.0)
 
 
 def write_recording(path: Path, spec: Spec | None = None) -> Path:
@@ -140,7 +147,10 @@ def write_recording(path: Path, spec: Spec | None = None) -> Path:
             cpu=None
             if first
             else CpuSplit(busy * 0.8, 0, busy * 0.2, 100 - busy - iowait, iowait, 0, 0, 0),
-            per_core=None,
+            per_core=None
+            if first or not spec.per_core
+            else [_core(c, busy, rng) for c in range(CPUS)],
+            per_core_ids=None if first or not spec.per_core else list(range(CPUS)),
             load1=9.5,
             load5=8.0,
             load15=6.0,

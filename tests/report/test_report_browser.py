@@ -3,6 +3,7 @@ and its threshold bands, findings show, the hover read-out works, no script erro
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from torchdoctor.report import write_report
 
 HERE = Path(__file__).resolve().parent
 CHARTS = ["cpu", "iowait", "disk", "memory", "swap", "gpu-util", "vram", "steps"]
+BOXES = ["cpu", "cpu-cores", *CHARTS[1:]]
 BANDED = {"cpu", "iowait", "swap", "vram"}
 
 
@@ -48,6 +50,7 @@ def chart_facts(browser: Chromium) -> dict:
         for (const box of document.querySelectorAll('figure.chart-box')) {
           const svg = box.querySelector('svg.chart');
           out[box.dataset.chart] = {
+            cells: box.querySelectorAll('rect.cell').length,
             points: [...box.querySelectorAll('path.series')].map(p => +p.dataset.points),
             drawn: [...box.querySelectorAll('path.series')].map(p => p.getTotalLength() > 0),
             bands: [...box.querySelectorAll('rect.band')].map(r => r.classList[1]),
@@ -67,7 +70,9 @@ def test_report_of_a_gpu_job_renders_every_chart_band_and_finding(browser, tmp_p
     open_report(browser, html)
     assert browser.evaluate("document.title").startswith("torchdoctor report: python train.py")
     facts = chart_facts(browser)
-    assert list(facts) == CHARTS
+    assert list(facts) == BOXES
+    heat = facts.pop("cpu-cores")
+    assert heat["cells"] >= 16 and heat["width"] > 600  # at least one run of colour per CPU
     for chart_id, f in facts.items():
         assert f["unavailable"] is None, chart_id
         assert f["points"] and all(n > 0 for n in f["points"]), chart_id
@@ -168,6 +173,7 @@ def test_report_of_a_real_recorded_training_job(browser, tmp_path, td):
     for chart_id in ("cpu", "memory", "steps"):
         assert facts[chart_id]["points"] and all(n > 0 for n in facts[chart_id]["points"]), chart_id
     assert "no GPU / NVML unavailable" in facts["vram"]["unavailable"]
+    assert facts["cpu-cores"]["cells"] >= len(os.sched_getaffinity(0))  # real /proc/stat figures
     roles = browser.evaluate(
         "[...document.querySelectorAll('table.tree .role')].map(e => e.textContent)"
     )

@@ -8,7 +8,12 @@ import pytest
 from report_recordings import CPUS, GIB, T0, TRAINER, Spec, write_recording
 
 from torchdoctor.recording import open_recording
-from torchdoctor.report.data import MAX_POINTS, build_report_data, process_tree
+from torchdoctor.report.data import (
+    MAX_HEATMAP_CELLS,
+    MAX_POINTS,
+    build_report_data,
+    process_tree,
+)
 from torchdoctor.report.downsample import downsample_minmax
 from torchdoctor.report.units import fmt_clock, fmt_value, nice_ticks, time_ticks
 from torchdoctor.thresholds import Thresholds
@@ -101,6 +106,20 @@ def test_every_timeline_is_there_with_the_threshold_bands(gpu_job):
     assert {b.kind for b in by_id["swap"].bands} == {"best", "alert"}
 
 
+def test_per_cpu_heatmap_shows_which_cpus_the_job_keeps_busy(cpu_job):
+    heat = cpu_job.cores
+    assert heat.unavailable is None
+    assert heat.rows == [f"CPU {i}" for i in range(CPUS)]
+    assert len(heat.t_edges) == len(heat.cells[0]) + 1
+    assert len(heat.rows) * len(heat.cells[0]) <= MAX_HEATMAP_CELLS
+
+    def mean(row):
+        return sum(v for v in row if v is not None) / len([v for v in row if v is not None])
+
+    # The recording's first six CPUs carry the job; the other ten are mostly idle.
+    assert min(mean(r) for r in heat.cells[:6]) > 2 * max(mean(r) for r in heat.cells[6:])
+
+
 def test_job_cpu_is_summed_per_role_as_a_share_of_the_allowed_cpus(cpu_job):
     series = {s.label: s for s in charts(cpu_job)["cpu"].series}
     assert set(series) == {"machine busy", "job: trainer", "job: DataLoader workers"}
@@ -119,7 +138,9 @@ def test_no_gpu_charts_say_why_instead_of_drawing_empty_axes(cpu_job):
 
 
 def test_a_long_recording_is_thinned_but_its_swap_spike_survives(tmp_path):
-    spec = Spec(seconds=2 * 3600, interval=1.0, workers=1, steps=False, swap_spike_at=5001.0)
+    spec = Spec(
+        seconds=2 * 3600, interval=1.0, workers=1, steps=False, swap_spike_at=5001.0, per_core=False
+    )
     path = write_recording(tmp_path / "long.sqlite", spec)
     with open_recording(path) as rec:
         data = build_report_data(rec, Thresholds())

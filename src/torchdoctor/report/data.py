@@ -25,6 +25,7 @@ from torchdoctor.report.model import (
     Chart,
     EventRow,
     Figure,
+    Heatmap,
     Marker,
     MetaSection,
     ProcessRow,
@@ -135,6 +136,7 @@ def build_report_data(
         verdict_level=level,
         summary=summary,
         charts=charts,
+        cores=core_heatmap(rec, meta, ctx),
         processes=process_rows,
         process_count=process_count,
         settings=settings_rows(settings, {p["pid"]: p["role"] for p in rec.processes()}),
@@ -301,6 +303,63 @@ def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: _Ctx
     if not chart.series:
         return _nothing(chart, _no_host(host) or "no CPU figures were recorded")
     return chart
+
+
+# Cells drawn in the per-CPU heatmap at most (rows x columns), and columns at most.
+MAX_HEATMAP_CELLS = 24_000
+MAX_HEATMAP_COLUMNS = 300
+
+
+def core_heatmap(rec: Recording, meta: dict, ctx: _Ctx) -> Heatmap:
+    """Mean busy share (user + system + irq...) of each allowed CPU per time bucket."""
+    heatmap = Heatmap(
+        id="cpu-cores",
+        title="CPU per core",
+        rows=[],
+        t_edges=[],
+        cells=[],
+        note=(
+            "One row per CPU the job may run on; darker is busier (time not idle and not "
+            "waiting for I/O). Pale rows while the job runs are CPUs it leaves unused."
+        ),
+    )
+    columns = ["t", "per_core"] + (
+        ["per_core_ids"] if "per_core_ids" in rec.columns("host_samples") else []
+    )
+    rows = [r for r in rec.rows("host_samples", columns=columns) if r.get("per_core")]
+    if not rows:
+        heatmap.unavailable = "no per-CPU figures were recorded"
+        return heatmap
+    ncores = max(len(r["per_core"]) for r in rows)
+    ids = rows[-1].get("per_core_ids") or (meta.get("host") or {}).get("allowed_cpus")
+    if not ids or len(ids) != ncores:
+        ids = list(range(ncores))
+    heatmap.rows = [f"CPU {i}" for i in ids]
+    ncols = max(1, min(MAX_HEATMAP_COLUMNS, MAX_HEATMAP_CELLS // ncores, len(rows)))
+    t_first = rows[0]["t"] - ctx.t0
+    t_last = rows[-1]["t"] - ctx.t0
+    width = (t_last - t_first) / ncols if t_last > t_first else 1.0
+    sums = [[0.0] * ncols for _ in range(ncores)]
+    counts = [[0] * ncols for _ in range(ncores)]
+    for r in rows:
+        col = min(ncols - 1, int((r["t"] - ctx.t0 - t_first) / width))
+        for core, split in enumerate(r["per_core"][:ncores]):
+            sums[core][col] += _busy(split)
+            counts[core][col] += 1
+    heatmap.cells = [
+        [s / n if n else None for s, n in zip(srow, nrow, strict=True)]
+        for srow, nrow in zip(sums, counts, strict=True)
+    ]
+    heatmap.t_edges = [t_first + i * width for i in range(ncols + 1)]
+    return heatmap
+
+
+def _busy(split: list[float] | dict[str, float]) -> float:
+    """Busy percent of one CPU split: neither idle nor waiting for I/O (as CpuSplit.busy)."""
+    if isinstance(split, dict):
+        return max(0.0, 100.0 - split["idle"] - split["iowait"])
+    # [user, nice, system, idle, iowait, irq, softirq, steal]: CpuSplit's field order
+    return max(0.0, 100.0 - split[3] - split[4])
 
 
 def iowait_chart(host: list[dict], ctx: _Ctx) -> Chart:

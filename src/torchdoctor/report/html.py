@@ -19,8 +19,15 @@ from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.report.data import Diagnose, build_report_data
-from torchdoctor.report.model import Chart, ReportData
-from torchdoctor.report.svg import PALETTE_SIZE, chart_json, render_chart, shows_ref
+from torchdoctor.report.model import Chart, Heatmap, ReportData
+from torchdoctor.report.svg import (
+    PALETTE_SIZE,
+    chart_json,
+    heat_colour,
+    render_chart,
+    render_heatmap,
+    shows_ref,
+)
 from torchdoctor.report.units import fmt_clock, fmt_utc, fmt_value
 from torchdoctor.thresholds import Thresholds
 
@@ -249,6 +256,8 @@ def _timelines(data: ReportData) -> str:
     ]
     for chart in data.charts:
         parts.append(_chart(chart, data.span_s))
+        if chart.id == "cpu":
+            parts.append(_heatmap(data.cores, data.span_s))
     parts.append(
         "<h3>Threshold table applied</h3><table><thead><tr><th>metric</th><th>alert</th>"
         "<th>best range</th></tr></thead><tbody>"
@@ -288,6 +297,30 @@ def _chart(chart: Chart, span: float) -> str:
         + f"<figcaption>{escape(chart.note)}{_off_chart_refs(chart)}{_alert_text(chart)}</figcaption>"
         + f'<script type="application/json" class="chart-data">{chart_json(chart, span)}</script>'
         + "</figure>"
+    )
+
+
+def _heatmap(heatmap: Heatmap, span: float) -> str:
+    head = (
+        f'<figure class="chart-box heat" id="chart-{escape(heatmap.id)}" '
+        f'data-chart="{escape(heatmap.id)}"><h3>{escape(heatmap.title)}</h3>'
+    )
+    if heatmap.unavailable:
+        return (
+            head
+            + f'<div class="unavailable" data-unavailable="yes">{escape(heatmap.unavailable)}</div>'
+            + f"<figcaption>{escape(heatmap.note)}</figcaption></figure>"
+        )
+    scale = (
+        '<div class="legend heat-scale">idle <span class="gradient" style="background:'
+        f"linear-gradient(to right, {', '.join(heat_colour(v) for v in (0, 25, 50, 75, 100))})"
+        '"></span> fully busy</div>'
+    )
+    return (
+        head
+        + scale
+        + render_heatmap(heatmap, span)
+        + f"<figcaption>{escape(heatmap.note)}</figcaption></figure>"
     )
 
 

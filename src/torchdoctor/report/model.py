@@ -76,6 +76,19 @@ class Chart:
 
 
 @dataclass(slots=True)
+class Heatmap:
+    """Busy share per CPU over time: one row per allowed CPU, one column per time bucket."""
+
+    id: str
+    title: str
+    rows: list[str]  # row labels, e.g. "CPU 3"
+    t_edges: list[float]  # column boundaries, elapsed seconds (len = columns + 1)
+    cells: list[list[float | None]]  # [row][column], percent busy
+    note: str = ""
+    unavailable: str | None = None
+
+
+@dataclass(slots=True)
 class Figure:
     """One headline number of the summary."""
 
@@ -139,6 +152,7 @@ class ReportData:
     verdict_level: str  # "ok", "warn", "alert", "none"
     summary: list[Figure]
     charts: list[Chart]
+    cores: Heatmap
     processes: list[ProcessRow]
     process_count: int
     settings: list[SettingRow]

@@ -10,7 +10,7 @@ import json
 import math
 from html import escape
 
-from torchdoctor.report.model import Chart
+from torchdoctor.report.model import Chart, Heatmap
 from torchdoctor.report.units import PERCENT, fmt_clock, nice_ticks, scale_for, time_ticks
 
 WIDTH = 1000
@@ -196,3 +196,82 @@ def _compact(value: float) -> float:
 def _tick_text(value: float) -> str:
     text = f"{value:.6g}"
     return text
+
+
+# Sequential blues from idle to fully busy; light enough at 0 % that idle CPUs read as empty.
+HEAT_STOPS = (
+    (0.0, (247, 251, 255)),
+    (25.0, (198, 219, 239)),
+    (50.0, (107, 174, 214)),
+    (75.0, (33, 113, 181)),
+    (100.0, (8, 48, 107)),
+)
+HEAT_LEVELS = 20  # colours are quantized so that equal neighbours merge into one rectangle
+
+
+def heat_colour(value: float) -> str:
+    level = round(min(max(value, 0.0), 100.0) / 100.0 * HEAT_LEVELS) * 100.0 / HEAT_LEVELS
+    for (v0, c0), (v1, c1) in zip(HEAT_STOPS, HEAT_STOPS[1:], strict=False):
+        if level <= v1:
+            f = (level - v0) / (v1 - v0)
+            r, g, b = (round(a + (z - a) * f) for a, z in zip(c0, c1, strict=True))
+            return f"#{r:02x}{g:02x}{b:02x}"
+    return "#08306b"
+
+
+def render_heatmap(heatmap: Heatmap, span: float) -> str:
+    """The per-CPU heatmap on the same time axis as the charts."""
+    nrows = len(heatmap.rows)
+    row_h = max(3, min(14, 240 // max(nrows, 1)))
+    height = TOP + nrows * row_h + BOTTOM
+    span = max(span, heatmap.t_edges[-1] if heatmap.t_edges else 0.0, 1e-9)
+
+    def x(t: float) -> float:
+        return LEFT + PLOT_W * min(max(t / span, 0.0), 1.0)
+
+    parts = [
+        f'<svg class="chart heatmap" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="{escape(heatmap.title)} over time" data-chart="{escape(heatmap.id)}">'
+        f'<rect class="plot" x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{nrows * row_h}"/>'
+    ]
+    label_every = max(1, math.ceil(11 / row_h))
+    edges = heatmap.t_edges
+    for i, (label, cells) in enumerate(zip(heatmap.rows, heatmap.cells, strict=True)):
+        y = TOP + i * row_h
+        measured = [v for v in cells if v is not None]
+        mean = sum(measured) / len(measured) if measured else None
+        tip = f"{label}: mean busy {mean:.0f} %" if mean is not None else f"{label}: no reading"
+        parts.append(f'<g class="core-row" data-row="{escape(label)}"><title>{escape(tip)}</title>')
+        start = 0
+        while start < len(cells):
+            colour = None if cells[start] is None else heat_colour(cells[start])
+            end = start + 1
+            while (
+                end < len(cells)
+                and (None if cells[end] is None else heat_colour(cells[end])) == colour
+            ):
+                end += 1
+            if colour is not None:
+                x1, x2 = x(edges[start]), x(edges[end])
+                parts.append(
+                    f'<rect class="cell" x="{x1:.1f}" y="{y}" width="{max(x2 - x1, 0.5):.1f}" '
+                    f'height="{row_h}" fill="{colour}"/>'
+                )
+            start = end
+        parts.append("</g>")
+        if i % label_every == 0:
+            parts.append(
+                f'<text class="tick" x="{LEFT - 6}" y="{y + row_h / 2 + 4:.1f}" '
+                f'text-anchor="end">{escape(label)}</text>'
+            )
+    bottom = TOP + nrows * row_h
+    for tick in time_ticks(span):
+        tx = x(tick)
+        parts.append(
+            f'<line class="xtick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{tx:.1f}" y="{bottom + 18}" text-anchor="middle">{fmt_clock(tick)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
