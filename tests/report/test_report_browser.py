@@ -89,6 +89,13 @@ def test_report_of_a_gpu_job_renders_every_chart_band_and_finding(browser, tmp_p
     assert [f[0] for f in findings] == [f.id for f in data.findings]
     assert "dataloader-bound" in [f[0] for f in findings]
     assert all(len(text) > len("Recommendation") + 10 and rows > 0 for _, text, rows in findings)
+    # Findings and their timelines link to each other, and every link lands on something.
+    links = browser.evaluate(
+        "[...document.querySelectorAll('.finding .see a, .related a')].map(a => "
+        "[a.getAttribute('href'), !!document.querySelector(a.getAttribute('href'))])"
+    )
+    assert ["#chart-steps", True] in links and ["#finding-0", True] in links
+    assert all(ok for _, ok in links)
     verdict = browser.evaluate("document.querySelector('.verdict').textContent")
     assert data.findings[0].title in verdict
     rows = browser.evaluate("document.querySelectorAll('table.tree tbody tr').length")

@@ -75,6 +75,26 @@ HOST_COLUMNS = [
 ]
 GPU_COLUMNS = ["t", "index", "utilization_gpu", "memory_used", "memory_total", "unavailable"]
 
+# The timeline that shows each finding's evidence best (finding id -> chart id).
+FINDING_CHARTS = {
+    "dataloader-bound": "steps",
+    "workers-not-persistent": "steps",
+    "pin-memory-off": "steps",
+    "thread-oversubscription": "cpu-cores",
+    "cpu-saturated": "cpu",
+    "io-wait": "iowait",
+    "swap-thrash": "swap",
+    "host-memory-leak": "memory",
+    "dataloader-copy-on-access": "memory",
+    "vram-near-full": "vram",
+    "vram-underused": "vram",
+    "cuda-fragmentation": "vram",
+    "no-mixed-precision": "gpu-util",
+    "gpu-throttled": "gpu-util",
+    "gpu-underused": "gpu-util",
+    "gpu-idle-cpu-training": "gpu-util",
+}
+
 Diagnose = Callable[[Recording, Thresholds], list[Finding]]
 
 

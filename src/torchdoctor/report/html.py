@@ -18,7 +18,7 @@ import torchdoctor
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
-from torchdoctor.report.data import Diagnose, build_report_data
+from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
 from torchdoctor.report.model import Chart, Heatmap, ReportData
 from torchdoctor.report.svg import (
     PALETTE_SIZE,
@@ -188,13 +188,16 @@ def _findings(data: ReportData) -> str:
             '<p class="lead">Most severe first. Each finding shows the measured evidence and the '
             "change to make, with values computed from this run.</p>"
         )
-    for f in data.findings:
-        parts.append(_finding(f, data))
+    titles = {c.id: c.title for c in data.charts if not c.unavailable}
+    if not data.cores.unavailable:
+        titles[data.cores.id] = data.cores.title
+    for i, f in enumerate(data.findings):
+        parts.append(_finding(i, f, data, titles))
     parts.append("</section>")
     return "".join(parts)
 
 
-def _finding(f: Finding, data: ReportData) -> str:
+def _finding(index: int, f: Finding, data: ReportData, titles: dict[str, str]) -> str:
     sev = escape(f.severity)
     rows = "".join(
         f'<tr><td>{escape(e.label)}</td><td class="num">{escape(_evidence_value(e))}</td>'
@@ -209,8 +212,14 @@ def _finding(f: Finding, data: ReportData) -> str:
             + "</code></p>"
         )
     details = f"<p>{escape(f.details)}</p>" if f.details else ""
+    chart = FINDING_CHARTS.get(f.id)
+    if chart in titles:
+        details += (
+            f'<p class="see">See it on the timeline: <a href="#chart-{chart}">'
+            f"{escape(titles[chart])}</a>.</p>"
+        )
     return (
-        f'<article class="finding sev-{sev}" data-finding="{escape(f.id)}">'
+        f'<article class="finding sev-{sev}" id="finding-{index}" data-finding="{escape(f.id)}">'
         f'<h3><span class="badge sev-{sev}">{sev}</span>{escape(f.title)}'
         f'<span class="rid">{escape(f.id)}</span>'
         f'<span class="conf">confidence {round(100 * f.confidence)} %</span></h3>'
@@ -254,10 +263,18 @@ def _timelines(data: ReportData) -> str:
         '<span style="color:var(--ok)">best range</span> and '
         '<span style="color:var(--alert)">alert range</span>. Hover a chart to read values.</p>'
     ]
+    related: dict[str, str] = {}
+    for i, f in enumerate(data.findings):
+        chart = FINDING_CHARTS.get(f.id)
+        if chart:
+            related[chart] = related.get(chart, "") + (
+                f'<a class="badge sev-{escape(f.severity)}" href="#finding-{i}">'
+                f"{escape(f.severity)}: {escape(f.title)}</a> "
+            )
     for chart in data.charts:
-        parts.append(_chart(chart, data.span_s))
+        parts.append(_chart(chart, data.span_s, related.get(chart.id, "")))
         if chart.id == "cpu":
-            parts.append(_heatmap(data.cores, data.span_s))
+            parts.append(_heatmap(data.cores, data.span_s, related.get(data.cores.id, "")))
     parts.append(
         "<h3>Threshold table applied</h3><table><thead><tr><th>metric</th><th>alert</th>"
         "<th>best range</th></tr></thead><tbody>"
@@ -270,11 +287,13 @@ def _timelines(data: ReportData) -> str:
     return "".join(parts)
 
 
-def _chart(chart: Chart, span: float) -> str:
+def _chart(chart: Chart, span: float, related: str = "") -> str:
     head = (
         f'<figure class="chart-box" id="chart-{escape(chart.id)}" data-chart="{escape(chart.id)}">'
     )
     head += f"<h3>{escape(chart.title)}</h3>"
+    if related:
+        head += f'<div class="related">{related}</div>'
     if chart.unavailable:
         return (
             head
@@ -300,11 +319,13 @@ def _chart(chart: Chart, span: float) -> str:
     )
 
 
-def _heatmap(heatmap: Heatmap, span: float) -> str:
+def _heatmap(heatmap: Heatmap, span: float, related: str = "") -> str:
     head = (
         f'<figure class="chart-box heat" id="chart-{escape(heatmap.id)}" '
         f'data-chart="{escape(heatmap.id)}"><h3>{escape(heatmap.title)}</h3>'
     )
+    if related:
+        head += f'<div class="related">{related}</div>'
     if heatmap.unavailable:
         return (
             head
