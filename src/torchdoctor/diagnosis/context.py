@@ -7,6 +7,7 @@ recording without GPUs or without steps costs nothing for the rules that stay si
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
@@ -176,16 +177,40 @@ class DiagnosisContext:
         return sorted(pid for pid in self.samples_by_pid if self.role_of(pid) == WORKER_ROLE)
 
     @cached_property
+    def job_cores_series(self) -> list[tuple[float, float]]:
+        """CPUs' worth of time used by the whole job at each sample (1.0 = one core)."""
+        by_t: dict[float, float] = {}
+        for s in self.process_samples:
+            if s["cpu_percent"] is not None:
+                by_t[s["t"]] = by_t.get(s["t"], 0.0) + s["cpu_percent"] / 100
+        return sorted(by_t.items())
+
+    @cached_property
     def job_cpu_series(self) -> list[tuple[float, float]]:
         """CPU used by the whole job at each sample, in percent of the usable CPUs."""
-        by_t: dict[float, float] = defaultdict(float)
-        seen: dict[float, bool] = {}
-        for s in self.process_samples:
-            if s["cpu_percent"] is None:
+        return [(t, v * 100 / self.usable_cpus) for t, v in self.job_cores_series]
+
+    def available_cores(self, t0: float, t1: float) -> float | None:
+        """CPUs the job could have had between t0 and t1: what it used plus what sat idle,
+        capped by the usable CPUs. Below the usable count when other processes compete."""
+        job = self.job_cores_series
+        values = []
+        for s in self.host_samples:
+            if not (t0 <= s["t"] <= t1) or s["cpu_busy"] is None:
                 continue
-            by_t[s["t"]] += s["cpu_percent"]
-            seen[s["t"]] = True
-        return [(t, by_t[t] / self.usable_cpus) for t in sorted(seen)]
+            cores = nearest(job, s["t"], tolerance=0.05)
+            if cores is not None:
+                idle = max(100.0 - s["cpu_busy"], 0.0) / 100 * self.allowed_cpus
+                values.append(min(cores + idle, self.usable_cpus))
+        return sum(values) / len(values) if values else None
+
+    @property
+    def busy_window(self) -> tuple[float, float]:
+        """The steady steps' time span when the job stepped, else the whole job."""
+        summary = self.step_summary
+        if summary is not None and summary.t_end > summary.t_start:
+            return summary.t_start, summary.t_end
+        return self.t_start, self.t_end
 
     # -- steps --------------------------------------------------------------------------
     @cached_property
@@ -350,6 +375,8 @@ def sustained_span(
     series = sorted(series)
     total = series[-1][0] - series[0][0]
     window = min(thresholds.sustained_s, total)
+    gaps = sorted(b[0] - a[0] for a, b in zip(series, series[1:], strict=False))
+    slack = gaps[len(gaps) // 2]  # one sampling interval: windows never line up exactly
     beyond = [(v > limit) if above else (v < limit) for _, v in series]
     spans: list[tuple[int, int]] = []
     j = 0
@@ -358,7 +385,7 @@ def sustained_span(
         j = max(j, i)
         while j + 1 < n and series[j + 1][0] - series[i][0] <= window + 1e-9:
             j += 1
-        if series[j][0] - series[i][0] < window - 1e-9 or j - i + 1 < 3:
+        if series[j][0] - series[i][0] < window - slack - 1e-9 or j - i + 1 < 3:
             break  # the remaining windows are shorter than the sustained window
         hits = sum(beyond[i : j + 1])
         if hits / (j - i + 1) >= thresholds.sustained_fraction:
@@ -377,6 +404,23 @@ def sustained_span(
         peak=max(values) if above else min(values),
         samples=len(values),
     )
+
+
+def nearest(series: list[tuple[float, float]], t: float, tolerance: float) -> float | None:
+    """The value of the sorted ``series`` sampled closest to ``t``, within ``tolerance`` s.
+
+    Host and process readings of one snapshot carry their own read times, a few ms apart.
+    """
+    i = bisect.bisect_left(series, (t, -math.inf))
+    best = None
+    for j in (i - 1, i):
+        if (
+            0 <= j < len(series)
+            and abs(series[j][0] - t) <= tolerance
+            and (best is None or abs(series[j][0] - t) < abs(best[0] - t))
+        ):
+            best = series[j]
+    return best[1] if best is not None else None
 
 
 def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float, float] | None:

@@ -86,14 +86,14 @@ def _panel(f: Finding) -> Panel:
     table.add_column()
     for ev in f.evidence:
         table.add_row(ev.label, format_value(ev))
-    parts: list[Any] = [table, Text("")]
+    parts: list[Any] = [Text(f.title, style="bold"), table, Text("")]
     parts.append(Text.assemble(("Fix: ", "bold"), f.recommendation))
     if f.expected_effect:
         parts.append(Text.assemble(("Expected: ", "bold"), f.expected_effect))
     if f.settings:
         fix = ", ".join(f"{k}={v!r}" for k, v in f.settings.items())
         parts.append(Text.assemble(("Settings: ", "bold"), fix))
-    title = Text.assemble((f"{f.severity.upper()} ", style), (f.id, "bold"), f"  {f.title}")
+    title = Text.assemble((f"{f.severity.upper()} ", style), (f.id, "bold"))
     return Panel(
         Group(*parts),
         title=title,

@@ -8,8 +8,11 @@ under its own id, ``cpu-contention``.
 
 from __future__ import annotations
 
+import math
+
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.rules._common import torch_threads
 
 ID = "cpu-saturated"
 CONTENTION_ID = "cpu-contention"  # the CPUs are saturated by other processes, not the job
@@ -32,6 +35,23 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         if job_share is not None and job_share >= ctx.thresholds.cpu_load_best_pct:
             return []  # the job is the main user; below its own limit only by sampling noise
         others = host_span.mean - (job_share or 0.0) * usable / max(ctx.allowed_cpus, 1)
+        recommendation = (
+            "Stop or move the other CPU-heavy processes, or pin the job to CPUs of its own "
+            "(taskset / cgroup cpuset); the job gets only what is left of "
+            f"{ctx.cpu_limit_text}."
+        )
+        settings: dict[str, object] = {}
+        available = ctx.available_cores(host_span.t_start, host_span.t_end)
+        threads = [t for pid in ctx.compute_pids if (t := torch_threads(ctx, pid)) is not None]
+        if available is not None and threads and not ctx.uses_gpu:
+            fit = max(1, math.floor(available / len(threads) + 1e-9))
+            if max(threads) > fit:
+                settings = {"torch.num_threads": fit, "env.OMP_NUM_THREADS": str(fit)}
+                recommendation += (
+                    f" Until then, torch.set_num_threads({fit}) matches the {available:.1f} "
+                    f"CPUs left to the job (it runs {max(threads)} threads): threads of one "
+                    "parallel region that wait for a preempted sibling waste the rest."
+                )
         return [
             Finding(
                 id=CONTENTION_ID,
@@ -48,13 +68,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                     Evidence("of which the job", round(job_share or 0.0, 1), "% of usable CPUs"),
                     Evidence("used by other processes", round(max(others, 0.0), 1), "%"),
                 ],
-                recommendation=(
-                    "Stop or move the other CPU-heavy processes, or pin the job to CPUs of its own "
-                    "(taskset / cgroup cpuset); the job gets only what is left of "
-                    f"{ctx.cpu_limit_text}."
-                ),
+                recommendation=recommendation,
                 expected_effect="The job's steps stop waiting for CPU time taken by other programs.",
                 confidence=0.7,
+                settings=settings,
             )
         ]
     gpu = ctx.uses_gpu

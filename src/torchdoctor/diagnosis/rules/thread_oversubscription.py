@@ -20,6 +20,7 @@ RUN_QUEUE_FACTOR = 1.25  # runnable tasks above this many per usable CPU: conten
 INVOLUNTARY_PER_THREAD_S = 50.0  # preemptions per compute thread and second: contention
 THROTTLED_SHARE = 0.1  # share of wall time the cgroup was throttled
 BUSY_WORKER_CORES = 0.2  # a worker using more than this share of a core computes
+OTHERS_MIN_CPUS = 0.5  # less CPU taken by other processes (the recorder, a shell) costs no thread
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
@@ -32,7 +33,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             threads[pid] = n
     if not threads:
         return []  # without the torch thread setting the count would be a guess
-    t0, t1 = ctx.t_start, ctx.t_end
+    t0, t1 = ctx.busy_window
     busy_workers = [
         pid
         for pid in ctx.worker_pids
@@ -53,7 +54,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if busy_workers:
         evidence.append(Evidence("busy DataLoader workers", len(busy_workers), "processes"))
 
-    run_queue = ctx.host_series("procs_running")
+    run_queue = [(t, v) for t, v in ctx.host_series("procs_running") if t0 <= t <= t1]
     rq_span = ctx.sustained(run_queue, usable * RUN_QUEUE_FACTOR)
     if rq_span is not None:
         signals.append(f"{rq_span.mean:.1f} runnable tasks on {usable:g} CPUs")
@@ -84,7 +85,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         return []
 
     worker_cores = sum(per_process_mean_cores(ctx, [pid], t0, t1) or 0.0 for pid in busy_workers)
-    per_process = max(1, math.floor((usable - worker_cores) / len(threads) + 1e-9))
+    available = ctx.available_cores(t0, t1)
+    others = usable - available if available is not None else 0.0
+    free = usable - worker_cores - (others if others >= OTHERS_MIN_CPUS else 0.0)
+    per_process = max(1, math.floor(free / len(threads) + 1e-9))
     ratio = demand / usable
     severity = "critical" if ratio >= 4 else "warning"
     current = ", ".join(sorted({str(n) for n in threads.values()}))
@@ -97,6 +101,13 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if len(threads) > 1:
         recommendation += (
             f" That is {per_process} per training process for {len(threads)} processes."
+        )
+    if others >= OTHERS_MIN_CPUS:
+        evidence.append(Evidence("CPU used by other processes", round(others, 1), "CPUs", t0, t1))
+        recommendation += (
+            f" Other processes take {others:.1f} CPUs, so {per_process} is what is left; "
+            "OpenMP threads that wait for a preempted sibling at every barrier cost more than "
+            "the parallelism gains."
         )
     if busy_workers:
         recommendation += (
