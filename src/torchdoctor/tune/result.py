@@ -133,6 +133,42 @@ class TuneResult:
             return None
         return self.verification.gain
 
+    @property
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The recommended settings as ``DataLoader(...)`` keyword arguments."""
+        return self.recommended.dataloader_kwargs()
+
+    def __repr__(self) -> str:
+        gain = f"{self.gain:.2f}x" if self.gain is not None else "none verified"
+        return (
+            f"TuneResult(recommended={self.recommended.label()!r}, "
+            f"original={self.original.label()!r}, gain={gain}, trials={len(self.trials)}, "
+            f"stopped={self.stopped!r})"
+        )
+
+    def summary(self) -> str:
+        """Plain-text account: each trial, then the outcome (for notebooks and logs)."""
+        base = self.best_throughput(self.original)
+        lines = [f"{'#':>3}  {'run':<16} {'settings':<24} {'steps/s':>9} {'vs orig.':>8}  result"]
+        for m in self.trials:
+            speed = f"{m.throughput:9.2f}" if m.throughput is not None else f"{'-':>9}"
+            ratio = f"{m.throughput / base:7.2f}x" if m.throughput and base else f"{'-':>8}"
+            status = m.status + (f" ({m.reason})" if m.reason else "")
+            lines.append(
+                f"{m.index:>3}  {m.purpose:<16} {m.config.label():<24} {speed} {ratio}  {status}"
+            )
+        lines.append(f"noise between runs: +-{self.noise:.0%}; search stopped: {self.stopped}")
+        if self.changed and self.gain is not None:
+            v = self.verification
+            spread = f" +- {v.gain_spread:.2f}" if v.gain_spread is not None else ""
+            lines.append(f"verified gain {self.gain:.2f}x{spread} over {v.pairs} interleaved pairs")
+            lines.append(f"use: DataLoader(..., {self.paste()['dataloader_code']})")
+            lines.append(f"and: {self.paste()['set_num_threads']}")
+        else:
+            lines.append("keep your settings: nothing was verified faster")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
     def best_throughput(self, config: Config) -> float | None:
         values = [m.throughput for m in self.trials if m.ok and m.config == config]
         return statistics.fmean(values) if values else None

@@ -199,8 +199,7 @@ class Search:
         while not self.stopped:
             moved = self._climb(current)
             if moved is None:
-                self.stopped = self.stopped or "converged"
-                break
+                break  # converged, unless the budget or an interrupt said stop
             current = moved
         candidate = self._confirm()
         search_s = self.clock() - self._started
