@@ -108,6 +108,9 @@ def test_job_status_names_the_starved_job_and_prefers_findings():
     status = {j.root_pid: (j.status, j.status_level) for j in view.jobs}
     assert status[400] == ("starved: waits for data 41 % of step time", "alert")
     assert status[500] == ("not waiting for data", "ok")
+    stalled = RecordingStatus("/t.sqlite", 50, 0.0, 0.0, None, stalled_s=42.4)
+    view = build_view(b.readings([b.job(700, [b.proc(700, 1)], recording=stalled)]), TH, UiState())
+    assert (view.jobs[0].status, view.jobs[0].status_level) == ("stalled: no step for 42 s", "warn")
     starved.findings = [
         FindingBrief("threads", "warning", "CPU threads oversubscribed"),
         FindingBrief("dataloader-bound", "critical", "DataLoader-bound: raise num_workers to 6"),

@@ -107,6 +107,13 @@ def test_watcher_gives_step_rate_and_data_wait_of_the_recent_window(tmp_path):
         assert status.data_wait_share == pytest.approx(0.4, rel=0.01)
         stalled = watcher.status(tmp_path / "old.sqlite", now=now)
         assert stalled.steps == 10 and stalled.step_rate_per_s == 0.0
+        assert stalled.stalled_s == pytest.approx(30.0, abs=0.5)
+        # Steps of 20 s each, the last one just ended: slow, not stalled.
+        write_recording(tmp_path / "slow.sqlite", 7, steps=3, wall=20.0, wait=15.0, end=now).close()
+        slow = watcher.status(tmp_path / "slow.sqlite", now=now)
+        assert slow.stalled_s is None
+        assert slow.step_rate_per_s == pytest.approx(0.05, rel=0.05)
+        assert slow.data_wait_share == pytest.approx(0.75, rel=0.01)
         empty = watcher.status(tmp_path / "empty.sqlite", now=now)
         assert "no step recorded yet" in empty.unavailable["steps"]
         missing = watcher.status(tmp_path / "nope.sqlite", now=now)

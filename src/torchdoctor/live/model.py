@@ -77,6 +77,7 @@ class RecordingStatus:
     samples_per_s: float | None
     data_wait_share: float | None  # 0-1: time blocked in DataLoader next() / step time
     window_s: float = 10.0  # the figures are over the steps that ended in this window
+    stalled_s: float | None = None  # seconds since the last step, when far over a step's time
     findings: list[FindingBrief] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
 
@@ -532,8 +533,8 @@ def _job_status(job: JobReading, readings: TopReadings) -> tuple[str, str]:
                 f"starved: waits for data {100 * rec.data_wait_share:.0f} % of step time",
                 "alert",
             )
-        if rec.step_rate_per_s == 0.0:
-            return f"no step in the last {rec.window_s:.0f} s", "warn"
+        if rec.stalled_s is not None:
+            return f"stalled: no step for {rec.stalled_s:.0f} s", "warn"
         if rec.step_rate_per_s is not None:
             return "not waiting for data", "ok"
         return "recording, no steps yet", "ok"

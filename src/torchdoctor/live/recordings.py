@@ -23,6 +23,8 @@ from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
 FINDINGS_EVERY_S = 30.0
+MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
+STALLED_STEPS = 3.0  # no step for this many typical step times (and the window): stalled
 # The diagnosis reads the whole recording, which grows: its refresh is spaced out so that it
 # uses at most this share of one core.
 FINDINGS_CPU_SHARE = 0.005
@@ -117,18 +119,28 @@ class RecordingWatcher:
                 "no step recorded yet (is the training loop instrumented?)"
             )
             return
+        columns = ", ".join(_STEP_COLUMNS)
         cursor = db.execute(
-            f"SELECT {', '.join(_STEP_COLUMNS)} FROM steps WHERE t_end >= ? ORDER BY t_end",
+            f"SELECT {columns} FROM steps WHERE t_end >= ? ORDER BY t_end",
             (now - self.window_s,),
         )
         rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in cursor]
-        if not rows:
-            # Steps were recorded but none lately: the job is stalled (or between phases).
+        if len(rows) < MIN_STEPS:
+            # Slow steps (seconds each): the last few steps, however long ago they ended.
+            cursor = db.execute(
+                f"SELECT {columns} FROM steps ORDER BY t_end DESC LIMIT {MIN_STEPS * 2}"
+            )
+            rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in reversed(cursor.fetchall())]
+        # The same figures as `torchdoctor show` and the diagnosis, over these steps.
+        stats = step_stats(rows, [], [])
+        since_last = now - max(r["t_end"] for r in rows)
+        typical = stats.median_step_s or max(r["wall_s"] for r in rows)
+        if since_last > max(self.window_s, STALLED_STEPS * typical):
+            # Far longer than a step takes: the job is stalled (or between phases).
+            status.stalled_s = since_last
             status.step_rate_per_s = 0.0
             status.samples_per_s = 0.0
             return
-        # The same figures as `torchdoctor show` and the diagnosis, over the recent window.
-        stats = step_stats(rows, [], [])
         status.step_rate_per_s = stats.steps_per_s
         status.samples_per_s = stats.samples_per_s
         # The most starved process is the one that holds the others back.
