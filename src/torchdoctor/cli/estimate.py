@@ -164,6 +164,14 @@ def command(
             click.echo(render_alternatives(found_alternatives, result))
 
 
+def _count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:,.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:,.1f} M"
+    return f"{n:,}"
+
+
 def _target_line(result: Any) -> str:
     gpu = result.target.gpu
     if gpu is None:
@@ -176,7 +184,7 @@ def render_estimate(result: Any) -> str:
     """The estimate as the terminal shows it."""
     lines = [
         f"{result.model}: {result.setup.describe()} on {_target_line(result)}",
-        f"{result.parameter_count / 1e6:,.1f} M parameters; {result.method} in {result.seconds:.1f} s",
+        f"{_count(result.parameter_count)} parameters; {result.method} in {result.seconds:.1f} s",
         "",
     ]
     if result.total is not None:
@@ -205,7 +213,7 @@ def render_estimate(result: Any) -> str:
             label = f"{module.module} ({module.type})" if module.type else module.module
             if module.count > 1:
                 label += f" x{module.count}"
-            lines.append(f"    {label:<44} {format_bytes(module.bytes):>11}")
+            lines.append(f"    {label:<52} {format_bytes(module.bytes):>11}")
     base = result.baselines
     naive = "naive formula: 4 B x params" + (
         "" if result.setup.inference else " x 2 x optimizer factor"
@@ -213,8 +221,8 @@ def render_estimate(result: Any) -> str:
     lines += [
         "",
         "  what rules of thumb say (no activations):",
-        f"    {naive:<44} {format_bytes(base.naive_formula_bytes):>11}",
-        f"    {'parameters only, like accelerate':<44} {format_bytes(base.params_only_bytes):>11}",
+        f"    {naive:<52} {format_bytes(base.naive_formula_bytes):>11}",
+        f"    {'parameters only, like accelerate estimate-memory':<52} {format_bytes(base.params_only_bytes):>11}",
     ]
     if result.notes:
         lines.append("")

@@ -19,7 +19,12 @@ import torch
 
 from torchdoctor.estimate.analysis import cpu_peak
 from torchdoctor.estimate.setup import Target, TrainingSetup
-from torchdoctor.estimate.step import apply_checkpointing, make_optimizer, run_training
+from torchdoctor.estimate.step import (
+    apply_checkpointing,
+    cast_batch,
+    make_optimizer,
+    run_training,
+)
 from torchdoctor.estimate.trace import _cast_floating_state, _tensors, trace_step
 from torchdoctor.estimate.tracker import LiveStorageTracker
 from torchdoctor.estimate.workload import Workload
@@ -52,6 +57,8 @@ def allocator_peak(workload: Workload, setup: TrainingSetup) -> int:
         apply_checkpointing(model)
     model.train(not setup.inference)
     batch = workload.make_batch(model, setup.batch_size)
+    if setup.precision == "bf16":
+        batch = cast_batch(batch, torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None if setup.inference else make_optimizer(params, setup, Target())
     existing: dict[int, int] = {}

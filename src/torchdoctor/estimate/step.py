@@ -42,6 +42,17 @@ def make_optimizer(
     return torch.optim.AdamW(params, lr=1e-3, **impl)
 
 
+def cast_batch(batch: Any, dtype: torch.dtype) -> Any:
+    """The batch with its floating tensors in ``dtype`` (inputs of a pure bf16 model)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: cast_batch(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(cast_batch(value, dtype) for value in batch)
+    return batch
+
+
 def apply_checkpointing(model: torch.nn.Module) -> str:
     """Wrap the model's repeated blocks in non-reentrant activation checkpointing.
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,7 @@ from torchdoctor.estimate.real_sizes import (
 )
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
+    cast_batch,
     apply_checkpointing,
     low_precision_dtype,
     make_optimizer,
@@ -82,6 +85,27 @@ def trace_step(
     workload: Workload, setup: TrainingSetup, target: Target, real: bool = False
 ) -> Trace:
     """Run the step of ``setup`` under fake tensors (or real ones) and record its storages."""
+    with _quiet_torch():
+        return _trace_step(workload, setup, target, real)
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Fake tensors log a traceback for every failing meta kernel and warn about data
+    pointers; the user gets one line from us instead."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
+            warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+            yield
+    finally:
+        logger.disabled = disabled
+
+
+def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: bool) -> Trace:
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
         DynamicOutputShapeException,
@@ -101,6 +125,8 @@ def trace_step(
             notes.append("activation checkpointing on " + apply_checkpointing(model))
         model.train(not setup.inference)
         batch = workload.make_batch(model, setup.batch_size)
+        if setup.precision == "bf16":
+            batch = cast_batch(batch, torch.bfloat16)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params and not setup.inference:
             raise UserError(f"{workload.name} has no trainable parameters: use --inference")
