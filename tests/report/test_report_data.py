@@ -57,6 +57,7 @@ def test_figures_and_axes_read_like_a_person_writes_them():
     assert fmt_value(1_500_000, "B/s") == "1.5 MB/s"
     assert fmt_value(0.0893, "s") == "89.3 ms"
     assert fmt_value(41.37, "%") == "41.4 %"
+    assert fmt_value(0.0318, "%") == "< 0.1 %" and fmt_value(0.0, "%") == "0 %"
     assert fmt_value(None, "%") == "n/a"
     assert fmt_clock(65) == "1:05" and fmt_clock(3725) == "1:02:05"
     assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]

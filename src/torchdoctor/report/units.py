@@ -45,7 +45,9 @@ def fmt_value(value: float | int | None, unit: str, digits: int = 3) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return "n/a"
     if unit == PERCENT:
-        return f"{_round(value, digits)} %"
+        if 0 < abs(value) < 0.1:
+            return "< 0.1 %"  # shares read in tenths of a percent at best
+        return f"{_round(round(value, 1), digits)} %"
     if unit in (BYTES, BYTES_PER_S, SECONDS):
         name, factor = scale_for(unit, value)
         return f"{_round(value / factor, digits)} {name}"
