@@ -26,6 +26,7 @@ FLAGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-dev-shm-usage",  # containers often have a 64 MB /dev/shm; Chromium needs more
     "--disable-quic",
     "--no-first-run",
     "--no-default-browser-check",
