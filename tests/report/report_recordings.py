@@ -41,6 +41,15 @@ class Spec:
     swap_spike_at: float | None = 30.0  # one sample of heavy swap-out, seconds from the start
     swap_spike: float = 48e6  # bytes/s
     complete: bool = True
+    command: tuple[str, ...] = (
+        "python",
+        "train.py",
+        "--epochs",
+        "3",
+        "--data",
+        "/data/imagenet subset",
+    )
+    gpu_name: str = "NVIDIA A100-SXM4-80GB"
     per_core: bool = True  # per-CPU splits (the heatmap); costly to write for long recordings
 
 
@@ -73,7 +82,7 @@ def gpu_status(spec: Spec) -> dict:
         "gpus": [
             {
                 "index": i,
-                "name": "NVIDIA A100-SXM4-80GB",
+                "name": spec.gpu_name,
                 "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
                 "memory_total": 80 * GIB,
                 "compute_capability": "8.0",
@@ -97,7 +106,7 @@ def write_recording(path: Path, spec: Spec | None = None) -> Path:
     meta = {
         "torchdoctor_version": "0.1.0",
         "mode": "run",
-        "command": ["python", "train.py", "--epochs", "3", "--data", "/data/imagenet subset"],
+        "command": list(spec.command),
         "cwd": "/home/ada/project",
         "root_pid": TRAINER,
         "started_at": T0,

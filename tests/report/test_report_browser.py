@@ -4,6 +4,7 @@ and its threshold bands, findings show, the hover read-out works, no script erro
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -193,4 +194,20 @@ def test_report_of_a_real_recorded_training_job(browser, tmp_path, td):
     assert loaders >= 2  # header and the DataLoader
     browser.screenshot(tmp_path / "report.png")
     assert (tmp_path / "report.png").stat().st_size > 50_000
+    assert_clean(browser, html)
+
+
+def test_text_from_the_job_cannot_break_out_of_the_page(browser, tmp_path):
+    """Command lines and device names are the job's text: shown as text, never run as code."""
+    evil = "</script><img src=x onerror=\"document.title='owned'\"><!--"
+    spec = Spec(gpus=1, command=("python", "-c", evil), gpu_name=f"GPU {evil}")
+    html, _ = write_report(write_recording(tmp_path / "evil.sqlite", spec))
+    open_report(browser, html)
+    assert browser.evaluate("document.title").startswith("torchdoctor report: python -c")
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    shown = browser.evaluate("document.querySelector('header .command').textContent")
+    assert shown == "$ " + shlex.join(spec.command)
+    facts = chart_facts(browser)
+    assert list(facts) == BOXES and all(facts[c]["points"] for c in CHARTS)
+    assert browser.evaluate("document.querySelector('#chart-vram').dataset.interactive") == "yes"
     assert_clean(browser, html)
