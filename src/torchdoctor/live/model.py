@@ -183,6 +183,7 @@ class HostView:
     swap_level: str
     psi: dict[str, float | None]
     unavailable: dict[str, str]
+    cgroup_throttled: float | None = None  # share of time the cgroup's CPU quota held us back
 
 
 @dataclass(slots=True)
@@ -326,9 +327,10 @@ def _nvml_line(status: GpuStatus) -> str:
 def _host_view(host: HostSample | None, usable_cpus: int, th: Thresholds) -> HostView | None:
     if host is None:
         return None
+    ids = host.per_core_ids or list(range(len(host.per_core or [])))
     cores = [
         CoreView(
-            index=i,
+            index=ids[i] if i < len(ids) else i,
             user=c.user + c.nice,
             system=c.system + c.irq + c.softirq,
             iowait=c.iowait,
@@ -368,6 +370,7 @@ def _host_view(host: HostSample | None, usable_cpus: int, th: Thresholds) -> Hos
             "io": host.psi_io_some,
         },
         unavailable=dict(host.unavailable),
+        cgroup_throttled=host.cgroup_throttled_per_s,
     )
 
 

@@ -113,11 +113,14 @@ def _host(host: HostView | None, width: int, height: int) -> list[Text]:
         if host.steal is not None and host.steal >= 0.5:
             cpu.append(" st ", STATE_STYLE["steal"])
             cpu.append(f"{host.steal:.0f}")
-    l1, l5, l15 = host.load
-    cpu.append(f"  load {l1:.2f} {l5:.2f} {l15:.2f}/{host.usable_cpus}cpu")
+    load = " ".join(f"{v:.1f}" if v >= 10 else f"{v:.2f}" for v in host.load)
+    cpu.append(f"  load {load}/{host.usable_cpus}cpu")
     cpu.append(f"  runq {host.run_queue}")
     if host.blocked:
         cpu.append(f" D {host.blocked}", "yellow")
+    if host.cgroup_throttled is not None and host.cgroup_throttled >= 0.01:
+        # The container's CPU quota, not the machine, is what holds the job back.
+        cpu.append(f"  throttled {100 * host.cgroup_throttled:.0f}%", "yellow")
     lines.append(cpu)
     lines += _cores(host, width, max_lines=4 if height >= 24 else 2)
 
