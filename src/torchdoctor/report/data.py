@@ -85,6 +85,7 @@ FINDING_CHARTS = {
     "pin-memory-off": "steps",
     "thread-oversubscription": "cpu-cores",
     "cpu-saturated": "cpu",
+    "cpu-contention": "cpu",
     "io-wait": "iowait",
     "swap-thrash": "swap",
     "host-memory-leak": "memory",
