@@ -364,13 +364,19 @@ def test_torchrun_agent_is_the_launcher_and_each_worker_a_ranked_trainer(tmp_pat
         env=env,
     )
     try:
-        ready = {proc.stdout.readline().split()[1], proc.stdout.readline().split()[1]}
+        ready = set()
+        while len(ready) < 2:
+            line = proc.stdout.readline()
+            assert line, "torchrun ended before its workers were ready"
+            if line.startswith("ready "):
+                ready.add(line.split()[1])
         assert ready == {"0", "1"}
         job = JobReader(proc.pid)
         samples, new, _ = job.read()
-        assert by_pid(samples)[proc.pid].role == "launcher"
+        seen = [(s.pid, s.ppid, s.role, s.rank, s.name) for s in samples]
+        assert by_pid(samples)[proc.pid].role == "launcher", seen
         trainers = [s for s in samples if s.role == "trainer"]
-        assert sorted(s.rank for s in trainers) == [0, 1]
+        assert sorted(s.rank for s in trainers) == [0, 1], seen
         infos = {i.pid: i for i in new}
         assert sorted(infos[s.pid].local_rank for s in trainers) == [0, 1]
     finally:
