@@ -222,7 +222,7 @@ def heat_colour(value: float) -> str:
 def render_heatmap(heatmap: Heatmap, span: float) -> str:
     """The per-CPU heatmap on the same time axis as the charts."""
     nrows = len(heatmap.rows)
-    row_h = max(3, min(14, 240 // max(nrows, 1)))
+    row_h = max(3, min(22, 240 // max(nrows, 1)))
     height = TOP + nrows * row_h + BOTTOM
     span = max(span, heatmap.t_edges[-1] if heatmap.t_edges else 0.0, 1e-9)
 
