@@ -63,17 +63,19 @@ def one_thread():
 def test_tunes_a_slow_dataset_with_the_model_in_the_loop(one_thread):
     step, seen = training_step()
     # One worker count fails (a broken shard reader): recorded, and the search goes on.
+    # One worker is no faster than none here (the step costs nothing to overlap with): the
+    # search must look past that plateau.
     result = torchdoctor.tune_dataloader(
-        SlowReads(fail_with_workers=2), batch_size=8, step=step, budget=60, trial_steps=15
+        SlowReads(fail_with_workers=3), batch_size=8, step=step, budget=60, trial_steps=15
     )
     assert result.original.num_workers == 0 and result.original.num_threads == 1
-    assert result.changed
-    assert result.recommended.num_workers in (1, 3)
+    assert result.changed, result.summary()
+    assert result.recommended.num_workers in (2, 4)
     assert result.gain is not None and result.gain > 1.3
     assert result.verification.confirmed and min(result.verification.ratios) > 1
     assert result.dataloader_kwargs["num_workers"] == result.recommended.num_workers
     failed = [m for m in result.trials if m.status == FAILED]
-    assert failed and all(m.config.num_workers == 2 for m in failed)
+    assert failed and all(m.config.num_workers == 3 for m in failed)
     assert "OSError: cannot open shard" in failed[0].reason
     # The user's step ran on real batches; the torch threads and the process are as before.
     assert seen and set(seen) == {8}

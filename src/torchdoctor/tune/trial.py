@@ -40,6 +40,7 @@ from torchdoctor.tune.space import Config
 # a loader the first DataLoader does not represent (a validation loader) keeps its own values.
 UNCHANGED_PURPOSES = ("original", "verify-original")
 POLL_S = 0.1
+TEARDOWN_S = 2.0  # stopping a trial and reading its recording: kept inside the budget
 KILL_GRACE_S = 3.0
 MIN_MEASURED_STEPS = 5
 CALIBRATION_MIN_STEPS = 10
@@ -167,6 +168,7 @@ class TrialRunner:
 
         if self._gpus is None:
             self._gpus = GpuReader()
+        self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"trial-{index:02d}.sqlite"
         log = self.folder / f"trial-{index:02d}.log"
         env = self._env(config, purpose)
@@ -224,7 +226,7 @@ class TrialRunner:
             now = time.monotonic()
             if writer.violation is not None:
                 return REJECTED, writer.violation
-            if deadline is not None and now >= deadline:
+            if deadline is not None and now >= deadline - TEARDOWN_S:
                 return INTERRUPTED, "budget reached"
             if writer.last_step_at is None:
                 if now - started > self.limits.startup_s:
@@ -271,6 +273,8 @@ class TrialRunner:
                 for r in rec.rows("host_samples", columns=["swap_out_per_s"])
                 if r["swap_out_per_s"]
             ]
+        if purpose == "original" and observed.config is not None:
+            m.config = observed.config  # the script's own settings, as it reported them
         if status != INTERRUPTED:
             if self.observed is None:
                 self.observed = observed
