@@ -34,6 +34,7 @@ import socket
 import sys
 import time
 import weakref
+from collections.abc import Mapping
 
 WIRE_VERSION = 1
 ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
@@ -46,17 +47,20 @@ ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
 STOPPED_EXIT_STATUS = 75
 
 FLUSH_INTERVAL_S = 0.25
+_FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
+_VOLATILE_EVERY_NS = 2_000_000_000  # re-read changeable settings at most every 2 s
 FLUSH_MAX_STEPS = 128
 MAX_PENDING_MESSAGES = 512  # kept while the collector is slow; oldest dropped beyond
 
 # Order of the values of one step on the wire; every message names it, so the collector never
-# depends on this module's version.
+# depends on this module's version. Times are integer nanoseconds: JSON writes an int several
+# times faster than a float, and this is the bulk of what the job spends on shipping. Steps
+# without CUDA figures leave the trailing CUDA values out.
 STEP_FIELDS = (
     "step",
-    "t_start",
-    "t_end",
-    "wall_s",
-    "data_wait_s",
+    "t_end_ns",
+    "wall_ns",
+    "data_wait_ns",
     "batch_size",
     "samples",
     "autocast_dtype",
@@ -90,7 +94,9 @@ _VOLATILE_SETTINGS = (
 )
 
 _perf = time.perf_counter
+_perf_ns = time.perf_counter_ns
 _now = time.time
+_now_ns = time.time_ns
 
 
 def env_flag(value: str | None) -> bool:
@@ -252,18 +258,22 @@ class Agent:
         self.pending_loaders: list[_LoaderInfo] = []
         self.next_loader_id = 0
         self.step = 0
-        self.boundary: float | None = None  # perf_counter of the last step boundary
-        self.start_perf = _perf()
-        self.data_wait = 0.0
+        self.boundary: int | None = None  # perf_counter_ns of the last step boundary
+        self.start_ns = _perf_ns()
+        self.data_wait = 0  # ns blocked in DataLoader next() since the boundary
         self.samples = 0
         self.last_batch_size: int | None = None
         self.loader_batch_size: int | None = None
         self.autocast_dtype: str | None = None
         self.scaler_used = False
-        self.primary = None  # weakref to the optimizer whose step is the boundary
+        self.last_optimizer = None  # weakref to the optimizer that ended the last step
+        self.loader_seen = False
+        self.batches = 0  # DataLoader batches since the last step boundary
         self.settings_done = False
         self.setting_values: dict[str, str] = {}
-        self.last_flush = _perf()
+        self.last_flush = _perf_ns()
+        self.last_volatile = 0
+        self.awaiting_first_batch = 0  # iterators whose first batch is still to come
         self.cuda_seen = False
         self.cuda_stats_ok = True
         self.oom_observer = False
@@ -408,7 +418,9 @@ class Agent:
         import torch.utils.data.dataloader as dataloader_mod
 
         self.torch = torch
-        self.start_perf = _perf()
+        self.tensor_type = torch.Tensor
+        self.cuda_is_initialized = torch.cuda.is_initialized
+        self.start_ns = _perf_ns()
         self.role = _guess_role()
         dl_cls = dataloader_mod.DataLoader
         it_cls = dataloader_mod._BaseDataLoaderIter
@@ -483,61 +495,65 @@ class Agent:
         self.setting_values[key] = encoded
         self.settings.append([_now(), key, encoded])
 
-    def on_batch(self, it, batch, t0: float, dt: float) -> None:
+    def on_batch(self, it, batch, t0: int, dt: int) -> None:
         self.data_wait += dt
+        self.batches += 1
+        self.loader_seen = True
         if self.boundary is None:
             self.boundary = t0
-        n = _batch_len(batch, self.torch.Tensor)
+        n = _batch_len(batch, self.tensor_type)
         if n is None:
             n = self.loader_batch_size
         if n is not None:
             self.samples += n
             self.last_batch_size = n
-        first = it.__dict__.pop("_torchdoctor_first", None)
-        if first is not None:
-            info, t_iter = first
-            info.record["first_batch_s"] = t0 + dt - t_iter
-            self._emit_loader(info)
+        if self.awaiting_first_batch:
+            first = it.__dict__.pop("_torchdoctor_first", None)
+            if first is not None:
+                self.awaiting_first_batch -= 1
+                info, t_iter = first
+                info.record["first_batch_s"] = (t0 + dt - t_iter) / 1e9
+                self._emit_loader(info)
 
     def on_step(self, optimizer) -> None:
-        now = _perf()
-        t_end = _now()
-        primary = self.primary() if self.primary is not None else None
-        if primary is None:
-            self.primary = weakref.ref(optimizer)
-        elif primary is not optimizer:
-            return  # a second optimizer (GAN, multi-task) steps within the same step
+        now = _perf_ns()
+        t_end = _now_ns()
         if self.role == "dataloader-worker":
             return
+        last = self.last_optimizer() if self.last_optimizer is not None else None
+        if last is not optimizer:
+            if last is not None and self.loader_seen and not self.batches:
+                return  # another optimizer (GAN, multi-task) on the same batch: the same step
+            self.last_optimizer = weakref.ref(optimizer)
         if self.threads_override_pending:
             self._apply_threads_override()
         if not self.settings_done:
             self.settings_done = True
             self._capture_settings(optimizer)
-        boundary = self.boundary if self.boundary is not None else self.start_perf
-        wall = now - boundary
-        cuda = self._cuda_step_stats() if (self.cuda_seen or self._cuda_initialized()) else None
-        self.steps.append(
-            [
-                self.step,
-                t_end - wall,
-                t_end,
-                wall,
-                self.data_wait,
-                self.last_batch_size,
-                self.samples or None,
-                self.autocast_dtype,
-                self.scaler_used,
-                *(cuda or (None, None, None, None, None)),
-            ]
-        )
+        boundary = self.boundary if self.boundary is not None else self.start_ns
+        row = [
+            self.step,
+            t_end,
+            now - boundary,
+            self.data_wait,
+            self.last_batch_size,
+            self.samples or None,
+            self.autocast_dtype,
+            self.scaler_used,
+        ]
+        if self.cuda_seen or self.cuda_is_initialized():
+            cuda = self._cuda_step_stats()
+            if cuda is not None:
+                row.extend(cuda)
+        self.steps.append(row)
         self.step += 1
         self.boundary = now
-        self.data_wait = 0.0
+        self.data_wait = 0
         self.samples = 0
+        self.batches = 0
         self.autocast_dtype = None
         self.scaler_used = False
-        if len(self.steps) >= FLUSH_MAX_STEPS or now - self.last_flush >= FLUSH_INTERVAL_S:
+        if len(self.steps) >= FLUSH_MAX_STEPS or now - self.last_flush >= _FLUSH_INTERVAL_NS:
             self.flush()
         if self.stop_after is not None and self.step >= self.stop_after and not self.stopping:
             self.stopping = True
@@ -652,7 +668,7 @@ class Agent:
         object.__setattr__(loader, "_torchdoctor_info", info)
         self.pending_loaders.append(info)
 
-    def on_loader_iter(self, loader, it, t_iter: float) -> None:
+    def on_loader_iter(self, loader, it, t_iter: int) -> None:
         info = loader.__dict__.get("_torchdoctor_info")
         if info is None:
             # Built before the agent was installed (watch() started after the DataLoader).
@@ -663,8 +679,9 @@ class Agent:
             "epoch-start", {"loader_id": info.loader_id, "epoch": info.epochs, "step": self.step}
         )
         info.epochs += 1
-        if not info.sent:
+        if not info.sent and "_torchdoctor_first" not in it.__dict__:
             it.__dict__["_torchdoctor_first"] = (info, t_iter)
+            self.awaiting_first_batch += 1
 
     def _emit_loader(self, info: _LoaderInfo) -> None:
         if info.sent:
@@ -735,8 +752,7 @@ class Agent:
     # -- CUDA ---------------------------------------------------------------------------------
 
     def _cuda_initialized(self) -> bool:
-        cuda = getattr(self.torch, "cuda", None)
-        return cuda is not None and cuda.is_initialized()
+        return self.cuda_is_initialized()
 
     def _on_cuda_seen(self) -> None:
         self.cuda_seen = True
@@ -805,8 +821,9 @@ class Agent:
 
     def flush(self, final: bool = False) -> None:
         """Send what is buffered to every sink; at most FLUSH_MAX_STEPS steps per message."""
-        self.last_flush = _perf()
-        if self.active and self.settings_done and not final:
+        now = self.last_flush = _perf_ns()
+        if self.active and self.settings_done and now - self.last_volatile >= _VOLATILE_EVERY_NS:
+            self.last_volatile = now
             with contextlib.suppress(Exception):
                 self._capture_volatile()
         if not (self.steps or self.loaders or self.settings or self.events):
@@ -880,18 +897,36 @@ def _guess_role() -> str:
 
 
 def _batch_len(batch, tensor_type) -> int | None:
-    """Samples in a collated batch: the leading dimension of its first tensor."""
+    """Samples in a collated batch: the leading dimension of its first tensor.
+
+    Runs on every batch: exact type checks first (``isinstance`` against torch.Tensor is slow
+    for non-tensors), ``isinstance`` only for subclasses (HF BatchEncoding, namedtuples).
+    """
     for _ in range(4):
-        if isinstance(batch, tensor_type):
-            return int(batch.shape[0]) if batch.dim() > 0 else None
-        if isinstance(batch, (list, tuple)):
+        kind = type(batch)
+        if kind is tensor_type or (
+            kind is not tuple
+            and kind is not list
+            and kind is not dict
+            and isinstance(batch, tensor_type)
+        ):
+            shape = batch.shape
+            return shape[0] if shape else None
+        if kind is tuple or kind is list or isinstance(batch, (list, tuple)):
             if not batch:
                 return None
             first = batch[0]
-            if not isinstance(first, (tensor_type, list, tuple, dict)):
+            kind = type(first)
+            if (
+                kind is not tensor_type
+                and kind is not tuple
+                and kind is not list
+                and kind is not dict
+                and not isinstance(first, (tensor_type, list, tuple, dict))
+            ):
                 return len(batch)  # e.g. a list of strings
             batch = first
-        elif isinstance(batch, dict):
+        elif kind is dict or isinstance(batch, Mapping):
             if not batch:
                 return None
             batch = next(iter(batch.values()))
@@ -909,13 +944,13 @@ def _make_iterator_next(agent: Agent, original):
     def __next__(self):
         if not agent.active:
             return original(self)
-        t0 = _perf()
+        t0 = _perf_ns()
         try:
             batch = original(self)
         except BaseException:
-            agent.data_wait += _perf() - t0
+            agent.data_wait += _perf_ns() - t0
             raise
-        dt = _perf() - t0
+        dt = _perf_ns() - t0
         if agent.active:
             try:
                 agent.on_batch(self, batch, t0, dt)
@@ -931,7 +966,7 @@ def _make_dataloader_iter(agent: Agent, original):
     def __iter__(self):
         if not agent.active:
             return original(self)
-        t0 = _perf()
+        t0 = _perf_ns()
         it = original(self)
         if agent.active:
             try:

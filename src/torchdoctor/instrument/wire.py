@@ -14,6 +14,8 @@ from typing import Any
 from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 
 _STEP_NAMES = {f.name for f in dataclasses.fields(StepRecord)}
+# Integer-nanosecond wire fields -> the record's seconds fields.
+_NS_FIELDS = {"t_end_ns": "t_end", "wall_ns": "wall_s", "data_wait_ns": "data_wait_s"}
 _LOADER_NAMES = {f.name for f in dataclasses.fields(DataLoaderRecord)}
 
 
@@ -36,7 +38,15 @@ def decode(message: dict[str, Any]) -> Batch:
     names = list(message.get("step_fields") or ())
     batch = Batch()
     for values in message.get("steps") or ():
-        row = {k: v for k, v in zip(names, values, strict=False) if k in _STEP_NAMES}
+        row = {}
+        # Rows may be shorter than the names (no CUDA figures): those fields keep defaults.
+        for name, value in zip(names, values, strict=False):
+            if name in _NS_FIELDS:
+                row[_NS_FIELDS[name]] = value / 1e9
+            elif name in _STEP_NAMES:
+                row[name] = value
+        if "t_start" not in row:
+            row["t_start"] = row["t_end"] - row["wall_s"]
         batch.steps.append(StepRecord(pid=pid, rank=rank, **row))
     for record in message.get("dataloaders") or ():
         row = {k: v for k, v in record.items() if k in _LOADER_NAMES}
