@@ -50,7 +50,10 @@ class Spec:
         "/data/imagenet subset",
     )
     gpu_name: str = "NVIDIA A100-SXM4-80GB"
-    per_core: bool = True  # per-CPU splits (the heatmap); costly to write for long recordings
+    per_core: bool = True
+    instrumentation_off_at: float | None = (
+        None  # seconds from the start  # per-CPU splits (the heatmap); costly to write for long recordings
+    )
 
 
 def host_info() -> dict:
@@ -299,6 +302,19 @@ def write_recording(path: Path, spec: Spec | None = None) -> Path:
                     f'{{"epoch": {e}}}',
                 )
                 for e in range(3)
+            ]
+        )
+    if spec.instrumentation_off_at is not None:
+        detail = '{"where": "optimizer.step", "error": "RuntimeError: patched twice"}'
+        writer.add_events(
+            [
+                JobEvent(
+                    TRAINER,
+                    None,
+                    T0 + spec.instrumentation_off_at,
+                    "instrumentation-disabled",
+                    detail,
+                )
             ]
         )
     end = T0 + n * spec.interval

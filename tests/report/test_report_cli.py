@@ -86,3 +86,12 @@ def test_a_bad_thresholds_file_is_one_clear_line(recording, td, tmp_path):
     result = td("report", str(recording), "--thresholds", str(limits))
     assert result.returncode == 2
     assert "unknown threshold 'cpu_load_alert'" in result.stderr
+
+
+def test_instrumentation_that_switched_itself_off_is_said_at_the_top(td, tmp_path):
+    path = write_recording(tmp_path / "off.sqlite", Spec(instrumentation_off_at=20.0))
+    result = td("report", str(path))
+    assert result.returncode == 0, result.stderr
+    page = path.with_suffix(".html").read_text(encoding="utf-8")
+    summary = page[page.index('<section id="summary">') : page.index('<section id="findings">')]
+    assert "switched itself off at 0:20" in summary and "RuntimeError: patched twice" in summary
