@@ -11,7 +11,7 @@ from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.workload import Workload
 
 MAX_BATCH = 1 << 20
-_MAX_GROWTH = 16
+_MAX_GROWTH = 1024
 
 
 def find_max_batch(
@@ -50,7 +50,9 @@ def find_max_batch(
 
     lo, hi = 1, None
     batch = 2
+    stalls = 0
     while True:
+        width = (hi - lo) if hi is not None else None
         if probe(batch).fits:
             lo = batch
         else:
@@ -59,24 +61,27 @@ def find_max_batch(
             break
         if hi is None and lo >= MAX_BATCH:
             break
-        batch = _next_guess(lo, hi, results, limit)
+        # Interpolation can crawl from one side when memory is not linear in the batch: after
+        # three probes that did not halve the bracket, bisect once.
+        stalls = stalls + 1 if width is not None and hi is not None and (hi - lo) * 2 > width else 0
+        if stalls >= 3:
+            stalls = 0
+            batch = (lo + hi) // 2 if hi is not None else lo * 2
+        else:
+            batch = _next_guess(lo, hi, results, limit)
     best = results[lo]
     return MaxBatch(lo, best, probes, capacity, [], time.perf_counter() - started)
 
 
 def _next_guess(lo: int, hi: int | None, results: dict[int, Estimate], limit: float) -> int:
+    """Where the line through the nearest probes crosses the limit."""
     lo_bytes = results[lo].headline_bytes
     other = hi if hi is not None else max((b for b in results if b < lo), default=None)
-    guess: float
+    guess = float(lo * 2)
     if other is not None and other != lo:
         slope = (results[other].headline_bytes - lo_bytes) / (other - lo)
-        guess = lo + (limit - lo_bytes) / slope if slope > 0 else lo * 2
-    else:
-        guess = lo * 2
+        if slope > 0:
+            guess = lo + (limit - lo_bytes) / slope
     if hi is None:
         return int(min(max(guess, lo + 1), lo * _MAX_GROWTH, MAX_BATCH))
-    nearest = int(guess)
-    # Interpolation can crawl from one side when memory is not linear: bisect then.
-    if not lo < nearest < hi or (hi - lo) > 8 and min(nearest - lo, hi - nearest) < (hi - lo) // 8:
-        nearest = (lo + hi) // 2
-    return nearest
+    return min(max(int(guess), lo + 1), hi - 1)

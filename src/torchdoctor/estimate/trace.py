@@ -24,8 +24,8 @@ from torchdoctor.estimate.real_sizes import (
 )
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
-    cast_batch,
     apply_checkpointing,
+    cast_batch,
     low_precision_dtype,
     make_optimizer,
     run_training,
