@@ -52,14 +52,14 @@ def test_cuda_autocast_lists_apply_on_top_of_cpu_autocast():
     tracker = LiveStorageTracker()
     x = torch.randn(4, 8)
     weight = torch.randn(8, 8)
-    with emulate_cuda(find_profile("A100-80GB"), torch.bfloat16, tracker):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            hidden = F.linear(x, weight)
-            assert hidden.dtype == torch.bfloat16  # lower-precision list: as CPU autocast
-            assert F.layer_norm(hidden, (8,)).dtype == torch.float32  # CUDA's fp32 list
-            assert torch.softmax(hidden, -1).dtype == torch.float32  # fp32 accumulation
-            assert hidden.exp().dtype == torch.float32
-            assert torch.mv(weight, x[0]).dtype == torch.bfloat16  # lowered on CUDA only
+    gpu = find_profile("A100-80GB")
+    with emulate_cuda(gpu, torch.bfloat16, tracker), torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = F.linear(x, weight)
+        assert hidden.dtype == torch.bfloat16  # lower-precision list: as CPU autocast
+        assert F.layer_norm(hidden, (8,)).dtype == torch.float32  # CUDA's fp32 list
+        assert torch.softmax(hidden, -1).dtype == torch.float32  # fp32 accumulation
+        assert hidden.exp().dtype == torch.float32
+        assert torch.mv(weight, x[0]).dtype == torch.bfloat16  # lowered on CUDA only
     assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"  # restored
 
 

@@ -11,7 +11,7 @@ from torchdoctor.estimate.profiles import PROFILES, find_profile, format_bytes, 
 def test_required_profiles_exist_with_memory_and_compute_capability():
     for name in ("A100-40GB", "A100-80GB", "H100-80GB", "H200", "L4", "T4", "V100", "RTX 4090"):
         profile = PROFILES[name]
-        assert profile.memory_bytes > 15 * 1024**3
+        assert profile.memory_bytes >= 15 * 1024**3
         assert (7, 0) <= profile.compute_capability <= (9, 0)
     assert PROFILES["H100-80GB"].is_hopper_or_newer and not PROFILES["A100-80GB"].is_hopper_or_newer
 
