@@ -64,13 +64,13 @@ def command(
             root_pid=pid,
             interval_s=interval,
             env=_process_env(pid),
-            host_info=read_host_info(),
+            host_info=read_host_info(pid=pid),
             gpu_status=gpus.status,
             instrumented=False,
         )
         writer = RecordingWriter(path, meta)
         job = JobReader(pid)
-        recorder = Recorder(Sampler(HostReader(), job, gpus), writer, interval)
+        recorder = Recorder(Sampler(HostReader(pid=pid), job, gpus), writer, interval)
         recorder.start()
         stopped_by = None
         while job.root_alive():

@@ -113,7 +113,7 @@ def _start_recorder(pid: int, gpus, writer: RecordingWriter, interval: float) ->
     from torchdoctor.sampling.job import JobReader
 
     writer.set_meta({"root_pid": pid})
-    recorder = Recorder(Sampler(HostReader(), JobReader(pid), gpus), writer, interval)
+    recorder = Recorder(Sampler(HostReader(pid=pid), JobReader(pid), gpus), writer, interval)
     recorder.start()
     return recorder
 

@@ -91,8 +91,15 @@ class Recording:
 
     # -- convenience -------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:
-        """Every process seen in the job, once, with its role and command line."""
-        return self.rows("processes")
+        """Every process seen in the job, once, with its role and command line.
+
+        A process that exec()s is described again under the same (pid, create_time): the
+        latest description wins, so a shell that became python shows as the python.
+        """
+        latest: dict[tuple[int, float], dict[str, Any]] = {}
+        for row in self.rows("processes"):
+            latest[(row["pid"], row["create_time"])] = row
+        return list(latest.values())
 
     def steps(self) -> list[dict[str, Any]]:
         return self.rows("steps")
