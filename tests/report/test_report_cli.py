@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from html.parser import HTMLParser
 
 import pytest
 from report_recordings import Spec, write_recording
@@ -12,6 +13,29 @@ from report_recordings import Spec, write_recording
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     return write_recording(tmp_path_factory.mktemp("rec") / "job.sqlite", Spec(gpus=1))
+
+
+class TagBalance(HTMLParser):
+    """Every element the report opens it also closes, in order (browsers forgive; we do not)."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr", "rect", "line", "path", "circle"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag) -> None:
+        if tag in self.VOID:
+            return
+        if self.stack and self.stack[-1] == tag:
+            self.stack.pop()
+        else:
+            self.errors.append(f"</{tag}> at {self.getpos()} inside {self.stack[-3:]}")
 
 
 def digest(path) -> str:
@@ -31,6 +55,9 @@ def test_default_output_is_beside_the_recording_and_self_contained(recording, td
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "@import" not in page and "url(" not in page
     assert "default-src 'none'" in page
+    balance = TagBalance()
+    balance.feed(page)
+    assert balance.errors == [] and balance.stack == []
     assert digest(recording) == before  # the recording is read, never changed
 
 

@@ -435,7 +435,8 @@ def _settings(data: ReportData) -> str:
     if data.dataloaders:
         cols = list(data.dataloaders[0])
         parts.append(
-            "<table><thead><tr>" + "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in cols)
+            '<div class="scroll"><table class="loaders"><thead><tr>'
+            + "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in cols)
         )
         parts.append("</tr></thead><tbody>")
         for row in data.dataloaders:
