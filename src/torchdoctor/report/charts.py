@@ -195,6 +195,8 @@ def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: Char
     return chart
 
 
+MAX_GPUS_WITH_JOB_LINE = 4
+
 # Cells drawn in the per-CPU heatmap at most (rows x columns), and columns at most.
 MAX_HEATMAP_CELLS = 24_000
 MAX_HEATMAP_COLUMNS = 300
@@ -437,25 +439,22 @@ def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: ChartCo
     if reason:
         return _nothing(chart, reason)
     names = _gpu_names(meta)
-    for index in sorted({r["index"] for r in gpus}):
+    indices = sorted({r["index"] for r in gpus})
+    # Two lines per GPU stay readable up to four GPUs; beyond, the job's share is left out.
+    with_job = len(indices) <= MAX_GPUS_WITH_JOB_LINE
+    if not with_job:
+        chart.note = "Memory in use on each GPU as NVML reports it."
+    for index in indices:
         rows = [r for r in gpus if r["index"] == index]
         totals = {r["t"]: r["memory_total"] for r in rows}
         used = [(t, share(v, totals.get(t))) for t, v in column(rows, "memory_used")]
         label = _gpu_label(index, names)
         chart.alerts += alert_spans(used, th.gpu_memory_alert_pct, f"{label} memory", PERCENT, ctx)
-        job_rows = [r for r in gpu_procs if r["gpu_index"] == index and r["in_job"]]
-        job = sum_by_time(job_rows, "used_memory")
-        chart.series += _present(
-            [
-                make_series(f"{label}: all processes", used, ctx),
-                make_series(
-                    f"{label}: this job",
-                    [(t, share(v, totals.get(t))) for t, v in job],
-                    ctx,
-                    dashed=True,
-                ),
-            ]
-        )
+        chart.series += _present([make_series(f"{label}: all processes", used, ctx)])
+        if with_job:
+            job_rows = [r for r in gpu_procs if r["gpu_index"] == index and r["in_job"]]
+            job = [(t, share(v, totals.get(t))) for t, v in sum_by_time(job_rows, "used_memory")]
+            chart.series += _present([make_series(f"{label}: this job", job, ctx, dashed=True)])
     if not chart.series:
         return _nothing(
             chart,
