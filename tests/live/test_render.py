@@ -65,7 +65,7 @@ def test_gpu_row_at_the_alert_threshold_is_red_and_the_job_shows_its_vram(
 ):
     screen = show(build_view(busy_gpu_readings, TH, UiState()), height=200)
     gpu0 = screen.line_with("GPU0")
-    assert "A100-SXM4-80GB" in gpu0 and "util  97%" in gpu0 and "95%" in gpu0
+    assert "A100-SXM4-80GB" in gpu0 and " 97% util" in gpu0 and "95%" in gpu0
     assert screen.colour_of("95%", after="GPU0") == "red"
     gpu1 = screen.line_with("GPU1")
     assert "70%" in gpu1
@@ -84,11 +84,40 @@ def test_thresholds_file_changes_the_colour(busy_gpu_readings):
 
 
 def test_no_gpu_is_one_line_saying_why():
-    screen = show(build_view(collect(fake_nvml.scenario("no_driver")), TH, UiState()))
+    readings = collect(fake_nvml.scenario("no_driver"))
+    screen = show(build_view(readings, TH, UiState()))
     lines = [line for line in screen.lines if "GPU" in line]
-    assert lines == [
-        "GPUs: none shown: NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)"
-    ] or (len(lines) == 1 and lines[0].startswith("GPUs: none shown: ")), lines
+    assert lines == [f"GPUs: none shown: {readings.gpu_status.reason}"]
+    assert "driver" in readings.gpu_status.reason.lower()
+
+
+def test_a_long_reason_wraps_rather_than_being_cut():
+    readings = collect(fake_nvml.scenario("stub_library"))
+    screen = show(build_view(readings, TH, UiState()))
+    at = screen.lines.index(screen.line_with("GPUs: none shown: "))
+    shown = " ".join(line.strip() for line in screen.lines[at : at + 4] if "PID" not in line)
+    assert shown == f"GPUs: none shown: {readings.gpu_status.reason}"
+
+
+def test_throttle_reasons_are_named_in_yellow():
+    gpu = fake_nvml.FakeGpu(
+        clock_event_reasons=fake_nvml.nvmlClocksEventReasonSwPowerCap
+        | fake_nvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
+    collector = TopCollector(
+        TH, gpu_reader=GpuReader(fake_nvml.FakeNvml([gpu]), pid_namespace=HOST_PIDS)
+    )
+    try:
+        readings = collector.read()
+    finally:
+        collector.close()
+    screen = show(build_view(readings, TH, UiState()))
+    # 80 columns: the reasons go under the device's line.
+    at = screen.lines.index(screen.line_with("GPU0"))
+    assert screen.lines[at + 1] == "       slow: pwr-cap,hw-thermal"
+    assert screen.colour_of("slow: pwr-cap", after="GPU0") == "yellow"
+    wide = show(build_view(readings, TH, UiState()), width=120)
+    assert wide.line_with("GPU0").endswith("34°C  slow: pwr-cap,hw-thermal")
 
 
 def test_gpu_pids_from_another_namespace_are_said_unresolved(torch_job):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.text import Text
 
 from torchdoctor.live import units
@@ -197,8 +197,18 @@ def _stacked_bar(c, width: int) -> Text:
 
 def _gpus(view: View, width: int) -> list[Text]:
     if view.gpu_unavailable is not None:
-        return [Text(view.gpu_unavailable, "dim")]
-    lines = [_gpu_line(g) for g in view.gpus]
+        # The reason is the point of this line: let it wrap (4 lines at most), not be cut.
+        wrapped = Text(view.gpu_unavailable, "dim").wrap(
+            Console(width=width, legacy_windows=False), width
+        )
+        return list(wrapped)[:4]
+    lines = []
+    for g in view.gpus:
+        line, slow = _gpu_line(g)
+        if slow is not None and line.cell_len + slow.cell_len > width:
+            lines += [line, Text(" " * 5) + slow]  # under the name, when it does not fit
+        else:
+            lines.append(line + slow if slow is not None else line)
     if view.gpu_processes:
         line = seg("  on GPU: ", "dim")
         for i, gp in enumerate(view.gpu_processes):
@@ -214,30 +224,43 @@ def _gpus(view: View, width: int) -> list[Text]:
     return lines
 
 
-def _gpu_line(g: GpuRow) -> Text:
+# Clock-event (throttle) reasons in a few characters; the JSON keeps NVML's full names.
+THROTTLE_LABEL = {
+    "applications_clocks_setting": "app-clocks",
+    "sw_power_cap": "pwr-cap",
+    "hw_slowdown": "hw-slow",
+    "sync_boost": "sync-boost",
+    "sw_thermal_slowdown": "thermal",
+    "hw_thermal_slowdown": "hw-thermal",
+    "hw_power_brake_slowdown": "pwr-brake",
+    "display_clock_setting": "display",
+}
+
+
+def _gpu_line(g: GpuRow) -> tuple[Text, Text | None]:
+    """The device's line, and its throttle reasons (``None``: not slowed) to append."""
     name = g.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
     line = seg(f"GPU{g.index} ", "bold")
     line.append(f"{name[:14]:<14} ")
     if "*" in g.unavailable or (g.utilization is None and g.memory_used is None):
         line.append(next(iter(g.unavailable.values()), "not readable"), "bold red")
-        return line
-    line.append(f"util {units.pct(g.utilization):>4}  ")
+        return line, None
+    line.append(f"{units.pct(g.utilization):>4} util")
     style = LEVEL_STYLE[g.memory_level]
-    line.append("VRAM ")
+    line.append("  VRAM ")
     line.append(
-        f"{units.size(g.memory_used)}/{units.size(g.memory_total)} {units.pct(g.memory_pct):>4}",
+        f"{units.size(g.memory_used)}/{units.size(g.memory_total)} {units.pct(g.memory_pct)}",
         style,
     )
     if g.power_w is not None:
         limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
         line.append(f"  {g.power_w:.0f}{limit}W")
     if g.temperature_c is not None:
-        line.append(f"  {g.temperature_c:.0f}°C")
-    throttle = [r for r in (g.throttle or []) if r != "gpu_idle"]
+        line.append(f" {g.temperature_c:.0f}°C")
+    throttle = [THROTTLE_LABEL.get(r, r) for r in (g.throttle or []) if r != "gpu_idle"]
     if throttle:
-        line.append("  throttle ", "yellow")
-        line.append(",".join(throttle), "yellow")
-    return line
+        return line, seg("  slow: " + ",".join(throttle), "yellow")
+    return line, None
 
 
 def _role(row: ProcessRow) -> str:
