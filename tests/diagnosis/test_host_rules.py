@@ -276,3 +276,14 @@ def test_workers_copy_on_access_is_not_a_leak(run_rules):
     f = by_id(findings, "dataloader-copy-on-access")
     assert f.severity == "info"
     assert "NumPy arrays" in f.recommendation
+
+
+def test_other_processes_leave_fewer_cpus_for_threads(run_rules):
+    # 4 CPUs, 16 threads, but other programs keep 2.5 CPUs busy: 1 thread fits what is left.
+    job = threads_job(16, cpus=4, run_queue=20.0, host={"cpu_busy": 100.0})
+    job.procs = [Proc(1000, cpu=const(150.0), involuntary=const(3000.0))]
+    f = by_id(run_rules(job), "thread-oversubscription")
+    assert f.settings["torch.num_threads"] == 1
+    assert evidence(f, "CPU used by other processes") == 2.5
+    contention = by_id(run_rules(job), "cpu-contention")
+    assert contention.settings["torch.num_threads"] == 1
