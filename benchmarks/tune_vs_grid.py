@@ -9,7 +9,7 @@ For each scenario (examples/scenarios/):
 Targets (issue 6): tuned >= 95 % of the grid's best throughput in <= 1/3 of the grid's time;
 on the data-bound scenario a verified gain >= 1.3x; the healthy scenario keeps its settings.
 
-    python benchmarks/tune_vs_grid.py                       # all three, about 30 min on 2 CPUs
+    python benchmarks/tune_vs_grid.py                       # all three, about 45 min on 2 CPUs
     python benchmarks/tune_vs_grid.py --scenarios data_bound --budget 3m --json out.json
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -42,7 +43,7 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run_grid(argv: list[str], folder: Path, trial_steps: int) -> dict:
+def run_grid(argv: list[str], folder: Path, trial_steps: int | None) -> dict:
     """Every configuration of the space tune would search, measured once each."""
     runner = TrialRunner(
         executable=argv[0],
@@ -116,9 +117,9 @@ def _fmt(m: Measurement) -> str:
     return f"{m.throughput:8.2f} steps/s" if m.ok else f"{m.status}: {m.reason}"
 
 
-def bench(name: str, budget_s: float, trial_steps: int, work: Path) -> dict:
+def bench(name: str, budget_s: float, trial_steps: int | None, work: Path) -> dict:
     argv = [sys.executable, str(SCENARIOS / f"{name}.py")]
-    log(f"== {name}: tune (budget {budget_s:.0f} s, {trial_steps} measured steps per trial)")
+    log(f"== {name}: tune (budget {budget_s:.0f} s, trial steps {trial_steps or 'auto'})")
     tuned = tune_command(
         argv,
         budget_s=budget_s,
@@ -130,7 +131,9 @@ def bench(name: str, budget_s: float, trial_steps: int, work: Path) -> dict:
         ),
     )
     pick = tuned.candidate or tuned.original
-    log(f"== {name}: grid")
+    # The grid runs trials as long as tune's (calibrated on the first trial when auto).
+    trial_steps = tuned.trial_steps or trial_steps
+    log(f"== {name}: grid ({trial_steps} measured steps per trial)")
     grid = run_grid(argv, work / name / "grid", trial_steps)
     if pick == grid["best"]:
         share, rounds = 1.0, []
@@ -165,13 +168,20 @@ def bench(name: str, budget_s: float, trial_steps: int, work: Path) -> dict:
     }
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="data_bound,thread_oversubscribed,healthy")
-    p.add_argument("--budget", default="4m", help="tune's budget per scenario")
-    p.add_argument("--trial-steps", type=int, default=30)
+    p.add_argument("--budget", default="5m", help="tune's budget per scenario")
+    p.add_argument("--trial-steps", type=int, default=None, help="default: auto, as tune")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args()
+    # A SIGTERM must stop the running trial's processes too: turn it into KeyboardInterrupt,
+    # which the trial runner cleans up after.
+    signal.signal(signal.SIGTERM, _interrupt)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tune-bench-") as tmp:
         for name in args.scenarios.split(","):

@@ -122,6 +122,7 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)  # things the user should know
     threads_set_in_script: bool = False  # the script calls torch.set_num_threads itself
     memory_budget: int | None = None  # bytes the job may use
+    trial_steps: int | None = None  # measured steps per trial (after warm-up)
 
     @property
     def changed(self) -> bool:
@@ -201,6 +202,7 @@ class TuneResult:
             "search_s": round(self.search_s, 3),
             "budget_s": self.budget_s,
             "memory_budget_bytes": self.memory_budget,
+            "trial_steps": self.trial_steps,
             "explored": self.explores,
             "paste": self.paste() if self.changed else None,
             "notes": self.notes,

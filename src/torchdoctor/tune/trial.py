@@ -193,7 +193,12 @@ class TrialRunner:
                 "tune needs it to count steps: check that TMPDIR or /tmp is writable"
             )
         started = time.monotonic()
-        child = TrialProcess(self.executable, self.argv, collector.child_env(env), log)
+        try:
+            child = TrialProcess(self.executable, self.argv, collector.child_env(env), log)
+        except BaseException:
+            collector.close(timeout=0.1)
+            writer.close({"ended_at": time.time(), "exit_status": None, "start_error": True})
+            raise
         recorder = Recorder(
             Sampler(HostReader(), JobReader(child.pid), self._gpus), writer, self.interval_s
         )

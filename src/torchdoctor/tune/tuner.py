@@ -210,6 +210,7 @@ def tune_command(
     result.budget_s = budget_s
     result.memory_budget = memory_budget
     result.threads_set_in_script = runner.threads_set_in_script
+    result.trial_steps = runner.measured_steps
     result.notes.extend(_notes(result, space, observed, runner, suggestion))
     return result
 
@@ -264,9 +265,20 @@ def _partial(first: Measurement, started: float, budget_s: float, memory_budget:
 def _notes(result: TuneResult, space: Space, observed, runner, suggestion) -> list[str]:
     notes = []
     if result.stopped == "budget":
-        notes.append(
-            "The budget ended the search before it converged: a larger --budget may find more."
-        )
+        done = [m.duration_s for m in result.trials if m.ok]
+        per_trial = statistics.median(done) if done else 0.0
+        searched = sum(1 for m in result.trials if m.purpose in ("search", "suggested"))
+        if searched < 4 and per_trial > 0:
+            suggested = math.ceil(per_trial * 16 / 60)
+            notes.append(
+                f"The budget ran out after {searched} search trial(s): each trial of this job "
+                f"takes about {per_trial:.0f} s. Give it --budget {suggested}m or more, or "
+                "shorten the trials with --trial-steps."
+            )
+        else:
+            notes.append(
+                "The budget ended the search before it converged: a larger --budget may find more."
+            )
     if result.stopped == "interrupted":
         notes.append("Interrupted: the results so far are shown, nothing was verified.")
     if result.candidate is not None and result.candidate != result.original:
