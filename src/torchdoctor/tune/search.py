@@ -29,7 +29,8 @@ Measure = Callable[[Config, str, float | None], Measurement]
 
 NOISE_FLOOR = 0.03  # never call two throughputs different below 3 %: clocks, caches, the OS
 NOISE_SIGMAS = 2.5  # a difference must exceed this many standard errors to count
-DATA_BOUND_SHARE = 0.10  # above this share of data wait, more workers are tried before fewer
+DATA_BOUND_SHARE = 0.10
+MAX_MOVES = 64  # far more than any space here needs; a guard, not a limit that bites  # above this share of data wait, more workers are tried before fewer
 
 
 @dataclass(slots=True)
@@ -196,7 +197,9 @@ class Search:
             if not self.tried(suggestion) and not self.excluded(suggestion):
                 self._search_measure(suggestion, "suggested")
         current = self._best_config()
-        while not self.stopped:
+        for _ in range(MAX_MOVES):
+            if self.stopped:
+                break
             moved = self._climb(current)
             if moved is None:
                 break  # converged, unless the budget or an interrupt said stop

@@ -1,0 +1,54 @@
+"""Throughput from a trial's steps: warm-up left out, the slowest rank sets the pace."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchdoctor.tune.measure import step_window, warmup_steps
+from torchdoctor.tune.space import Config
+
+
+def steps(pid: int, walls: list[float], wait: float = 0.0, samples: int | None = 8):
+    rows, t = [], 1000.0
+    for i, wall in enumerate(walls):
+        rows.append(
+            {
+                "pid": pid,
+                "step": i,
+                "t_start": t,
+                "t_end": t + wall,
+                "wall_s": wall,
+                "data_wait_s": wait * wall,
+                "samples": samples,
+            }
+        )
+        t += wall
+    return rows
+
+
+def test_warmup_covers_worker_start_up_and_their_first_batches():
+    assert warmup_steps(Config(0, 1)) == 5
+    assert warmup_steps(Config(8, 1, 2)) == 10
+
+
+def test_worker_start_up_is_left_out_of_the_throughput():
+    # A 3 s first step (workers starting) then 20 steps of 0.1 s.
+    w = step_window(steps(1, [3.0] + [0.1] * 24, wait=0.5), warmup=5)
+    assert w.steps == 20
+    assert w.steps_per_s == pytest.approx(10.0)
+    assert w.samples_per_s == pytest.approx(80.0)
+    assert w.data_wait_share == pytest.approx(0.5)
+    assert w.spread == pytest.approx(0.0, abs=1e-9)
+
+
+def test_slowest_rank_sets_the_pace_and_unknown_samples_stay_unknown():
+    fast = steps(1, [0.1] * 30)
+    slow = steps(2, [0.2] * 30, samples=None)
+    w = step_window(fast + slow, warmup=5)
+    assert w.steps_per_s == pytest.approx(5.0)
+    assert w.samples_per_s is None
+
+
+def test_too_few_steps_give_no_measurement():
+    assert step_window(steps(1, [0.1] * 6), warmup=5) is None
+    assert step_window([], warmup=5) is None
