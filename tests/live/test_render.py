@@ -125,8 +125,10 @@ def test_gpu_pids_from_another_namespace_are_said_unresolved(torch_job):
     readings = collect(fake_nvml.FakeNvml([gpu]), pidns=PidNamespace(procfs_is_host=False))
     screen = show(build_view(readings, TH, UiState()), height=200)
     assert f"host pid {torch_job.pid} unresolved 2.0G" in screen.line_with("on GPU:")
-    # Not joined by guess: the trainer's VRAM is not claimed.
-    assert "2.0G" not in screen.line_with(f"{torch_job.pid} trainer")
+    # Not joined by guess: the job's VRAM is unknown ("-"), neither claimed nor zero.
+    trainer = screen.line_with(f"{torch_job.pid} trainer")
+    assert "2.0G" not in trainer and " 0B " not in trainer
+    assert re.search(r"\s-\s+python", trainer), trainer
 
 
 def test_fits_80x24_with_many_cores_jobs_and_gpus():

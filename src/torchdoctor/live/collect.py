@@ -66,7 +66,7 @@ class TopCollector:
         self.gpu = gpu_reader if gpu_reader is not None else GpuReader()
         self.finder = TorchProcessFinder()
         self.recordings = RecordingWatcher(thresholds)
-        self._jobs: dict[int, tuple[float, JobReader]] = {}  # root pid -> (create time, reader)
+        self._jobs: dict[int, JobReader] = {}  # by root PID
         self._history: dict[int, _History] = {}
         self._infos: dict[int, ProcessInfo] = {}  # every live job process, by PID
         self._registry: list[registry.RegistryEntry] = []
@@ -76,7 +76,7 @@ class TopCollector:
         self._uid = os.getuid()
 
     def close(self) -> None:
-        for _, reader in self._jobs.values():
+        for reader in self._jobs.values():
             reader.close()
         self._jobs.clear()
         self.gpu.close()
@@ -92,19 +92,19 @@ class TopCollector:
         jobs: list[JobReading] = []
         roots = set(found.roots)
         for root in list(self._jobs):
-            if root not in roots or not self._jobs[root][1].root_alive():
-                self._jobs.pop(root)[1].close()
+            if root not in roots or not self._jobs[root].root_alive():
+                self._jobs.pop(root).close()
         for root in found.roots:
             if root not in self._jobs:
                 try:
                     reader = JobReader(root)
                 except OSError:
                     continue  # gone between the scan and now
-                self._jobs[root] = (time.time(), reader)
+                self._jobs[root] = reader
         infos = self._infos
-        for _, reader in self._jobs.values():
+        for reader in self._jobs.values():
             reader.slow_budget = PSS_CPU_SHARE / len(self._jobs)
-        for root, (_, reader) in sorted(self._jobs.items()):
+        for root, reader in sorted(self._jobs.items()):
             samples, new_infos, ended = reader.read()
             for info in new_infos:
                 infos[info.pid] = info
@@ -128,9 +128,12 @@ class TopCollector:
             for gp in gpu_procs:
                 if gp.local_pid is not None and gp.used_memory is not None:
                     vram[gp.local_pid] = vram.get(gp.local_pid, 0) + gp.used_memory
+            # ... unless some PIDs could not be mapped (own PID namespace): then a process
+            # missing from the map may be one of those, and its VRAM is unknown, not zero.
+            absent = None if any(gp.local_pid is None for gp in gpu_procs) else 0
             for job in jobs:
                 for p in job.processes:
-                    p.gpu_memory = vram.get(p.pid, 0)
+                    p.gpu_memory = vram.get(p.pid, absent)
 
         names = {
             gp.local_pid: _comm(gp.local_pid)

@@ -73,8 +73,8 @@ def render(view: View, width: int, height: int, *, interactive: bool = True) -> 
 
 
 def seg(text: str, style: str = "") -> Text:
-    """A piece of a line with its own style (``Text(text, style)`` would style the whole line
-    everything later appended to it)."""
+    """A piece of a line with its own style: ``Text(text, style)`` would pass its style on to
+    everything appended to it later."""
     t = Text()
     t.append(text, style)
     return t
