@@ -152,7 +152,8 @@ def build_report_data(
         meta, host, procs, gpus, steps, loaders, settings, findings, note, span, cpus, thresholds
     )
     return ReportData(
-        title=_title(meta, rec),
+        title=_command(meta) or rec.path.name,
+        command=_command(meta),
         source=str(rec.path),
         started_at=meta.get("started_at"),
         span_s=span,
@@ -348,8 +349,6 @@ def _origin(meta: dict, *tables: list[dict]) -> float:
     return min(firsts) if firsts else time.time()
 
 
-def _title(meta: dict, rec: Recording) -> str:
+def _command(meta: dict) -> str | None:
     command = meta.get("command") or []
-    if command:
-        return shlex.join(str(a) for a in command)
-    return rec.path.name
+    return shlex.join(str(a) for a in command) if command else None

@@ -131,11 +131,13 @@ def _header(data: ReportData) -> str:
     sub = [
         f"started {fmt_utc(data.started_at)}" if data.started_at else "",
         f"on {host}" if host else "",
+        "" if data.command else f"recording {data.source}",
     ]
     return (
-        "<header><h1>torchdoctor report <span>· what this training job used, and what held it back</span></h1>"
-        f'<p class="command">$ {escape(data.title)}</p>'
-        f'<p class="sub">{escape(" ".join(s for s in sub if s))}</p></header>'
+        "<header><h1>torchdoctor report <span>· what this training job used, and what held "
+        "it back</span></h1>"
+        + (f'<p class="command">$ {escape(data.command)}</p>' if data.command else "")
+        + f'<p class="sub">{escape(" ".join(s for s in sub if s))}</p></header>'
     )
 
 

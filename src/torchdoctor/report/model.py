@@ -144,6 +144,7 @@ class EventRow:
 @dataclass(slots=True)
 class ReportData:
     title: str
+    command: str | None  # the recorded command line, shell-quoted; None when not recorded
     source: str
     started_at: float | None
     span_s: float
