@@ -23,7 +23,7 @@ WARMUP_SHARE = 0.2
 def check(ctx: DiagnosisContext) -> list[Finding]:
     findings: list[Finding] = []
     for pid in ctx.compute_pids:
-        finding = _check_process(ctx, pid)
+        finding = check_process(ctx, pid)
         if finding is not None:
             findings.append(finding)
     return findings
@@ -37,7 +37,8 @@ def memory_series(samples: list[dict]) -> tuple[str, list[tuple[float, float]]]:
     return "resident memory (RSS)", [(s["t"], float(s["rss"])) for s in samples]
 
 
-def _check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
+def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
+    """The leak finding for one process, or None (also used by the advice benchmark)."""
     samples = ctx.samples_by_pid.get(pid, [])
     if len(samples) < 5:
         return None
