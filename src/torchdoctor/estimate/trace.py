@@ -208,6 +208,11 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
         parameter_bytes = _bytes(model)
 
     storages = tracker.storages
+    if tracker.unprobed_ops:
+        notes.append(
+            "the CPU could not run " + ", ".join(sorted(tracker.unprobed_ops)) + " for real to "
+            "measure its workspace or scratch: their meta kernels' sizes are used"
+        )
     categories = _categorize(tracker, events, gradients, states)
     return Trace(
         sizes=[s.nbytes for s in storages],

@@ -83,6 +83,7 @@ class LiveStorageTracker(TorchDispatchMode):
         # Callbacks by op name: fn(func, args, kwargs) -> real output sizes, for ops whose meta
         # kernels cannot know them (oneDNN workspaces).
         self.size_probes: dict[str, Any] = {}
+        self.unprobed_ops: set[str] = set()
 
     # -- registration ----------------------------------------------------------------------------
     def token_of(self, tensor: torch.Tensor) -> int | None:
@@ -156,10 +157,20 @@ class LiveStorageTracker(TorchDispatchMode):
             self.uses_rnn = True
         probe = self.size_probes.get(name)
         if probe is not None:
-            self._correct_sizes(out, probe(func, args, kwargs))
+            try:
+                self._correct_sizes(out, probe(func, args, kwargs))
+            except Exception:
+                # The CPU cannot run this kernel for real (an fp16 oneDNN RNN, say): keep the
+                # meta kernel's sizes and say so.
+                self.unprobed_ops.add(name)
         rule = self.transient_rules.get(name)
         if rule is not None:
-            for nbytes, what in rule(func, args, kwargs, out):
+            try:
+                found = rule(func, args, kwargs, out)
+            except Exception:
+                self.unprobed_ops.add(name)
+                found = []
+            for nbytes, what in found:
                 self.transients.append(Transient(len(self.events), nbytes, what))
         return out
 
