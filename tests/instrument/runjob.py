@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchdoctor.instrument.collector import Collector
+from torchdoctor.instrument.collector import Collector, bootstrap_env
 from torchdoctor.recording import RecordingWriter, open_recording
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -44,14 +44,24 @@ def run_job(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 120,
+    force_bootstrap: bool = False,
 ) -> JobRun:
-    """Run ``argv`` instrumented through the collector, as ``torchdoctor run`` does."""
+    """Run ``argv`` instrumented through the collector, as ``torchdoctor run`` does.
+
+    ``force_bootstrap`` injects the bootstrap even where ``child_env`` would not (to test the
+    agent's own checks, as in a process started inside an instrumented job)."""
     writer = RecordingWriter(out, {"command": argv})
     collector = Collector(writer)
+    job_env = child_env(env)
+    job_env = (
+        bootstrap_env(job_env, collector.address)
+        if force_bootstrap
+        else collector.child_env(job_env)
+    )
     try:
         proc = subprocess.run(
             argv,
-            env=collector.child_env(child_env(env)),
+            env=job_env,
             cwd=cwd,
             capture_output=True,
             text=True,

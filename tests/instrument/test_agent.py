@@ -213,3 +213,33 @@ def test_socket_sink_without_collector_drops_quietly(tmp_path):
     sink({"v": 1, "pid": 1})
     sink.close()
     assert sink.dropped == 1
+
+
+def test_waits_of_a_background_prefetch_thread_are_not_the_steps_data_wait(agent):
+    import queue
+    import threading
+    import time
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            time.sleep(0.01)
+            return torch.ones(2)
+
+    q: queue.Queue = queue.Queue(maxsize=12)
+    loader = DataLoader(Slow(), batch_size=2)
+    thread = threading.Thread(target=lambda: [q.put(b) for b in loader] + [q.put(None)])
+    thread.start()
+    thread.join()  # everything prefetched: the trainer never waits
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    while (batch := q.get()) is not None:
+        (p * batch).sum().backward()
+        opt.step()
+    agent.flush(final=True)
+    steps = agent.sink.records()[0]
+    assert len(steps) == 6
+    # the first step precedes knowing which thread steps; after it, no foreign wait counts
+    assert all(s.data_wait_s == 0 for s in steps[1:])

@@ -168,13 +168,19 @@ def test_failing_instrumentation_switches_off_and_leaves_output_alone(
     assert run.rows["steps"] == []
 
 
-def test_no_instrument_env_records_nothing(tmp_path):
+def test_no_instrument_env_records_nothing_even_with_the_bootstrap_present(tmp_path):
+    # e.g. a process started with TORCHDOCTOR_NO_INSTRUMENT=1 inside an instrumented job
+    code = (
+        "import torch; p = torch.nn.Parameter(torch.ones(1)); o = torch.optim.SGD([p], lr=1)\n"
+        "for _ in range(3): p.sum().backward(); o.step()\nprint('ok')"
+    )
     run = run_job(
-        [PY, TRAIN, "--samples", "16"],
+        [PY, "-c", code],
         tmp_path / "r.sqlite",
         env={"TORCHDOCTOR_NO_INSTRUMENT": "1"},
+        force_bootstrap=True,
     )
-    assert run.returncode == 0
+    assert run.returncode == 0 and run.stdout == "ok\n", run.stderr
     assert all(rows == [] for rows in run.rows.values())
 
 

@@ -1,6 +1,13 @@
 """In-process instrumentation: what only the job itself can tell (steps, data wait, settings).
 
-The bootstrap injected by ``torchdoctor run`` stays inert until the user's code imports torch;
-it never imports torch itself. Records travel to the recorder as the plain dataclasses in
-:mod:`torchdoctor.instrument.events`.
+- :mod:`~torchdoctor.instrument.agent` runs inside the job (standard library only): waits for
+  torch to be imported, hooks it, batches records and ships them;
+- ``bootstrap/sitecustomize.py`` loads the agent into every Python process of a job started by
+  ``torchdoctor run`` (it never imports torch itself);
+- :mod:`~torchdoctor.instrument.collector` is the recorder's end of the socket;
+- :mod:`~torchdoctor.instrument.wire` turns messages into the records of
+  :mod:`~torchdoctor.instrument.events`;
+- :mod:`~torchdoctor.instrument.watch` is ``torchdoctor.watch()``, the in-process API, and
+  :mod:`~torchdoctor.instrument.integrations` its Lightning and Hugging Face callbacks;
+- :mod:`~torchdoctor.instrument.stats` summarises a recording's steps.
 """

@@ -26,15 +26,14 @@ Records leave the process in batches (at most every :data:`FLUSH_INTERVAL_S` sec
 
 from __future__ import annotations
 
+# Only what every Python start-up has loaded already: the agent is loaded into every Python
+# process of the job, most of which never import torch. The rest is imported when needed.
 import atexit
-import contextlib
-import json
 import os
-import socket
 import sys
 import time
-import weakref
-from collections.abc import Mapping
+from _thread import get_ident as _get_ident
+from _weakref import ref as _weakref_ref
 
 WIRE_VERSION = 1
 ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
@@ -109,6 +108,8 @@ def parse_overrides(text: str | None) -> dict:
     if not text:
         return {}
     try:
+        import json
+
         data = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"{ENV_OVERRIDES} is not valid JSON: {exc}") from None
@@ -130,6 +131,8 @@ def parse_overrides(text: str | None) -> dict:
 
 
 def _dumps(value) -> str:
+    import json
+
     return json.dumps(value, default=str, separators=(",", ":"))
 
 
@@ -155,7 +158,7 @@ class SocketSink:
     def __init__(self, address: str, exit_timeout: float = 2.0) -> None:
         self.address = address
         self.exit_timeout = exit_timeout
-        self._sock: socket.socket | None = None
+        self._sock = None
         self._pid: int | None = None
         self._pending: list[bytes] = []
         self.dropped = 0
@@ -168,13 +171,15 @@ class SocketSink:
             self.dropped += 1
         self.drain(block=False)
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self):
         if self._pid != os.getpid():
             # A forked child shares the parent's connection: never write to it.
             self._sock = None
             self._pid = os.getpid()
             self._gone = False
         if self._sock is None and not self._gone:
+            import socket
+
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 sock.connect(self.address)
@@ -266,6 +271,7 @@ class Agent:
         self.loader_batch_size: int | None = None
         self.autocast_dtype: str | None = None
         self.scaler_used = False
+        self.step_thread: int | None = None  # thread id of the first optimizer step
         self.last_optimizer = None  # weakref to the optimizer that ended the last step
         self.loader_seen = False
         self.batches = 0  # DataLoader batches since the last step boundary
@@ -382,6 +388,8 @@ class Agent:
         self.active = False
         self.armed = False
         self._remove_finder()
+        import contextlib
+
         with contextlib.suppress(Exception):
             self._restore_patches()
         try:
@@ -405,10 +413,14 @@ class Agent:
                 current = getattr(owner, name, None)
             if current is not replacement:
                 continue  # someone patched over us since: theirs stays (ours is inert now)
+            import contextlib
+
             with contextlib.suppress(Exception):
                 setattr(owner, name, original)
         handle, self._hook_handle = self._hook_handle, None
         if handle is not None:
+            import contextlib
+
             with contextlib.suppress(Exception):
                 handle.remove()
 
@@ -417,6 +429,10 @@ class Agent:
         import torch.utils.data._utils.worker as worker_mod
         import torch.utils.data.dataloader as dataloader_mod
 
+        global _MAPPING
+        from collections.abc import Mapping
+
+        _MAPPING = Mapping
         self.torch = torch
         self.tensor_type = torch.Tensor
         self.cuda_is_initialized = torch.cuda.is_initialized
@@ -496,7 +512,10 @@ class Agent:
         self.settings.append([_now(), key, encoded])
 
     def on_batch(self, it, batch, t0: int, dt: int) -> None:
-        self.data_wait += dt
+        if self.step_thread is None or _get_ident() == self.step_thread:
+            # Only the thread that steps the optimizer waits for data in the step's time; a
+            # loader drained by a background prefetch thread hides its waits from the step.
+            self.data_wait += dt
         self.batches += 1
         self.loader_seen = True
         if self.boundary is None:
@@ -524,11 +543,12 @@ class Agent:
         if last is not optimizer:
             if last is not None and self.loader_seen and not self.batches:
                 return  # another optimizer (GAN, multi-task) on the same batch: the same step
-            self.last_optimizer = weakref.ref(optimizer)
+            self.last_optimizer = _weakref_ref(optimizer)
         if self.threads_override_pending:
             self._apply_threads_override()
         if not self.settings_done:
             self.settings_done = True
+            self.step_thread = _get_ident()
             self._capture_settings(optimizer)
         boundary = self.boundary if self.boundary is not None else self.start_ns
         row = [
@@ -824,6 +844,8 @@ class Agent:
         now = self.last_flush = _perf_ns()
         if self.active and self.settings_done and now - self.last_volatile >= _VOLATILE_EVERY_NS:
             self.last_volatile = now
+            import contextlib
+
             with contextlib.suppress(Exception):
                 self._capture_volatile()
         if not (self.steps or self.loaders or self.settings or self.events):
@@ -896,6 +918,9 @@ def _guess_role() -> str:
     return "trainer"
 
 
+_MAPPING: type = dict  # collections.abc.Mapping once torch is there (imported lazily)
+
+
 def _batch_len(batch, tensor_type) -> int | None:
     """Samples in a collated batch: the leading dimension of its first tensor.
 
@@ -926,7 +951,7 @@ def _batch_len(batch, tensor_type) -> int | None:
             ):
                 return len(batch)  # e.g. a list of strings
             batch = first
-        elif kind is dict or isinstance(batch, Mapping):
+        elif kind is dict or isinstance(batch, _MAPPING):
             if not batch:
                 return None
             batch = next(iter(batch.values()))
@@ -1034,6 +1059,8 @@ def _make_worker_loop(agent: Agent, original):
             return original(*args, **kwargs)
         finally:
             # Forked workers end with os._exit (no atexit): send what is left now.
+            import contextlib
+
             with contextlib.suppress(Exception):
                 agent.flush(final=True)
 
@@ -1048,11 +1075,16 @@ def _make_set_num_threads(agent: Agent, original):
     def set_num_threads(n):
         if not agent.active:
             return original(n)
-        wanted = agent.overrides.get("num_threads")
-        if wanted is not None and agent.role != "dataloader-worker":
-            if n != wanted:
-                agent.event("override-applied", {"num_threads": wanted, "requested": n})
-            n = wanted
+        requested = n
+        try:
+            wanted = agent.overrides.get("num_threads")
+            if wanted is not None and agent.role != "dataloader-worker":
+                if n != wanted:
+                    agent.event("override-applied", {"num_threads": wanted, "requested": n})
+                n = wanted
+        except Exception as exc:
+            agent.disable("set-num-threads", exc)
+            n = requested
         result = original(n)
         try:
             agent.on_set_num_threads()
@@ -1122,6 +1154,8 @@ def _make_oom_observer(agent: Agent):
 def _make_excepthook(agent: Agent, previous):
     def excepthook(exc_type, exc, tb):
         if agent.active:
+            import contextlib
+
             with contextlib.suppress(Exception):
                 agent.on_uncaught(exc_type)
         return previous(exc_type, exc, tb)

@@ -3,7 +3,8 @@
 Python imports ``sitecustomize`` at start-up. This one loads the torchdoctor agent (standard
 library only) and arms it: nothing happens until the program imports torch. Then it runs the
 ``sitecustomize`` that would have been imported without torchdoctor, if there is one.
-It never prints and never lets an exception out: the program must start exactly as it would.
+It never prints and never lets an exception of its own out: the program starts as it would.
+Every Python process of the job runs this, so it imports nothing that start-up has not.
 """
 
 
@@ -12,15 +13,18 @@ def _torchdoctor_bootstrap():
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
+    flag = os.environ.get("TORCHDOCTOR_NO_INSTRUMENT", "").strip().lower()
     try:
-        if "_torchdoctor_agent" not in sys.modules:
-            import importlib.util
+        if flag in ("", "0", "false", "no", "off") and "_torchdoctor_agent" not in sys.modules:
+            from importlib.machinery import SourceFileLoader
 
             path = os.path.join(os.path.dirname(here), "agent.py")
-            spec = importlib.util.spec_from_file_location("_torchdoctor_agent", path)
-            agent = importlib.util.module_from_spec(spec)
+            loader = SourceFileLoader("_torchdoctor_agent", path)
+            agent = type(sys)("_torchdoctor_agent")
+            agent.__file__ = path
+            agent.__loader__ = loader
             sys.modules["_torchdoctor_agent"] = agent
-            spec.loader.exec_module(agent)
+            loader.exec_module(agent)
             agent.arm_from_env()
     except Exception:
         sys.modules.pop("_torchdoctor_agent", None)
@@ -28,15 +32,16 @@ def _torchdoctor_bootstrap():
 
 
 def _chain_sitecustomize(here):
-    import importlib.machinery
-    import importlib.util
     import os
     import sys
+    from importlib.machinery import PathFinder
 
     search = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", search)
+    spec = PathFinder.find_spec("sitecustomize", search)
     if spec is None or spec.loader is None:
         return
+    import importlib.util
+
     module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     # The chained module's own errors behave as they would without torchdoctor: site.py
