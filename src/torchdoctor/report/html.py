@@ -465,7 +465,7 @@ def _events(data: ReportData) -> str:
     for e in data.events:
         parts.append(
             f'<tr class="event-{escape(e.level)}"><td>{fmt_clock(e.t)}</td><td>{escape(e.where)}</td>'
-            f'<td class="mono">{escape(e.kind)}</td><td>{escape(e.detail)}</td></tr>'
+            f'<td class="mono nowrap">{escape(e.kind)}</td><td>{escape(e.detail)}</td></tr>'
         )
     parts.append("</tbody></table></section>")
     return "".join(parts)
