@@ -188,6 +188,14 @@ def test_interactive_in_an_80x24_terminal(torch_job):
         keys("n")
         wait_for(lambda t: "no signal sent" in t, "the refusal")
         assert _alive(torch_job.pid)
+        # A resize redraws at the new size, even in the middle of a question.
+        keys("k")
+        wait_for(lambda t: f"signal to {torch_job.pid}:" in t, "the signal prompt again")
+        subprocess.run([*tmux, "resize-window", "-t", session, "-x", "100", "-y", "30"], check=True)
+        text = wait_for(lambda t: len(t.splitlines()[0]) > 80, "the wider screen")
+        assert f"signal to {torch_job.pid}:" in text
+        keys("Escape")
+        wait_for(lambda t: "no signal sent" in t, "the cancel")
         keys("q")
         deadline = time.monotonic() + 10
         while _has_session(tmux, session) and time.monotonic() < deadline:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import sys
 import termios
 import time
@@ -75,31 +76,48 @@ def decode_keys(data: bytes) -> list[str]:
 
 
 class KeyReader:
-    """stdin in cbreak mode for the duration of a ``with`` block."""
+    """stdin in cbreak mode for the duration of a ``with`` block; a terminal resize
+    (SIGWINCH) wakes :meth:`read` up as the pseudo-key ``resize`` so the screen is redrawn
+    at its new size at once."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._saved: list | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._old_winch = None
 
     def __enter__(self) -> KeyReader:
         self._saved = termios.tcgetattr(self.fd)
         tty.setcbreak(self.fd)
+        self._old_winch = signal.signal(signal.SIGWINCH, self._on_resize)
         return self
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
+        signal.signal(signal.SIGWINCH, self._old_winch or signal.SIG_DFL)
         if self._saved is not None:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _on_resize(self, signum: int, frame: object) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"r")
 
     def read(self, timeout: float) -> list[str]:
-        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
-        if not ready:
-            return []
-        data = os.read(self.fd, 64)
-        if not data:
-            raise EOFError
-        return decode_keys(data)
+        ready, _, _ = select.select([self.fd, self._wake_r], [], [], max(timeout, 0.0))
+        keys = []
+        if self._wake_r in ready:
+            os.read(self._wake_r, 64)
+            keys.append("resize")
+        if self.fd in ready:
+            data = os.read(self.fd, 64)
+            if not data:
+                raise EOFError
+            keys += decode_keys(data)
+        return keys
 
 
 def deliver(action: SendSignal) -> str:

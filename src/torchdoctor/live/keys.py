@@ -53,6 +53,8 @@ Action = Quit | SendSignal | None
 
 
 def handle_key(state: UiState, key: str, view: View) -> tuple[UiState, Action]:
+    if key == "resize":  # the terminal changed size: redraw, change nothing
+        return state, None
     s = dataclasses.replace(state, message=None)
     if s.mode == "filter":
         return _filter_key(s, key), None
