@@ -225,3 +225,32 @@ def test_noise_estimate_follows_repeated_runs():
     # Within-run spread alone sets the noise when repeats agree by chance.
     within = estimate_noise(runs([100.0, 100.0], spread=0.04))
     assert within == pytest.approx(2.5 * 0.04 * math.sqrt(2))
+
+
+def test_calm_finalists_are_told_apart_with_their_own_noise():
+    # The original (an oversubscribed trainer) swings +-40 % run to run; the candidates are
+    # calm. The climb, judged with the original's noise, stops at 2 workers; re-running the
+    # finalists shows that 4 workers are really faster.
+    speed = {0: 18.0, 1: 20.0, 2: 38.0, 3: 52.0, 4: 55.0}
+
+    def loader_bound(c: Config) -> float:
+        return speed[c.num_workers] * (1.0 if c.num_threads == 1 else 0.9)
+
+    original = Config(0, 2)
+    measure = Synthetic(loader_bound, noise=0.01, seed=3)
+    calm = measure.__call__
+
+    def swinging(config, purpose, deadline):
+        m = calm(config, purpose, deadline)
+        if m.ok and config == original:
+            m.throughput *= (0.6, 1.4, 0.8, 1.2)[m.index % 4]
+        return m
+
+    result = Search(
+        Space.for_machine(CPUS, include=original), swinging, original, clock=measure.clock
+    ).run()
+    assert result.noise > 0.3
+    confirms = {m.config for m in result.trials if m.purpose == "confirm"}
+    assert len(confirms) >= 2
+    assert result.recommended.num_workers == 4
+    assert result.gain is not None

@@ -30,6 +30,7 @@ Measure = Callable[[Config, str, float | None], Measurement]
 NOISE_FLOOR = 0.03  # never call two throughputs different below 3 %: clocks, caches, the OS
 NOISE_SIGMAS = 2.5  # a difference must exceed this many standard errors to count
 DATA_BOUND_SHARE = 0.10
+FINALISTS = 3  # re-measured before the pick
 MAX_MOVES = 64  # far more than any space here needs; a guard, not a limit that bites  # above this share of data wait, more workers are tried before fewer
 
 
@@ -282,27 +283,63 @@ class Search:
         measured = {m.config for m in self.trials if m.ok}
         return max(measured, key=lambda c: self.mean(c) or 0.0)
 
+    def _finalists(self) -> list[Config]:
+        """The fastest configurations that the noise cannot tell apart, best first."""
+        measured = {m.config for m in self.trials if m.ok}
+        if not measured:
+            return []
+        ranked = sorted(measured, key=lambda c: self.mean(c), reverse=True)
+        floor = self.mean(ranked[0]) / (1 + self.noise)
+        return [c for c in ranked if self.mean(c) >= floor][:FINALISTS]
+
+    def noise_among(self, configs: Iterable[Config]) -> float:
+        """Noise from the repeated runs of ``configs`` alone.
+
+        Noise differs between configurations: an oversubscribed one swings with every other
+        process on the machine, a calm one barely moves. Deciding between calm finalists
+        with the swings of another configuration would call every difference noise.
+        """
+        chosen = set(configs)
+        runs = [m for m in self.trials if m.config in chosen]
+        if not any(self.count(c) > 1 for c in chosen):
+            return self.noise
+        return estimate_noise(runs, self.noise_floor)
+
     def choose(self) -> Config | None:
         """The pick: the original when it is within noise of the best (no change is a valid
-        answer), else the cheapest configuration within noise of the best."""
+        answer), else the cheapest configuration within noise of the best.
+
+        The best is the fastest finalist measured more than once, and the noise is theirs;
+        without repeated finalists, the fastest of all with the noise of every repeated run.
+        """
         measured = {m.config for m in self.trials if m.ok}
         if not measured:
             return None
-        best = max(self.mean(c) for c in measured)
-        floor = best / (1 + self.noise)
-        within = [c for c in measured if self.mean(c) >= floor]
+        repeated = [c for c in self._finalists() if self.count(c) > 1]
+        if repeated:
+            best, noise = max(self.mean(c) for c in repeated), self.noise_among(repeated)
+        else:
+            best, noise = max(self.mean(c) for c in measured), self.noise
+        within = [c for c in measured if self.mean(c) >= best / (1 + noise)]
         if self.original in within:
             return self.original
         return min(within, key=lambda c: c.cost)
 
     def _confirm(self) -> Config | None:
-        """Re-run a pick measured only once: the best of many noisy runs is flattered by luck."""
+        """Re-run the pick when measured only once (the best of many noisy runs is flattered
+        by luck). When the noise is above its floor, re-run every finalist first: their own
+        repeats may show them calmer than the configurations that set the noise."""
+        for config in self._finalists() if self.noise > self.noise_floor else []:
+            if self.stopped:
+                break
+            if self.count(config) < 2 and self._search_measure(config, "confirm") is None:
+                break
         for _ in range(3):
             pick = self.choose()
-            if pick is None or pick == self.original or self.count(pick) > 1 or self.stopped:
+            if pick is None or self.count(pick) > 1 or self.stopped:
                 return pick
             if self._search_measure(pick, "confirm") is None:
-                return self.choose()
+                break
         return self.choose()
 
     # -- verification -------------------------------------------------------------------------
@@ -331,7 +368,7 @@ class Search:
             a_runs.append(a.throughput)
             b_runs.append(b.throughput)
             ratios.append(b.throughput / a.throughput)
-        noise = self.noise
+        noise = self.noise_among([self.original, candidate])
         confirmed = (
             len(ratios) >= 2 and min(ratios) > 1.0 and statistics.fmean(ratios) > 1.0 + noise
         )
