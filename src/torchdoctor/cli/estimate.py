@@ -101,6 +101,12 @@ Examples:
     help="Never fall back to a real CPU run when fake tensors cannot trace the model.",
 )
 @click.option(
+    "--memory-snapshot",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Write the step's allocations as a pickle to open at https://pytorch.org/memory_viz.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
 )
 def command(
@@ -120,6 +126,7 @@ def command(
     margin: float,
     find_max: bool,
     no_fallback: bool,
+    memory_snapshot: str | None,
     as_json: bool,
 ) -> None:
     """Estimate the GPU (or CPU) memory of a training step, without a GPU.
@@ -140,10 +147,12 @@ def command(
     if find_max:
         if batch_size != 1:
             raise UserError("--max-batch searches the batch size: leave out --batch")
+        if memory_snapshot:
+            raise UserError("--memory-snapshot describes one step: use it without --max-batch")
         found = api.max_batch(spec, **options)
         click.echo(json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found))
         return
-    result = api.estimate(spec, batch_size=batch_size, **options)
+    result = api.estimate(spec, batch_size=batch_size, memory_snapshot=memory_snapshot, **options)
     found_alternatives = []
     if result.fits is False and result.gpu_memory is not None:
         workload, setup, target = api.prepare(

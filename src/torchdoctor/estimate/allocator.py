@@ -87,18 +87,24 @@ class CachingAllocatorModel:
 
     capacity: int | None = None
     stats: AllocatorStats = field(default_factory=AllocatorStats)
+    # When a list, every action is appended to it in the format of PyTorch's memory snapshots
+    # (``torch.cuda.memory._snapshot()["device_traces"][0]``), for pytorch.org/memory_viz.
+    history: list[dict] | None = None
 
     def __post_init__(self) -> None:
         # Free blocks of each pool, sorted by (size, address) like the allocator's BlockPool.
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
         self._by_key: dict[tuple[bool, int, int], _Block] = {}
-        self._next_address = 0
+        self._next_address = 0x7F0000000000  # where CUDA's first mappings usually land
         self._handles: dict[int, _Block] = {}
         self._next_handle = 0
+        self._segments: dict[int, _Block] = {}  # base address -> first block
+        self._frames: dict[int, list[dict]] = {}
 
     # -- public ------------------------------------------------------------------------------
-    def malloc(self, size: int) -> int:
-        """Allocate ``size`` bytes; returns a handle for :meth:`free`."""
+    def malloc(self, size: int, frames: list[dict] | None = None) -> int:
+        """Allocate ``size`` bytes; returns a handle for :meth:`free`. ``frames`` label the
+        allocation in the history."""
         rounded = round_size(size)
         small = rounded <= SMALL_SIZE
         block = self._take_free_block(small, rounded)
@@ -118,10 +124,17 @@ class CachingAllocatorModel:
         handle = self._next_handle
         self._next_handle += 1
         self._handles[handle] = block
+        if self.history is not None:
+            self._frames[handle] = frames or []
+            self._record("alloc", block.address, block.size, frames or [])
         return handle
 
     def free(self, handle: int) -> None:
         block = self._handles.pop(handle)
+        if self.history is not None:
+            frames = self._frames.pop(handle, [])
+            self._record("free_requested", block.address, block.size, frames)
+            self._record("free_completed", block.address, block.size, frames)
         block.allocated = False
         self.stats.allocated -= block.size
         for neighbour in (block.prev, block.next):
@@ -152,6 +165,51 @@ class CachingAllocatorModel:
                     self._remove_free(block)
                     self.stats.reserved -= block.size
                     self.stats.segments -= 1
+                    del self._segments[block.address]
+                    if self.history is not None:
+                        self._record("segment_free", block.address, block.size, [])
+
+    def segments(self) -> list[dict]:
+        """The segments now, as ``torch.cuda.memory._snapshot()["segments"]`` lists them."""
+        frames_of = {id(self._handles[h]): self._frames.get(h, []) for h in self._handles}
+        result = []
+        for address, block in sorted(self._segments.items()):
+            blocks = []
+            total = allocated = 0
+            current: _Block | None = block
+            while current is not None:
+                entry: dict = {
+                    "address": current.address,
+                    "size": current.size,
+                    "requested_size": current.size,
+                    "state": "active_allocated" if current.allocated else "inactive",
+                }
+                if current.allocated:
+                    entry["frames"] = frames_of.get(id(current), [])
+                    allocated += current.size
+                blocks.append(entry)
+                total += current.size
+                current = current.next
+            result.append(
+                {
+                    "device": 0,
+                    "address": address,
+                    "total_size": total,
+                    "allocated_size": allocated,
+                    "active_size": allocated,
+                    "requested_size": allocated,
+                    "stream": 0,
+                    "segment_type": "small" if block.small else "large",
+                    "blocks": blocks,
+                }
+            )
+        return result
+
+    def _record(self, action: str, address: int, size: int, frames: list[dict]) -> None:
+        assert self.history is not None
+        self.history.append(
+            {"action": action, "addr": address, "size": size, "stream": 0, "frames": frames}
+        )
 
     # -- internals -----------------------------------------------------------------------------
     def _take_free_block(self, small: bool, rounded: int) -> _Block | None:
@@ -176,6 +234,9 @@ class CachingAllocatorModel:
         self.stats.segments += 1
         self.stats.cuda_mallocs += 1
         self.stats.peak_reserved = max(self.stats.peak_reserved, self.stats.reserved)
+        self._segments[block.address] = block
+        if self.history is not None:
+            self._record("segment_alloc", block.address, size, [])
         return block
 
     def _insert_free(self, block: _Block) -> None:

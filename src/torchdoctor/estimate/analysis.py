@@ -69,9 +69,20 @@ def cpu_peak(trace: Trace, scratch: bool = True) -> Peak:
     return Peak(max(peak, 0), peak_event, snapshot)
 
 
-def cuda_peak(trace: Trace, gpu: GpuProfile, capacity: int | None = None) -> Peak:
-    """Replay the timeline on the caching allocator model; ``capacity`` limits cudaMalloc."""
-    allocator = CachingAllocatorModel(capacity=capacity)
+def cuda_peak(
+    trace: Trace,
+    gpu: GpuProfile,
+    capacity: int | None = None,
+    allocator: CachingAllocatorModel | None = None,
+) -> Peak:
+    """Replay the timeline on the caching allocator model; ``capacity`` limits cudaMalloc.
+
+    With ``allocator`` given (one that records its history), allocations carry frames naming
+    the op, module and category of each storage.
+    """
+    labelled = allocator is not None
+    if allocator is None:
+        allocator = CachingAllocatorModel(capacity=capacity)
     handles: dict[int, int] = {}
     by: dict[str, int] = {}
     snapshot: dict[str, int] = {}
@@ -97,7 +108,9 @@ def cuda_peak(trace: Trace, gpu: GpuProfile, capacity: int | None = None) -> Pea
     try:
         for index, event in enumerate(trace.events):
             for nbytes, category, keep in inserts.get(index, ()):
-                handle = allocator.malloc(nbytes)
+                handle = allocator.malloc(
+                    nbytes, [_frame(category, category)] if labelled else None
+                )
                 size = allocator.block_size(handle)
                 by[category] = by.get(category, 0) + size
                 note_peak(index)
@@ -107,7 +120,9 @@ def cuda_peak(trace: Trace, gpu: GpuProfile, capacity: int | None = None) -> Pea
             if event >= 0:
                 if event in host or sizes[event] == 0:
                     continue
-                handle = allocator.malloc(sizes[event])
+                handle = allocator.malloc(
+                    sizes[event], storage_frames(trace, event) if labelled else None
+                )
                 handles[event] = handle
                 category = categories[event]
                 by[category] = by.get(category, 0) + allocator.block_size(handle)
@@ -131,6 +146,21 @@ def cuda_peak(trace: Trace, gpu: GpuProfile, capacity: int | None = None) -> Pea
         segments=allocator.stats.segments,
         workspace=workspace,
     )
+
+
+def _frame(where: str, what: str) -> dict:
+    return {"filename": where, "line": 0, "name": what}
+
+
+def storage_frames(trace: Trace, token: int) -> list[dict]:
+    """Frames for memory_viz: the op that made the storage, its category, and its module."""
+    module = trace.alloc_module[token]
+    if not trace.alloc_ops[token]:
+        return [_frame("(model and batch, before the step)", f"[{trace.categories[token]}]")]
+    where = trace.module_names[module] if module > 0 else OUTSIDE_MODULES
+    if module > 0 and trace.module_classes[module]:
+        where += f" ({trace.module_classes[module]})"
+    return [_frame(where, f"aten.{trace.alloc_ops[token]} [{trace.categories[token]}]")]
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError, require_torch
@@ -47,6 +48,7 @@ def estimate(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    memory_snapshot: str | Path | None = None,
 ) -> Estimate:
     """Estimate the peak memory of training ``model`` for two steps on ``device``.
 
@@ -55,6 +57,7 @@ def estimate(
     is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. With
     ``device="cuda"`` give ``gpu`` (a profile name such as ``"A100-80GB"``) or ``gpu_memory``
     (``"24GiB"``). ``fallback`` allows a real CPU run when fake tensors cannot trace the model.
+    ``memory_snapshot`` writes the step's allocations as a pickle for pytorch.org/memory_viz.
     """
     workload, setup, target = prepare(
         model, batch_size=batch_size, input_shape=input_shape, tokens=tokens, optimizer=optimizer,
@@ -63,7 +66,7 @@ def estimate(
         gpu_memory=gpu_memory,
     )  # fmt: skip
     return estimate_workload(
-        workload, setup, target, margin, fallback, _capacity(target, gpu_memory)
+        workload, setup, target, margin, fallback, _capacity(target, gpu_memory), memory_snapshot
     )
 
 
@@ -174,6 +177,7 @@ def estimate_workload(
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
     capacity: int | None = None,
+    memory_snapshot: str | Path | None = None,
 ) -> Estimate:
     """Trace ``workload`` and turn the timeline into an :class:`Estimate`."""
     from torchdoctor.estimate.analysis import activations_by_module, cpu_peak, cuda_peak, phase_at
@@ -215,6 +219,16 @@ def estimate_workload(
         breakdown = _ordered(peak.by_category)
         reserved = total = None
         fits = peak.allocated <= limit if limit is not None else None
+    if memory_snapshot is not None:
+        from torchdoctor.estimate.snapshot import write_memory_snapshot
+
+        try:
+            written = write_memory_snapshot(trace, target.gpu, memory_snapshot)
+        except OSError as exc:
+            raise UserError(f"cannot write the memory snapshot {memory_snapshot}: {exc}") from None
+        notes.append(
+            f"memory snapshot written to {written}: open it at https://pytorch.org/memory_viz"
+        )
     where = phase_at(trace, peak.event)
     activations = activations_by_module(trace)
     notes.extend(trace.notes)

@@ -67,6 +67,7 @@ class Trace:
     phase_marks: list[tuple[int, str, int]]
     transients: list[Transient]
     alloc_module: list[int]
+    alloc_ops: list[str]
     module_names: list[str]
     module_classes: list[str]
     host_tokens: set[int]
@@ -221,6 +222,7 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
         phase_marks=[(m.event, m.phase, m.step) for m in tracker.phases],
         transients=list(tracker.transients),
         alloc_module=[s.module for s in storages],
+        alloc_ops=[s.op for s in storages],
         module_names=stack.names,
         module_classes=stack.classes,
         host_tokens=host,
