@@ -2,10 +2,11 @@
 
 The fix is sized from the measurements. With ``num_workers=0`` the main process loads each
 batch itself, so the wait per step is the load time L of one batch; with n workers running
-flat out a batch is ready every L/n, so L ~ n * (wait + compute). Keeping ahead of the model
-needs about L / compute workers (plus 20 % for jitter), limited by the CPU the loading costs:
-one CPU is left to the training process, and each worker costs at most its measured share of
-a core (or, with no workers yet, the most the main process could have spent loading).
+flat out a batch is ready every L/n, so L ~ n * (wait + compute). How much CPU one loading
+worker costs is measured on its processes, or (with no workers yet) bounded by the trainer's
+CPU time left over from computing. :func:`size_workers` then picks the fewest workers that
+bring the step down to its floor: the compute time, or the step's CPU work spread over the
+usable CPUs (affinity capped by the cgroup quota), whichever is longer.
 """
 
 from __future__ import annotations
