@@ -37,7 +37,7 @@ def test_warmup_rule():
 def test_single_trainer_figures_exclude_warmup():
     rows = _steps(7, None, 21, wall=0.1, wait=0.025, batch=32)
     settings = [{"pid": 7, "rank": None, "t": 1.0, "key": "torch.num_threads", "value": "4"}]
-    loaders = [{"pid": 7, "rank": None, "loader_id": 0, "batch_size": 32}]
+    loaders = [{"pid": 7, "rank": None, "loader_id": 0, "batch_size": 32, "pin_memory": 1}]
     s = step_stats(rows, loaders, settings)
     assert s.step_count == 21 and s.measured_steps == 19  # 21 // 10 = 2 warm-up steps
     assert s.median_step_s == pytest.approx(0.1) and s.p90_step_s == pytest.approx(0.1)
@@ -45,7 +45,7 @@ def test_single_trainer_figures_exclude_warmup():
     assert s.steps_per_s == pytest.approx(10.0)
     assert s.samples_per_s == pytest.approx(320.0)
     assert s.batch_size == 32 and s.settings == {"torch.num_threads": 4}
-    assert s.dataloaders == [{"pid": 7, "loader_id": 0, "batch_size": 32}]
+    assert s.dataloaders == [{"pid": 7, "loader_id": 0, "batch_size": 32, "pin_memory": True}]
     json.dumps(s.to_dict())
 
 

@@ -83,6 +83,14 @@ def _decode(value: Any) -> Any:
     return value
 
 
+_LOADER_FLAGS = ("pin_memory", "persistent_workers", "drop_last")
+
+
+def _loader_value(key: str, value: Any) -> Any:
+    """SQLite gives flags back as 0/1: make them booleans again for JSON readers."""
+    return bool(value) if key in _LOADER_FLAGS and value is not None else value
+
+
 def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> RankStats:
     rows = sorted(rows, key=lambda r: r["step"])
     skip = warmup_steps(len(rows))
@@ -141,7 +149,7 @@ def step_stats(
         if row["pid"] == main_pid
     }
     dataloaders = [
-        {k: v for k, v in row.items() if k not in ("rank",)}
+        {k: _loader_value(k, v) for k, v in row.items() if k != "rank"}
         for row in dataloader_rows
         if main_pid is None or row["pid"] == main_pid
     ]
