@@ -243,3 +243,18 @@ def test_waits_of_a_background_prefetch_thread_are_not_the_steps_data_wait(agent
     assert len(steps) == 6
     # the first step precedes knowing which thread steps; after it, no foreign wait counts
     assert all(s.data_wait_s == 0 for s in steps[1:])
+
+
+def test_an_uncaught_out_of_memory_error_is_recorded_then_reported_as_usual(agent, capsys):
+    import sys
+
+    _train(steps=2, batch_size=3)
+    try:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    except torch.OutOfMemoryError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)  # what Python does at top level
+    assert "CUDA out of memory" in capsys.readouterr().err  # the usual traceback, unchanged
+    _, _, _, events = agent.sink.records()
+    (oom,) = [e for e in events if e.kind == "cuda-oom"]
+    detail = json.loads(oom.detail)
+    assert detail == {"step": 2, "batch_size": 3, "source": "uncaught"}
