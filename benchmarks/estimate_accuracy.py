@@ -47,6 +47,8 @@ SUITE = {
     "gpt-dropout-bf16-adamw": (models.gpt_tiny_dropout, {"tokens": 128}, TrainingSetup(batch_size=8, precision="bf16")),
     "gpt-dropout-ckpt-fp32-adam": (models.gpt_tiny_dropout, {"tokens": 128}, TrainingSetup(batch_size=8, optimizer="adam", checkpointing=True)),
     "gpt-accum-fp32-adamw-foreach": (models.gpt_tiny, {"tokens": 128}, TrainingSetup(batch_size=4, grad_accumulation=2, optimizer_impl="foreach")),
+    "vit-mha-fp32-adamw": (models.vit_tiny, {}, TrainingSetup(batch_size=16)),
+    "vit-mha-bf16mixed-adamw-fused": (models.vit_tiny, {}, TrainingSetup(batch_size=16, precision="bf16-mixed", optimizer_impl="fused")),
     "lstm-fp32-sgd": (models.lstm, {}, TrainingSetup(batch_size=32, optimizer="sgd")),
     "mlp-dropout-fp32-adamw": (models.mlp_dropout, {}, TrainingSetup(batch_size=128)),
     "mlp-dropout-fp32-inference": (models.mlp_dropout, {}, TrainingSetup(batch_size=128, inference=True)),

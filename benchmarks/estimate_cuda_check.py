@@ -43,6 +43,7 @@ def cases() -> dict:
         "encoder-dropout-adamw": (models.transformer_encoder, {}, TrainingSetup(batch_size=32)),
         "gpt-sdpa-adamw": (models.gpt_tiny, {"tokens": 256}, TrainingSetup(batch_size=16)),
         "gpt-dropout-ckpt-adam": (models.gpt_tiny_dropout, {"tokens": 256}, TrainingSetup(batch_size=16, optimizer="adam", checkpointing=True)),
+        "vit-mha-adamw": (models.vit_tiny, {}, TrainingSetup(batch_size=64)),
         "lstm-sgd": (models.lstm, {}, TrainingSetup(batch_size=64, optimizer="sgd")),
         "mlp-dropout-adamw": (models.mlp_dropout, {}, TrainingSetup(batch_size=256)),
         "gpt2-small-adamw": (models.gpt2_small, {"tokens": 1024}, TrainingSetup(batch_size=8)),

@@ -219,6 +219,46 @@ def mlp_dropout() -> tuple[nn.Module, object]:
     return model, make_batch
 
 
+class ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        # need_weights=True (the default) takes the unfused path: softmax scores are kept.
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyViT(nn.Module):
+    """A ViT for 3x64x64 images: 8x8 patches, 4 blocks of width 192, GroupNorm-free."""
+
+    def __init__(self, dim: int = 192, depth: int = 4, heads: int = 3, classes: int = 100) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 8, 8)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, 65, dim))
+        self.blocks = nn.Sequential(*(ViTBlock(dim, heads) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+def vit_tiny() -> tuple[nn.Module, object]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 3, 64, 64), torch.randint(0, 100, (n,))
+
+    return TinyViT(), make_batch
+
+
 def data_dependent() -> tuple[nn.Module, object]:
     """A model whose forward calls .item(): fake tensors cannot trace it."""
 

@@ -50,6 +50,24 @@ def real_output_sizes(func: Any, args: tuple, kwargs: dict) -> list[int]:
 PROBED_OPS = ("mkldnn_rnn_layer",)
 
 
+def batch_norm_stat_sizes(func: Any, args: tuple, kwargs: dict) -> list[int | None]:
+    """Batch norm keeps its saved mean and inverse std in float32 for half/bfloat16 inputs (on
+    the CPU and in cuDNN), where the meta kernel gives them the input's dtype."""
+    del func, kwargs
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        return []
+    channels = x.shape[1] if x.dim() > 1 else 1
+    return [None, channels * 4, channels * 4]
+
+
+STAT_SIZE_RULES = {
+    "native_batch_norm": batch_norm_stat_sizes,
+    "_native_batch_norm_legit": batch_norm_stat_sizes,
+    "_native_batch_norm_legit_functional": batch_norm_stat_sizes,
+}
+
+
 # CPU kernels that allocate scratch memory inside one call: oneDNN convolutions and RNN layers
 # (reordered weights, scratchpads), and low-precision matmuls (packed operands).
 SCRATCH_OPS = (

@@ -19,6 +19,7 @@ from torchdoctor.estimate.real_sizes import (
     LOW_PRECISION_SCRATCH_OPS,
     PROBED_OPS,
     SCRATCH_OPS,
+    STAT_SIZE_RULES,
     real_output_sizes,
     scratch_rule,
 )
@@ -137,6 +138,7 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
         if fake_mode is not None:
             for op in PROBED_OPS:
                 tracker.size_probes[op] = real_output_sizes
+            tracker.size_probes.update(STAT_SIZE_RULES)
             if not target.is_cuda:
                 for op in (*SCRATCH_OPS, *LOW_PRECISION_SCRATCH_OPS):
                     tracker.transient_rules[op] = scratch_rule(op)

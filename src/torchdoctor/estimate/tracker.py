@@ -174,10 +174,10 @@ class LiveStorageTracker(TorchDispatchMode):
                 self.transients.append(Transient(len(self.events), nbytes, what))
         return out
 
-    def _correct_sizes(self, out: Any, sizes: list[int]) -> None:
+    def _correct_sizes(self, out: Any, sizes: list[int | None]) -> None:
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         for tensor, nbytes in zip(outputs, sizes, strict=False):
-            if not isinstance(tensor, torch.Tensor):
+            if nbytes is None or not isinstance(tensor, torch.Tensor):
                 continue
             token = self.token_of(tensor)
             if token is not None and self.storages[token].nbytes != nbytes:
