@@ -57,3 +57,19 @@ def test_checkpointing_cuts_activation_memory(models):
     )
     assert checkpointed.activations < plain.activations / 2
     assert any("checkpointing on 4 x Block" in note for note in checkpointed.notes)
+
+
+def test_a_model_instance_is_estimated_without_touching_it(models):
+    import torch
+
+    from torchdoctor.estimate.api import estimate
+
+    model, _ = models.mlp_dropout()
+    before = [p.detach().clone() for p in model.parameters()]
+    trained = estimate(model, input_shape="1x28x28", batch_size=16)
+    inference = estimate(model, input_shape="1x28x28", batch_size=16, inference=True)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    real = measure_cpu_peak(load_workload(lambda: model, input_shape=(1, 28, 28)), trained.setup)
+    assert trained.tensor_peak == real.storage_peak
+    assert inference.peak_phase == "forward" and inference.peak_allocated < trained.peak_allocated

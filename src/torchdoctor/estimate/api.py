@@ -43,7 +43,7 @@ def estimate(
     grad_accumulation: int = 1,
     inference: bool = False,
     checkpointing: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     gpu: str | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
@@ -55,8 +55,8 @@ def estimate(
     ``model`` is a spec string (``"file.py:factory"``, ``"package.module:factory"``,
     ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable, or a model instance. The step
     is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. With
-    ``device="cuda"`` give ``gpu`` (a profile name such as ``"A100-80GB"``) or ``gpu_memory``
-    (``"24GiB"``). ``fallback`` allows a real CPU run when fake tensors cannot trace the model.
+    a CUDA target give ``gpu`` (a profile name such as ``"A100-80GB"``) or ``gpu_memory``
+    (``"24GiB"``); ``device="cpu"`` with ``gpu_memory`` checks the CPU peak against that size. ``fallback`` allows a real CPU run when fake tensors cannot trace the model.
     ``memory_snapshot`` writes the step's allocations as a pickle for pytorch.org/memory_viz.
     """
     workload, setup, target = prepare(
@@ -81,7 +81,7 @@ def max_batch(
     grad_accumulation: int = 1,
     inference: bool = False,
     checkpointing: bool = False,
-    device: str = "cuda",
+    device: str | None = None,
     gpu: str | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
@@ -114,11 +114,13 @@ def prepare(
     grad_accumulation: int,
     inference: bool,
     checkpointing: bool,
-    device: str,
+    device: str | None,
     gpu: str | None,
     gpu_memory: str | int | None,
 ) -> tuple[Workload, TrainingSetup, Target]:
-    """Check the options and load the model spec."""
+    """Check the options and load the model spec. ``device`` defaults to cuda when a GPU is
+    named (``gpu``/``gpu_memory``), else to the CPU."""
+    device = device or ("cuda" if gpu is not None or gpu_memory is not None else "cpu")
     require_torch("torchdoctor estimate")
     from torchdoctor.estimate.spec import load_workload, parse_shape
     from torchdoctor.estimate.trace import fake_copy_factory

@@ -351,15 +351,23 @@ def fake_copy_factory(model: torch.nn.Module) -> Any:
     """A factory that copies an existing model: as fake tensors under a fake mode, else real."""
 
     def build() -> torch.nn.Module:
-        from torch._subclasses.fake_tensor import FakeCopyMode
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+        if fake_mode is None:
+            return copy.deepcopy(model)
+        # Pre-seed deepcopy's memo with fake twins of every parameter and buffer, so the copy
+        # never touches real storage (tied weights stay tied: one twin per tensor).
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        fake_modes = [
-            m for m in _get_current_dispatch_mode_stack() if type(m).__name__ == "FakeTensorMode"
-        ]
-        if not fake_modes:
-            return copy.deepcopy(model)
-        with FakeCopyMode(fake_modes[-1]):
-            return copy.deepcopy(model)
+        memo: dict[int, Any] = {}
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if id(tensor) in memo:
+                continue
+            with unset_fake_temporarily():
+                detached = tensor.detach()
+            twin = fake_mode.from_tensor(detached)
+            if isinstance(tensor, torch.nn.Parameter):
+                twin = torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = twin
+        return copy.deepcopy(model, memo)
 
     return build
