@@ -95,6 +95,7 @@ class Search:
         self.noise_floor = noise_floor
         self.trials: list[Measurement] = [first] if first is not None else []
         self.stopped = ""
+        self._climb_noise: float | None = None
         self._search_trials = 0
         self._started = clock()
 
@@ -114,15 +115,20 @@ class Search:
     def noise(self) -> float:
         return estimate_noise(self.trials, self.noise_floor)
 
+    @property
+    def climb_noise(self) -> float:
+        """The noise the climb judges steps with (see :meth:`run`)."""
+        return self._climb_noise if self._climb_noise is not None else self.noise
+
     def better(self, a: Config, b: Config) -> bool:
         """``a`` is faster than ``b`` by more than the noise."""
         ma, mb = self.mean(a), self.mean(b)
-        return ma is not None and mb is not None and ma > mb * (1 + self.noise)
+        return ma is not None and mb is not None and ma > mb * (1 + self.climb_noise)
 
     def worse(self, a: Config, b: Config) -> bool:
         """``a`` is slower than ``b`` by more than the noise (or could not be measured)."""
         ma, mb = self.mean(a), self.mean(b)
-        return ma is None or (mb is not None and ma * (1 + self.noise) < mb)
+        return ma is None or (mb is not None and ma * (1 + self.climb_noise) < mb)
 
     def excluded(self, config: Config) -> bool:
         """Known to need more memory than a configuration already rejected for memory:
@@ -197,20 +203,29 @@ class Search:
         for suggestion in self.suggestions:
             if not self.tried(suggestion) and not self.excluded(suggestion):
                 self._search_measure(suggestion, "suggested")
-        current = self._best_config()
-        for _ in range(MAX_MOVES):
-            if self.stopped:
-                break
-            moved = self._climb(current)
-            if moved is None:
-                break  # converged, unless the budget or an interrupt said stop
-            current = moved
+        self._climb_from(self._best_config())
         candidate = self._confirm()
+        # Judged with the noise of the calmest repeated runs, the neighbourhood of the pick
+        # may hold steps the first climb called noise: climb again with that noise.
+        local = self._finalist_noise()
+        if candidate is not None and local < self.noise and not self.stopped:
+            self._climb_noise = local
+            self._climb_from(candidate)
+            candidate = self._confirm()
         search_s = self.clock() - self._started
         verification = None
         if candidate is not None and candidate != original and self.stopped != "interrupted":
             verification = self.verify(candidate)
         return self._result(candidate, verification, search_s=search_s)
+
+    def _climb_from(self, current: Config) -> None:
+        for _ in range(MAX_MOVES):
+            if self.stopped:
+                return
+            moved = self._climb(current)
+            if moved is None:
+                return  # converged, unless the budget or an interrupt said stop
+            current = moved
 
     def _climb(self, current: Config) -> Config | None:
         """The first neighbour clearly faster than ``current``, followed along its direction
@@ -289,7 +304,7 @@ class Search:
         if not measured:
             return []
         ranked = sorted(measured, key=lambda c: self.mean(c), reverse=True)
-        floor = self.mean(ranked[0]) / (1 + self.noise)
+        floor = self.mean(ranked[0]) / (1 + self.climb_noise)
         return [c for c in ranked if self.mean(c) >= floor][:FINALISTS]
 
     def noise_among(self, configs: Iterable[Config]) -> float:
@@ -305,6 +320,10 @@ class Search:
             return self.noise
         return estimate_noise(runs, self.noise_floor)
 
+    def _finalist_noise(self) -> float:
+        repeated = [c for c in self._finalists() if self.count(c) > 1]
+        return self.noise_among(repeated) if repeated else self.noise
+
     def choose(self) -> Config | None:
         """The pick: the original when it is within noise of the best (no change is a valid
         answer), else the cheapest configuration within noise of the best.
@@ -317,7 +336,7 @@ class Search:
             return None
         repeated = [c for c in self._finalists() if self.count(c) > 1]
         if repeated:
-            best, noise = max(self.mean(c) for c in repeated), self.noise_among(repeated)
+            best, noise = max(self.mean(c) for c in repeated), self._finalist_noise()
         else:
             best, noise = max(self.mean(c) for c in measured), self.noise
         within = [c for c in measured if self.mean(c) >= best / (1 + noise)]
