@@ -35,7 +35,11 @@ from torchdoctor.thresholds import Thresholds
 HISTORY = 120  # samples kept per process for the detail sparklines
 # PSS comes from smaps_rollup, which costs the kernel ~5 ms for a trainer (a walk of all its
 # mappings): all jobs together may spend this share of one core on it.
-PSS_CPU_SHARE = 0.004
+PSS_CPU_SHARE = 0.003
+# Each JobReader re-checks every PID on the machine for new members of its job this often
+# (in case a PID was reused) and refreshes PSS no more often than this: slower than the
+# recorder's tier, since a live view reads every job on the machine.
+JOB_SLOW_REFRESH_S = 15.0
 REGISTRY_EVERY_S = 5.0  # stale entries are pruned this often; new ones are seen at once
 
 
@@ -97,7 +101,7 @@ class TopCollector:
         for root in found.roots:
             if root not in self._jobs:
                 try:
-                    reader = JobReader(root)
+                    reader = JobReader(root, slow_refresh_s=JOB_SLOW_REFRESH_S)
                 except OSError:
                     continue  # gone between the scan and now
                 self._jobs[root] = reader

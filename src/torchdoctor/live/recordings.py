@@ -25,8 +25,8 @@ WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this
 FINDINGS_EVERY_S = 30.0
 MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
 STALLED_STEPS = 3.0  # no step for this many typical step times (and the window): stalled
-# The diagnosis reads the whole recording, which grows: its refresh is spaced out so that it
-# uses at most this share of one core.
+# The diagnosis reads the whole recording, which grows: refreshes are spaced out so that all
+# recordings together use at most this share of one core on it.
 FINDINGS_CPU_SHARE = 0.005
 _STEP_COLUMNS = (
     "pid",
@@ -165,7 +165,8 @@ class RecordingWatcher:
             return
         finally:
             spent = time.thread_time() - cpu0
-            w.findings_due = mono + max(FINDINGS_EVERY_S, spent / FINDINGS_CPU_SHARE)
+            share = FINDINGS_CPU_SHARE / max(len(self._watched), 1)
+            w.findings_due = mono + max(FINDINGS_EVERY_S, spent / share)
         reported = complaints.getvalue().strip().splitlines()
         w.findings_error = reported[0] if reported else None
         w.findings = [
