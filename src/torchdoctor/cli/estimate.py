@@ -241,10 +241,11 @@ def render_estimate(result: Any) -> str:
 
 def render_alternatives(found: list[Any], result: Any) -> str:
     lines = ["", "  what would make it fit (each re-estimated):"]
+    width = max((len(alt.change) for alt in found), default=0)
     for alt in found:
         verdict = "fits" if alt.estimate.fits else "does not fit"
         lines.append(
-            f"    {alt.change:<66} {format_bytes(alt.estimate.headline_bytes):>11}  {verdict}"
+            f"    {alt.change:<{width}}  {format_bytes(alt.estimate.headline_bytes):>9}  {verdict}"
         )
     return "\n".join(lines)
 
