@@ -75,3 +75,19 @@ def test_callback_session_starts_and_stops_once(tmp_path, monkeypatch):
             if e["kind"] == "process-start"
         ] == ["rank"]
         assert len(rec.rows("steps")) == 3
+
+
+def test_a_process_that_exits_inside_watch_still_finishes_the_recording(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "exit.sqlite"
+    code = (
+        "import os, torchdoctor\n"
+        f"torchdoctor.watch({str(out)!r}, gpus=False, instrument=False).start()\n"
+        "raise SystemExit(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    with torchdoctor.open_recording(out) as rec:
+        assert rec.meta["ended_at"] is not None and rec.meta["exit_status"] is None

@@ -13,6 +13,7 @@ the same recording. Under ``torchdoctor run`` it adds a second recording of the 
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import sys
@@ -127,13 +128,20 @@ class Watch:
         sampler = Sampler(HostReader(), JobReader(os.getpid()), gpus)
         self._recorder = Recorder(sampler, self._writer, self.interval)
         self._recorder.start()
+        # A fit that dies without telling its callback (HF Trainer has no on_exception) still
+        # leaves a finished recording: exit status unknown.
+        atexit.register(self._stop_at_exit)
         return self
+
+    def _stop_at_exit(self) -> None:
+        self.stop(exit_status=None)
 
     def stop(self, exit_status: int | None = 0) -> Path:
         """Finish the recording (idempotent); ``exit_status`` None when training failed."""
         writer, self._writer = self._writer, None
         if writer is None:
             return self.path
+        atexit.unregister(self._stop_at_exit)
         try:
             if self._agent is not None:
                 self._agent.end_session(self._sink, self._armed_here)
