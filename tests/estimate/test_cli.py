@@ -66,3 +66,22 @@ def test_help_lists_spec_forms_and_gpus(estimate_cli):
     assert code == 0
     for text in ("file.py:factory", "torchvision:NAME", "hf:MODEL_TYPE", "H100-80GB", "RTX 4090"):
         assert text in out
+
+
+def test_python_api_is_torchdoctor_estimate_and_importing_it_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torchdoctor, torchdoctor.estimate\n"
+        "assert 'torch' not in sys.modules\n"
+        f"sys.path.insert(0, {str(MODELS_FILE.parent)!r})\n"
+        "import estimate_models\n"
+        "first = torchdoctor.estimate(estimate_models.mlp_dropout, batch_size=2)\n"
+        "again = torchdoctor.estimate(estimate_models.mlp_dropout, batch_size=2)\n"
+        "assert first.peak_allocated == again.peak_allocated > 0\n"
+        "print(torchdoctor.estimate.max_batch.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "max_batch"
