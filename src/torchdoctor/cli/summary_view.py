@@ -46,9 +46,9 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     if summary.gpu_unavailable:
         console.print(f"GPUs: unavailable ({summary.gpu_unavailable})")
     steps = summary.steps
-    if steps and steps.get("steps"):
+    if steps and steps.get("step_count"):
         line = (
-            f"steps: {steps['steps']}, median {fmt_duration(steps.get('median_step_s'))},"
+            f"steps: {steps['step_count']}, median {fmt_duration(steps.get('median_step_s'))},"
             f" data wait {fmt_pct(_pct(steps.get('data_wait_fraction')))} of step time"
         )
         if steps.get("samples_per_s"):
