@@ -105,6 +105,14 @@ def process_count() -> int:
     return sum(1 for n in os.listdir("/proc") if n.isdigit())
 
 
+def torch_jobs() -> str:
+    from torchdoctor.live import registry
+    from torchdoctor.live.discover import TorchProcessFinder
+
+    found = TorchProcessFinder().scan()
+    return f"{len(found.roots)} ({len(registry.active())} recorded by `torchdoctor run`)"
+
+
 def measure(argv: list[str], window: float, warmup: float, wait_ready: bool) -> float:
     """Percent of one core the monitor used over ``window`` seconds after ``warmup``."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -151,6 +159,7 @@ def main() -> None:
             while process_count() < args.processes:
                 extra.append(subprocess.Popen(["sleep", "3600"]))
             print(f"processes on the machine: {process_count()} (spawned {len(extra)} + 1 job)")
+            print(f"PyTorch jobs on the machine for top to follow: {torch_jobs()}")
 
             monitors: dict[str, tuple[list[str], bool]] = {
                 "torchdoctor top": ([sys.executable, "-c", TORCHDOCTOR_LOOP], True),
