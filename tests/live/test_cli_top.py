@@ -13,13 +13,13 @@ import uuid
 import pytest
 
 from tests import fake_nvml
-from tests.live.jobs import detached_job
 from torchdoctor import cli
 from torchdoctor.live.app import decode_keys, deliver
 from torchdoctor.live.collect import TopCollector
 from torchdoctor.live.keys import SendSignal
 from torchdoctor.live.model import UiState, build_view
 from torchdoctor.live.snapshot import SCHEMA, snapshot
+from torchdoctor.sampling import procfs
 from torchdoctor.sampling.gpus import GpuReader
 from torchdoctor.sampling.pidns import PidNamespace
 from torchdoctor.thresholds import Thresholds
@@ -98,28 +98,25 @@ def test_snapshot_json_of_gpus_levels_and_unresolved_pids(torch_job):
     assert job["gpu_memory"] == 3 << 30
 
 
-def test_confirmed_signal_reaches_the_process_and_only_it(tmp_path):
-    with detached_job(tmp_path, "--to-be-stopped") as job:
-        collector = TopCollector(
-            Thresholds(), gpu_reader=GpuReader(fake_nvml.scenario("no_driver"))
-        )
-        try:
-            readings = collector.read()
-        finally:
-            collector.close()
-        view = build_view(readings, Thresholds(), UiState())
-        (row,) = [r for r in view.rows() if r.pid == job.pid]
-        reused = SendSignal(job.pid, row.create_time - 100, signal.SIGTERM)
+def test_confirmed_signal_reaches_the_process_and_only_it():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        # The identity top confirms: start time as JobReader computes it from /proc.
+        stat = procfs.parse_pid_stat(procfs.read_path(f"/proc/{child.pid}/stat"))
+        create_time = procfs.boot_time() + stat.starttime / procfs.CLK_TCK
+        reused = SendSignal(child.pid, create_time - 100, signal.SIGTERM)
         assert "PID was reused" in deliver(reused)
-        assert deliver(SendSignal(job.pid, row.create_time, signal.SIGTERM)) == (
-            f"sent SIGTERM to {job.pid}"
-        )
-        # The trainer is gone once its PID no longer answers (it is not our child: poll /proc).
-        deadline = time.monotonic() + 30
-        while _alive(job.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(job.pid)
-        assert "has exited" in deliver(SendSignal(job.pid, row.create_time, signal.SIGTERM))
+        assert child.poll() is None
+        confirmed = SendSignal(child.pid, create_time, signal.SIGTERM)
+        assert deliver(confirmed) == f"sent SIGTERM to {child.pid}"
+        assert child.wait(timeout=30) == -signal.SIGTERM
+        assert "has exited" in deliver(confirmed)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def test_terminal_keys_are_decoded():
