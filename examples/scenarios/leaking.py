@@ -4,7 +4,7 @@
 that also pins its step's input batch through the autograd graph: the trainer's memory
 grows by the same ~0.75 MiB every step until the machine swaps or the OOM killer ends the
 run. torchdoctor finds ``host-memory-leak`` with the growth per step and the time to
-exhaustion; ``--fixed`` keeps ``h.detach().mean(0)`` (what the metric needs) instead.
+exhaustion; ``--fixed`` keeps ``h.detach().mean().item()`` (what the metric needs) instead.
 
     python leaking.py            # ~15 s
     python leaking.py --fixed
@@ -34,7 +34,7 @@ def main() -> None:
     params = [*body.parameters(), *head.parameters()]
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    embeddings: list[torch.Tensor] = []
+    embeddings: list[torch.Tensor | float] = []
     step = 0
     start = time.perf_counter()
     while step < args.steps:
@@ -44,7 +44,7 @@ def main() -> None:
             loss = loss_fn(head(h), yb)
             loss.backward()
             opt.step()
-            embeddings.append(h.detach().mean(0) if args.fixed else h)  # the bug: h
+            embeddings.append(h.detach().mean().item() if args.fixed else h)  # the bug: h
             step += 1
             if step >= args.steps:
                 break

@@ -69,7 +69,7 @@ def test_existing_workers_that_fall_behind_get_more(run_rules):
 def test_workers_already_use_every_cpu(run_rules):
     f = by_id(run_rules(job(wait=0.05, cpus=2, workers=2, worker_cpu=95.0)), "dataloader-bound")
     assert f.settings == {}
-    assert "already use the CPU" in f.recommendation
+    assert "no CPU to run on" in f.recommendation
 
 
 def test_threshold_is_configurable(run_rules):
@@ -83,11 +83,13 @@ def test_without_steps_the_rule_is_silent(run_rules):
 
 
 def test_size_workers_model():
-    # Compute-bound floor: 20 % headroom.
-    assert size_workers(0.06, 0.04, 1.0, 8)[0] == 2
-    # CPU-bound floor: 2 CPUs, loading a full core: (300 + 50) / 2 = 175 ms per step at best.
-    workers, predicted = size_workers(0.3, 0.05, 1.0, 2)
+    # Compute is the floor: 20 % headroom over load / compute.
+    assert size_workers(0.06, 0.04, cpu_per_step=0.1, cpus=8)[0] == 2
+    # CPU is the floor: 350 ms of CPU per step on 2 CPUs is 175 ms per step at best.
+    workers, predicted = size_workers(0.3, 0.05, cpu_per_step=0.35, cpus=2)
     assert workers == 2
     assert abs(predicted - 0.175 * 1.05) < 1e-9
-    # Waiting on I/O costs little CPU: more workers than CPUs.
-    assert size_workers(0.05, 0.015, 0.1, 2)[0] == 4
+    # Loading that waits on storage costs little CPU: more workers than CPUs.
+    assert size_workers(0.05, 0.015, cpu_per_step=0.02, cpus=2)[0] == 4
+    # Other processes leave 0.5 CPU: one worker is all the CPU allows.
+    assert size_workers(0.3, 0.05, cpu_per_step=0.35, cpus=0.5)[0] == 1

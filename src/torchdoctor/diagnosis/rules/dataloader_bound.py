@@ -40,22 +40,16 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     current = loader["num_workers"] if loader else None
 
     idle = _idle_cpus(ctx, t0, t1)
-    if current:
-        load_per_batch = current * (wait + compute)
-        worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1)
-    else:
-        load_per_batch = wait
-        worker_cores = None
-        trainer_cores = mean_cpu_cores(ctx, ctx.compute_pids, t0, t1)
-        if trainer_cores is not None and share > 0 and (idle is None or idle >= 0.5):
-            # The trainer's main thread is busy while it computes on the CPU; what is left
-            # of its CPU time is the most that loading can have cost. (On a saturated
-            # machine the trainer got less than it wanted, so the bound says nothing.)
-            busy_computing = (1 - share) if not ctx.uses_gpu else 0.0
-            worker_cores = max(trainer_cores - busy_computing, 0.0) / share
-    cost = min(max(worker_cores if worker_cores is not None else 1.0, 0.1), 1.0)
-    workers, predicted = size_workers(load_per_batch, compute, cost, ctx.usable_cpus)
+    load_per_batch = current * (wait + compute) if current else wait
+    worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1) if current else None
+    job_cores = mean_cpu_cores(ctx, [*ctx.compute_pids, *ctx.worker_pids], t0, t1)
+    # CPU time is what the job consumed, contention or not; the CPUs it can have are what it
+    # used plus what sat idle (other processes take the rest).
+    cpu_per_step = (job_cores or 0.0) * summary.mean_wall_s
+    available = ctx.available_cores(t0, t1) or ctx.usable_cpus
+    workers, predicted = size_workers(load_per_batch, compute, cpu_per_step, available)
     needed = max(1, math.ceil(load_per_batch / compute))
+    helps = predicted < 0.9 * summary.mean_wall_s
 
     evidence = [
         Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
@@ -67,8 +61,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if loader is not None:
         evidence.append(Evidence("DataLoader num_workers", current or 0, "workers"))
     if worker_cores is not None:
-        label = "CPU per loading worker" if current else "most CPU the loading can cost"
-        evidence.append(Evidence(label, round(worker_cores * 100, 1), "% of a core", t0, t1))
+        evidence.append(
+            Evidence("CPU per loading worker", round(worker_cores * 100, 1), "% of a core", t0, t1)
+        )
+    if job_cores is not None:
+        evidence.append(Evidence("job CPU time per step", round(cpu_per_step, 6), "s", t0, t1))
+        evidence.append(Evidence("CPUs available to the job", round(available, 2), "CPUs", t0, t1))
     if idle is not None:
         evidence.append(Evidence("idle CPUs while the job ran", round(idle, 1), "CPUs", t0, t1))
 
@@ -82,7 +80,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         )
         settings = {"num_workers": workers, "persistent_workers": True}
         expected = _expected(summary.mean_wall_s, predicted)
-    elif workers > (current or 0):
+    elif workers > (current or 0) and helps:
         settings = {"num_workers": workers, "persistent_workers": True}
         bursty = summary.p90_data_wait_s > 4 * max(summary.median_data_wait_s, 1e-4)
         prefetch = 4 if bursty else (loader["prefetch_factor"] or 2)
@@ -103,17 +101,19 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             + (
                 f", so {workers} workers keep ahead."
                 if workers >= needed
-                else f"; {needed} workers would keep ahead but {workers} is what the "
-                f"{ctx.cpu_limit_text} can feed at {cost * 100:.0f} % of a core per worker."
+                else f"; {needed} workers would keep ahead but the step needs "
+                f"{fmt_s(cpu_per_step)} of CPU time and {available:.1f} CPUs are available "
+                f"({ctx.cpu_limit_text}), so {workers} already reach that limit."
             )
         )
         expected = _expected(summary.mean_wall_s, predicted)
     else:
         recommendation = (
-            f"The {current} workers already use the CPU the job can spare "
-            f"({ctx.cpu_limit_text}): make each batch cheaper to produce - cache decoded "
-            "samples, store the data set as tensors/NumPy arrays, move augmentation to the "
-            "GPU - or give the job more CPUs."
+            f"More workers would have no CPU to run on: each step already costs "
+            f"{fmt_s(cpu_per_step)} of CPU time and {available:.1f} of the "
+            f"{ctx.cpu_limit_text} are available to the job. Make each batch cheaper to "
+            "produce - cache decoded samples, store the data set as tensors/NumPy arrays, "
+            "move augmentation to the GPU - or free CPUs (see cpu-contention)."
         )
         expected = "Step time falls with the cost of producing a batch."
         predicted = None
@@ -138,16 +138,18 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     ]
 
 
-def size_workers(load: float, compute: float, cost: float, cpus: float) -> tuple[int, float]:
+def size_workers(
+    load: float, compute: float, cpu_per_step: float, cpus: float
+) -> tuple[int, float]:
     """(workers, predicted step time) for batches that take ``load`` seconds to produce in one
-    worker using ``cost`` cores, a step that computes for ``compute`` seconds, on ``cpus``.
+    worker and a step that computes for ``compute`` seconds, when one step costs
+    ``cpu_per_step`` seconds of CPU time and ``cpus`` CPUs are available.
 
-    A step can be no shorter than its compute, nor than the CPU work of one step (loading
-    plus the trainer's main thread) spread over all CPUs. With k workers a batch is ready
-    every load/k. The smallest k that reaches the floor wins; when compute is the floor,
-    20 % more keeps the queue ahead of the jitter.
+    A step can be no shorter than its compute, nor than its CPU time spread over the CPUs.
+    With k workers a batch is ready every load/k. The fewest workers that reach the floor
+    win; when compute is the floor, 20 % more keep the queue ahead of the jitter.
     """
-    floor = max(compute, (load * cost + compute) / cpus)
+    floor = max(compute, cpu_per_step / max(cpus, 0.1))
     if floor <= compute:
         workers = math.ceil(1.2 * load / compute - 1e-9)
     else:
