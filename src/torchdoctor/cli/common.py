@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
-import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import default_recording_path  # noqa: F401 - re-exported
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
 interval_option = click.option(
@@ -43,18 +42,6 @@ def check_interval(interval: float) -> None:
         raise UserError(
             f"--interval {interval:g} is out of range: use {MIN_INTERVAL_S}-{MAX_INTERVAL_S:g} seconds"
         )
-
-
-def default_recording_path(name: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
-    folder = Path("torchdoctor-runs")
-    path = folder / f"{stamp}-{safe}.sqlite"
-    n = 2
-    while path.exists():
-        path = folder / f"{stamp}-{safe}-{n}.sqlite"
-        n += 1
-    return path
 
 
 def job_name(argv: list[str]) -> str:

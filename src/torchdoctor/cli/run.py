@@ -84,6 +84,9 @@ def record_command(
         collector = _start_collector(writer, env) if instrument else None
         if collector is not None:
             env = collector.child_env(env)
+        elif not instrument:
+            # An outer `torchdoctor run` may have left its bootstrap on PYTHONPATH.
+            env["TORCHDOCTOR_NO_INSTRUMENT"] = "1"
         try:
             child = ChildProcess(executable, argv, env)
         except BaseException:

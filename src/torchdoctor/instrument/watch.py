@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from types import TracebackType
 
 from torchdoctor.instrument.wire import WriterSink
+from torchdoctor.recording.paths import default_recording_path
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -37,16 +37,9 @@ def agent_module():
 
 
 def default_path(now: float | None = None) -> Path:
-    """``./torchdoctor-runs/<UTC time>-<script name>.sqlite``, as ``torchdoctor run`` names it."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    """``./torchdoctor-runs/<UTC time>-python-<script>.sqlite``, as ``torchdoctor run`` names it."""
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"python-{script}").strip("._") or "python"
-    path = Path("torchdoctor-runs") / f"{stamp}-{name}.sqlite"
-    n = 2
-    while path.exists():
-        path = Path("torchdoctor-runs") / f"{stamp}-{name}-{n}.sqlite"
-        n += 1
-    return path
+    return default_recording_path(f"python-{script}", now)
 
 
 def rank_path(path: Path) -> Path:

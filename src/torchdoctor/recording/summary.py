@@ -168,11 +168,23 @@ def _steps(rec: Recording) -> dict[str, Any] | None:
 
 
 def _settings(rec: Recording) -> dict[str, Any]:
-    """The last value of each setting, per process when they differ."""
+    """The last value of each setting in the job's main process.
+
+    DataLoader workers record their own settings (torch threads = 1); mixing them in would
+    overwrite the trainer's values. The main process is the root, else the first trainer.
+    """
     import json
 
+    rows = rec.rows("settings")
+    trainers = [p["pid"] for p in rec.processes() if p["role"] == "trainer"]
+    main_pid = rec.meta.get("root_pid")
+    pids_with_settings = {r["pid"] for r in rows}
+    if main_pid not in pids_with_settings:
+        main_pid = next((p for p in trainers if p in pids_with_settings), None)
     out: dict[str, Any] = {}
-    for row in rec.rows("settings"):
+    for row in rows:
+        if main_pid is not None and row["pid"] != main_pid:
+            continue
         try:
             out[row["key"]] = json.loads(row["value"])
         except (TypeError, ValueError):
