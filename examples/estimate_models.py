@@ -160,7 +160,7 @@ class GPT(nn.Module):
 
 
 def gpt_tiny() -> nn.Module:
-    """A 4-layer GPT (about 3 M parameters) without dropout; use --tokens."""
+    """A 4-layer GPT (about 1 M parameters) without dropout; use --tokens."""
     return GPT(vocab=2048, context=256, dim=128, layers=4, heads=4)
 
 
