@@ -21,29 +21,40 @@ TH = Thresholds()
 HOST_PIDS = PidNamespace(procfs_is_host=True)
 
 
-def collect(nvml=None, pidns=HOST_PIDS):
+@pytest.fixture(scope="module")
+def collector(torch_job):
+    """One collector for the module, warm: its rates (CPU %) have a previous reading."""
+    c = TopCollector(TH, gpu_reader=GpuReader(fake_nvml.scenario("no_driver")))
+    c.read()
+    yield c
+    c.close()
+
+
+def collect(collector, nvml=None, pidns=HOST_PIDS):
+    """One reading of the real machine, with the GPUs of ``nvml`` (default: no driver)."""
+    warm_gpu = collector.gpu
     nvml = nvml if nvml is not None else fake_nvml.scenario("no_driver")
-    collector = TopCollector(TH, gpu_reader=GpuReader(nvml, pid_namespace=pidns))
+    collector.gpu = GpuReader(nvml, pid_namespace=pidns)
     try:
-        collector.read()
         return collector.read()
     finally:
-        collector.close()
+        collector.gpu.close()
+        collector.gpu = warm_gpu
 
 
 @pytest.fixture(scope="module")
-def busy_gpu_readings(torch_job):
+def busy_gpu_readings(torch_job, collector):
     """The real job holding memory on GPU 0, which is 95 % full; GPU 1 is 70 % full."""
     gpus = [fake_nvml.FakeGpu(), fake_nvml.FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0001")]
     gpus[0].memory_used = int(0.95 * gpus[0].memory_total)
     gpus[0].utilization_gpu = 97
     gpus[0].compute_processes = [(torch_job.pid, 6 * b.GIB)]
     gpus[1].memory_used = int(0.70 * gpus[1].memory_total)
-    return collect(fake_nvml.FakeNvml(gpus))
+    return collect(collector, fake_nvml.FakeNvml(gpus))
 
 
-def test_job_is_shown_grouped_with_its_dataloader_workers(torch_job):
-    screen = show(build_view(collect(), TH, UiState()), interactive=False, height=200)
+def test_job_is_shown_grouped_with_its_dataloader_workers(torch_job, collector):
+    screen = show(build_view(collect(collector), TH, UiState()), interactive=False, height=200)
     header = screen.line_with(f"job {torch_job.pid}")
     assert "2 workers" in header
     lines = screen.lines
@@ -83,34 +94,28 @@ def test_thresholds_file_changes_the_colour(busy_gpu_readings):
     assert screen.colour_of("95%", after="GPU0") is None
 
 
-def test_no_gpu_is_one_line_saying_why():
-    readings = collect(fake_nvml.scenario("no_driver"))
+def test_no_gpu_is_one_line_saying_why(collector):
+    readings = collect(collector, fake_nvml.scenario("no_driver"))
     screen = show(build_view(readings, TH, UiState()))
     lines = [line for line in screen.lines if "GPU" in line]
     assert lines == [f"GPUs: none shown: {readings.gpu_status.reason}"]
     assert "driver" in readings.gpu_status.reason.lower()
 
 
-def test_a_long_reason_wraps_rather_than_being_cut():
-    readings = collect(fake_nvml.scenario("stub_library"))
+def test_a_long_reason_wraps_rather_than_being_cut(collector):
+    readings = collect(collector, fake_nvml.scenario("stub_library"))
     screen = show(build_view(readings, TH, UiState()))
     at = screen.lines.index(screen.line_with("GPUs: none shown: "))
     shown = " ".join(line.strip() for line in screen.lines[at : at + 4] if "PID" not in line)
     assert shown == f"GPUs: none shown: {readings.gpu_status.reason}"
 
 
-def test_throttle_reasons_are_named_in_yellow():
+def test_throttle_reasons_are_named_in_yellow(collector):
     gpu = fake_nvml.FakeGpu(
         clock_event_reasons=fake_nvml.nvmlClocksEventReasonSwPowerCap
         | fake_nvml.nvmlClocksEventReasonHwThermalSlowdown
     )
-    collector = TopCollector(
-        TH, gpu_reader=GpuReader(fake_nvml.FakeNvml([gpu]), pid_namespace=HOST_PIDS)
-    )
-    try:
-        readings = collector.read()
-    finally:
-        collector.close()
+    readings = collect(collector, fake_nvml.FakeNvml([gpu]))
     screen = show(build_view(readings, TH, UiState()))
     # 80 columns: the reasons go under the device's line.
     at = screen.lines.index(screen.line_with("GPU0"))
@@ -120,9 +125,11 @@ def test_throttle_reasons_are_named_in_yellow():
     assert wide.line_with("GPU0").endswith("34°C  slow: pwr-cap,hw-thermal")
 
 
-def test_gpu_pids_from_another_namespace_are_said_unresolved(torch_job):
+def test_gpu_pids_from_another_namespace_are_said_unresolved(torch_job, collector):
     gpu = fake_nvml.FakeGpu(compute_processes=[(torch_job.pid, 2 * b.GIB)])
-    readings = collect(fake_nvml.FakeNvml([gpu]), pidns=PidNamespace(procfs_is_host=False))
+    readings = collect(
+        collector, fake_nvml.FakeNvml([gpu]), pidns=PidNamespace(procfs_is_host=False)
+    )
     screen = show(build_view(readings, TH, UiState()), height=200)
     assert f"host pid {torch_job.pid} unresolved 2.0G" in screen.line_with("on GPU:")
     # Not joined by guess: the job's VRAM is unknown ("-"), neither claimed nor zero.
@@ -155,13 +162,9 @@ def test_fits_80x24_with_many_cores_jobs_and_gpus():
     assert "starved: waits for data 30 % of step time" in screen.text
 
 
-def test_process_detail_shows_command_environment_and_history(torch_job):
-    collector = TopCollector(TH, gpu_reader=GpuReader(fake_nvml.scenario("no_driver")))
-    try:
-        for _ in range(3):
-            readings = collector.read(detail_pid=torch_job.pid)
-    finally:
-        collector.close()
+def test_process_detail_shows_command_environment_and_history(torch_job, collector):
+    for _ in range(2):
+        readings = collector.read(detail_pid=torch_job.pid)
     state = UiState(selected_pid=torch_job.pid, detail_pid=torch_job.pid)
     screen = show(build_view(readings, TH, state))
     assert f"process {torch_job.pid}  trainer  of job {torch_job.pid}" in screen.text
@@ -169,15 +172,19 @@ def test_process_detail_shows_command_environment_and_history(torch_job):
     full_command = "".join(line.strip() for line in screen.lines[cmd_at : cmd_at + 3])
     assert "train.py --td-live" in full_command
     assert "OMP_NUM_THREADS=1" in screen.line_with("env ")
-    assert "history: last 3 refreshes" in screen.text
+    # The module's collector has read the job at least 3 times by now.
+    refreshes = int(re.search(r"history: last (\d+) refreshes", screen.text).group(1))
+    assert refreshes == len(readings.history[torch_job.pid].cpu_percent) >= 3
     assert screen.line_with("CPU% ") and screen.line_with("RSS  ")
 
 
-def test_gpu_process_outside_any_job_is_named():
+def test_gpu_process_outside_any_job_is_named(collector):
     other = subprocess.Popen(["sleep", "60"])
     try:
         gpu = fake_nvml.FakeGpu(compute_processes=[(other.pid, b.GIB)])
-        screen = show(build_view(collect(fake_nvml.FakeNvml([gpu])), TH, UiState()), height=200)
+        screen = show(
+            build_view(collect(collector, fake_nvml.FakeNvml([gpu])), TH, UiState()), height=200
+        )
     finally:
         other.kill()
         other.wait()
