@@ -98,6 +98,10 @@ class LiveStorageTracker(TorchDispatchMode):
         if self.token_of(tensor) is None:
             self._track(tensor.untyped_storage(), "", kind)
 
+    def note_new(self, tensor: torch.Tensor, op: str) -> None:
+        """Count a tensor the step made without an op (e.g. ``torch.get_rng_state()``)."""
+        self._note(tensor, op, False)
+
     def set_phase(self, phase: str, step: int) -> None:
         self.phases.append(PhaseMark(len(self.events), phase, step))
 
