@@ -162,9 +162,11 @@ class TopCollector:
             gpus=gpus,
             gpu_processes=gpu_procs,
             jobs=jobs,
+            # Only an open detail shows history: copy that one, not every process's.
             history={
                 pid: ProcessHistory(list(h.cpu), list(h.rss), list(h.vram))
                 for pid, h in self._history.items()
+                if pid == detail_pid
             },
             detail=detail,
             notes=notes,

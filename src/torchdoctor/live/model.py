@@ -129,7 +129,7 @@ class TopReadings:
     gpus: list[GpuSample]
     gpu_processes: list[GpuProcessSample]
     jobs: list[JobReading]
-    history: dict[int, ProcessHistory] = field(default_factory=dict)
+    history: dict[int, ProcessHistory] = field(default_factory=dict)  # of the detail's process
     detail: ProcessDetail | None = None
     notes: list[str] = field(default_factory=list)  # e.g. processes that could not be read
     process_names: dict[int, str] = field(default_factory=dict)  # GPU processes outside jobs
