@@ -152,6 +152,18 @@ class Search:
         done = [m.duration_s for m in self.trials if m.ok]
         return statistics.median(done) if done else 0.0
 
+    def _longest(self, config: Config | None = None) -> float:
+        """The longest completed trial (of ``config``, or of any configuration)."""
+        done = [m.duration_s for m in self.trials if m.ok and config in (None, m.config)]
+        return max(done, default=0.0)
+
+    def _pair_estimate(self, candidate: Config | None = None) -> float:
+        """Time one verification pair may take: a run of the original (often the slowest
+        configuration) and a run of the candidate (the longest trial when not yet known)."""
+        tuned = self._longest(candidate) if candidate is not None else 0.0
+        # A margin: trials of one configuration vary with what else the machine does.
+        return 1.15 * (self._longest(self.original) + (tuned or self._longest()))
+
     def remaining(self) -> float:
         if self.limits.deadline is None:
             return math.inf
@@ -163,7 +175,7 @@ class Search:
         estimate = self.trial_estimate()
         # Keep room for the smallest verification that can show a spread (2 pairs); a
         # longer one runs when the search ends early.
-        reserve = 2 * min(2, self.limits.verify_pairs) * estimate
+        reserve = min(2, self.limits.verify_pairs) * self._pair_estimate()
         return self.remaining() > estimate + reserve
 
     def _measure(self, config: Config, purpose: str) -> Measurement:
@@ -367,10 +379,10 @@ class Search:
         """A B A B ... runs of the original (A) and ``candidate`` (B), as many pairs as the
         budget allows (up to ``verify_pairs``); the gain is confirmed only if every pair
         shows it and their mean is beyond the noise."""
-        estimate = self.trial_estimate()
+        estimate = self._pair_estimate(candidate)
         pairs = self.limits.verify_pairs
         if estimate > 0 and math.isfinite(self.remaining()):
-            pairs = min(pairs, int(self.remaining() // (2 * estimate)))
+            pairs = min(pairs, int(self.remaining() // estimate))
         a_runs: list[float] = []
         b_runs: list[float] = []
         ratios: list[float] = []
