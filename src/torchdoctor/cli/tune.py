@@ -16,6 +16,7 @@ JSON output (``--json``, on stdout; progress stays on stderr)::
       "noise":       float,               # relative difference below which runs are equal
       "stopped":     "converged" | "budget" | "interrupted" | "original-failed",
       "elapsed_s", "search_s", "budget_s", "memory_budget_bytes",
+      "trial_steps":  int,                # measured steps per trial, after warm-up
       "explored":    [setting names the search varied],
       "paste":       {"dataloader_kwargs", "dataloader_code", "env", "env_lines",
                       "set_num_threads"} | null,   # null when nothing should change
