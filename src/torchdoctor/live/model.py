@@ -285,7 +285,7 @@ class View:
 
 def build_view(readings: TopReadings, thresholds: Thresholds, state: UiState) -> View:
     """The view model of one refresh: pure, deterministic, no I/O."""
-    jobs = [_job_view(job, readings, state) for job in readings.jobs]
+    jobs = [_job_view(job, state) for job in readings.jobs]
     jobs = [j for j in jobs if j.rows]
     jobs.sort(key=lambda j: _job_sort_key(j, state.sort))
     pid_to_job = {p.pid: job.root_pid for job in readings.jobs for p in job.processes}
@@ -436,7 +436,7 @@ def _row_key(row: ProcessRow, sort: str) -> tuple:
     return (role_order, row.rank if row.rank is not None else -1, -(value or 0), row.pid)
 
 
-def _job_view(job: JobReading, readings: TopReadings, state: UiState) -> JobView:
+def _job_view(job: JobReading, state: UiState) -> JobView:
     by_pid = {p.pid: p for p in job.processes}
     children: dict[int, list[int]] = {}
     for p in job.processes:
@@ -502,7 +502,7 @@ def _job_view(job: JobReading, readings: TopReadings, state: UiState) -> JobView
     procs = job.processes
     pss_known = [p.pss for p in procs if p.pss is not None]
     vram_known = [p.gpu_memory for p in procs if p.gpu_memory is not None]
-    status, level = _job_status(job, readings)
+    status, level = _job_status(job)
     return JobView(
         root_pid=job.root_pid,
         command=command,
@@ -521,23 +521,22 @@ def _job_view(job: JobReading, readings: TopReadings, state: UiState) -> JobView
     )
 
 
-def _job_status(job: JobReading, readings: TopReadings) -> tuple[str, str]:
+def _job_status(job: JobReading) -> tuple[str, str]:
     """One phrase saying whether the job is starved and why, with its level."""
     rec = job.recording
     if rec is not None:
+        if rec.stalled_s is not None:
+            # What the job is doing now comes before what the whole recording says.
+            return f"stalled: no step for {rec.stalled_s:.0f} s", "warn"
         worst = _worst_finding(rec.findings)
         if worst is not None:
-            level = "alert" if worst.severity == "critical" else "warn"
-            if worst.severity == "info":
-                level = "ok"
+            level = {"critical": "alert", "warning": "warn"}.get(worst.severity, "ok")
             return worst.title, level
         if rec.data_wait_share is not None and rec.data_wait_share > DATA_WAIT_STARVED:
             return (
                 f"starved: waits for data {100 * rec.data_wait_share:.0f} % of step time",
                 "alert",
             )
-        if rec.stalled_s is not None:
-            return f"stalled: no step for {rec.stalled_s:.0f} s", "warn"
         if rec.step_rate_per_s is not None:
             return "not waiting for data", "ok"
         return "recording, no steps yet", "ok"

@@ -24,7 +24,9 @@ from torchdoctor.thresholds import Thresholds
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
 FINDINGS_EVERY_S = 30.0
 MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
-STALLED_STEPS = 3.0  # no step for this many typical step times (and the window): stalled
+# No step for this many times the longest recent step (and the window): stalled. Generous,
+# because steps of a job starved of CPU vary a lot, and records reach the file in batches.
+STALLED_STEPS = 5.0
 # The diagnosis reads the whole recording, which grows: refreshes are spaced out so that all
 # recordings together use at most this share of one core on it.
 FINDINGS_CPU_SHARE = 0.005
@@ -134,8 +136,8 @@ class RecordingWatcher:
         # The same figures as `torchdoctor show` and the diagnosis, over these steps.
         stats = step_stats(rows, [], [])
         since_last = now - max(r["t_end"] for r in rows)
-        typical = stats.median_step_s or max(r["wall_s"] for r in rows)
-        if since_last > max(self.window_s, STALLED_STEPS * typical):
+        longest = max(r["wall_s"] for r in rows)
+        if since_last > max(self.window_s, STALLED_STEPS * longest):
             # Far longer than a step takes: the job is stalled (or between phases).
             status.stalled_s = since_last
             status.step_rate_per_s = 0.0

@@ -334,7 +334,8 @@ def _job_lines(job: JobView) -> list[Text]:
     rec = job.recording
     if rec is not None or job.status:
         second = seg("  │ ", "dim")
-        if rec is not None and rec.step_rate_per_s is not None:
+        # A stalled job has no recent step to give figures for: its status says so instead.
+        if rec is not None and rec.stalled_s is None and rec.step_rate_per_s is not None:
             second.append(_step_rate(rec.step_rate_per_s), "bold")
             if rec.data_wait_share is not None:
                 second.append("  data wait ")
