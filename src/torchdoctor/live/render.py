@@ -86,9 +86,11 @@ def seg(text: str, style: str = "") -> Text:
 def _header(view: View, width: int, interactive: bool) -> list[Text]:
     clock = time.strftime("%H:%M:%S", time.localtime(view.t))
     left = Text(f" torchdoctor top  {view.hostname}  {clock}  every {view.interval_s:g}s", "bold")
-    right = Text(f"sort {SORT_LABELS[view.state.sort]}  ? help  q quit " if interactive else "")
+    right = Text()
     if view.state.filter:
-        right = Text(f"filter '{view.state.filter}'  ") + right
+        right.append(f"filter '{view.state.filter}'  ")
+    if interactive:
+        right.append(f"sort {SORT_LABELS[view.state.sort]} ")
     pad = max(width - left.cell_len - right.cell_len, 1)
     line = left + Text(" " * pad) + right
     line.stylize("reverse")
