@@ -85,3 +85,11 @@ def test_python_api_is_torchdoctor_estimate_and_importing_it_does_not_import_tor
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "max_batch"
+
+
+def test_kernel_probes_print_nothing():
+    """Convolutions are probed with torch.profiler, whose C++ backend logs to fd 2."""
+    res = run_td("estimate", f"{MODELS_FILE}:plain_cnn", "--batch", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    assert json.loads(res.stdout)["breakdown_bytes"]["kernel scratch"] >= 0

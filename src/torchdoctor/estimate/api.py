@@ -209,7 +209,7 @@ def estimate_workload(
         reserved, total = peak.reserved, peak.total
         backends = ", ".join(f"{n} x {b}" for b, n in sorted(trace.attention_backends.items()))
         if backends:
-            notes.append(f"attention on CUDA: {backends} (calls traced over both steps)")
+            notes.append(f"attention on CUDA: {backends} (calls traced)")
         if trace.uses_rnn:
             notes.append(
                 "recurrent layers use cuDNN on CUDA, whose reserve buffers differ from the CPU "

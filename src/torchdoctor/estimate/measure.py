@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from torchdoctor.estimate.analysis import cpu_peak
+from torchdoctor.estimate.real_sizes import quiet_profiler
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
     apply_checkpointing,
@@ -66,7 +67,7 @@ def allocator_peak(workload: Workload, setup: TrainingSetup) -> int:
         storage = tensor.untyped_storage()
         existing[storage.data_ptr()] = storage.nbytes()
     phases = LiveStorageTracker()  # only collects phase marks; not entered as a mode
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run_training(model, batch, workload.loss_fn, optimizer, setup, phases, _nothing, _nothing)
     allocations: list[tuple[int, int]] = []
 

@@ -7,6 +7,10 @@ real kernel once on zero tensors of the same shapes and takes the real sizes (ca
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -84,6 +88,22 @@ SCRATCH_PROBE_LIMIT = 256 * 1024 * 1024
 _scratch_cache: dict[tuple, int] = {}
 
 
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """torch.profiler's kineto backend writes a line to the process's stderr at every start and
+    stop, below Python; a probe must not print, so file descriptor 2 points at /dev/null while
+    the profiler runs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _input_bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
@@ -110,7 +130,10 @@ def cpu_scratch(func: Any, args: tuple, kwargs: dict) -> int:
             real_args, real_kwargs = _real(args), _real(kwargs)
             if func._opname == "mkldnn_rnn_layer_backward":
                 real_args = _with_real_rnn_workspace(real_args)
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with (
+                quiet_profiler(),
+                profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+            ):
                 out = func(*real_args, **real_kwargs)
             del out
         allocations: list[tuple[int, int]] = []
