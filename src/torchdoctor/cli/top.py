@@ -60,7 +60,10 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
             "(or --once --json)"
         )
 
-    collector = TopCollector(thresholds, interval_s=interval)
+    try:
+        collector = TopCollector(thresholds, interval_s=interval)
+    except OSError as exc:  # no /proc: not Linux, or a sandbox that hides it
+        raise UserError(f"cannot read this machine: {exc}", exit_code=3) from None
     try:
         if not once:
             from torchdoctor.live.app import run_interactive
