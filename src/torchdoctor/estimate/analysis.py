@@ -25,7 +25,6 @@ class Peak:
     event: int
     by_category: dict[str, int]
     reserved: int = 0
-    reserved_at_peak_allocated: int = 0
     context: int = 0
     out_of_memory: bool = False
     segments: int = 0
@@ -88,7 +87,6 @@ def cuda_peak(
     snapshot: dict[str, int] = {}
     peak = -1
     peak_event = 0
-    reserved_at_peak = 0
     sizes, categories, host = trace.sizes, trace.categories, trace.host_tokens
     workspace = cublas_workspace_bytes(gpu) if trace.first_matmul_event is not None else 0
     inserts: dict[int, list[tuple[int, str, bool]]] = {}
@@ -98,11 +96,10 @@ def cuda_peak(
         inserts.setdefault(transient.event, []).append((transient.nbytes, "temporaries", False))
 
     def note_peak(index: int) -> None:
-        nonlocal peak, peak_event, snapshot, reserved_at_peak
+        nonlocal peak, peak_event, snapshot
         if allocator.stats.allocated > peak:
             peak, peak_event = allocator.stats.allocated, index
             snapshot = dict(by)
-            reserved_at_peak = allocator.stats.reserved
 
     out_of_memory = False
     try:
@@ -140,7 +137,6 @@ def cuda_peak(
         event=peak_event,
         by_category=snapshot,
         reserved=allocator.stats.peak_reserved,
-        reserved_at_peak_allocated=reserved_at_peak,
         context=context_bytes(trace.uses_convolution),
         out_of_memory=out_of_memory,
         segments=allocator.stats.segments,
