@@ -18,11 +18,12 @@ $(STAMP):
 
 setup: $(STAMP)
 
-# Headless Chromium for the HTML report tests (Debian's package).
+# Debian packages the tests drive for real: headless Chromium (HTML report) and tmux (top at 80x24).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi; }
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v tmux >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium tmux >/dev/null; \
+	fi
 
 demo: setup
 	$(BIN)/torchdoctor run -- $(BIN)/python examples/train.py

@@ -16,6 +16,7 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.run import register_recording, unregister_recording
 from torchdoctor.cli.units import one_line
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
@@ -72,6 +73,7 @@ def command(
         job = JobReader(pid)
         recorder = Recorder(Sampler(HostReader(pid=pid), job, gpus), writer, interval)
         recorder.start()
+        registered = register_recording(pid, path)
         stopped_by = None
         while job.root_alive():
             signum = wait_for_signal(min(interval, 0.5))
@@ -79,6 +81,8 @@ def command(
                 stopped_by = signum
                 break
         recorder.stop()
+        if registered:
+            unregister_recording(pid)
         writer.close(
             {"ended_at": time.time(), "exit_status": None, "stopped_by_signal": stopped_by}
         )

@@ -96,14 +96,14 @@ def record_command(
         # From here on the job runs: nothing of ours may stop us from waiting for it and
         # returning its status. Each step fails alone, says so once, and the rest goes on.
         recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval))
-        registered = _safely(lambda: _register(child.pid, path))
+        registered = _safely(lambda: register_recording(child.pid, path))
         status = child.wait()
         if recorder is not None:
             _safely(recorder.stop)
         if collector is not None:
             _safely(lambda: collector.close(timeout=2.0))
         if registered:
-            _safely(lambda: _unregister(child.pid))
+            _safely(lambda: unregister_recording(child.pid))
         _safely(lambda: writer.close({"ended_at": time.time(), "exit_status": status}))
         _safely(gpus.close)
         return status
@@ -155,7 +155,7 @@ def _start_collector(writer: RecordingWriter, env: dict[str, str]):
     return Collector(writer)
 
 
-def _register(pid: int, path: Path) -> bool:
+def register_recording(pid: int, path: Path) -> bool:
     """Let `torchdoctor top` find this job's recording; best effort."""
     try:
         from torchdoctor.live.registry import register
@@ -168,7 +168,7 @@ def _register(pid: int, path: Path) -> bool:
         return False
 
 
-def _unregister(pid: int) -> None:
+def unregister_recording(pid: int) -> None:
     try:
         from torchdoctor.live.registry import unregister
 
