@@ -175,7 +175,11 @@ def test_interactive_in_an_80x24_terminal(torch_job):
         assert "q quit" in [line for line in lines if line.strip()][-1]
         # Other jobs may run on this machine: find ours by its PID.
         keys("/", str(torch_job.pid), "Enter")
-        text = wait_for(lambda t: f"{torch_job.pid} trainer" in t and "↑↓ select" in t, "our job")
+        # The screen before the filter shows our job too: wait for the filtered redraw.
+        text = wait_for(
+            lambda t: f"filter '{torch_job.pid}'" in t and f"{torch_job.pid} trainer" in t,
+            "our job, filtered",
+        )
         jobs = [line for line in text.splitlines() if line.startswith("▸ job")]
         assert jobs == [line for line in jobs if line.startswith(f"▸ job {torch_job.pid} ")], text
         assert "2 workers" in jobs[0]
