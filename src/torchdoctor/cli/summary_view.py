@@ -11,7 +11,12 @@ from torchdoctor.recording.summary import RunSummary, Stat
 
 def render_summary(summary: RunSummary, console: Console) -> None:
     status = summary.exit_status
-    ended = "still running or cut short" if not summary.complete else f"exit status {status}"
+    if not summary.complete:
+        ended = "recording cut short"
+    elif status is not None:
+        ended = f"exit status {status}"
+    else:
+        ended = "ended (an attached process' exit status is not visible)"
     console.print(
         f"[bold]torchdoctor[/bold]: {one_line(summary.command) or '(unknown command)'}"
         f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples"

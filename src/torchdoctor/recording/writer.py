@@ -28,6 +28,12 @@ def prepare_output(path: str | os.PathLike[str]) -> Path:
     """Check that a recording can be created at ``path`` before anything is started."""
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(
+            f"cannot create the output folder {str(folder)!r}: {str(blocker)!r} is a file, "
+            "not a folder; choose another place with --out"
+        )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
