@@ -385,8 +385,10 @@ def sustained_span(
         j = max(j, i)
         while j + 1 < n and series[j + 1][0] - series[i][0] <= window + 1e-9:
             j += 1
+        if series[-1][0] - series[i][0] < window - slack - 1e-9:
+            break  # every window from here on is shorter than the sustained window
         if series[j][0] - series[i][0] < window - slack - 1e-9 or j - i + 1 < 3:
-            break  # the remaining windows are shorter than the sustained window
+            continue  # a gap in the samples (jitter, a stalled recorder): skip this window
         hits = sum(beyond[i : j + 1])
         if hits / (j - i + 1) >= thresholds.sustained_fraction:
             if spans and i <= spans[-1][1]:
