@@ -46,6 +46,22 @@ def job_caused_alarms(findings: list[dict]) -> list[str]:
     ]
 
 
+def assert_worker_advice(findings: list[dict], minimum: int) -> None:
+    """More workers, or - only when other processes hold the CPUs - the reason there are none.
+
+    Workers need CPU time; on a machine saturated by other programs the rule says so (and
+    cpu-contention names the cause) instead of recommending workers that could not run.
+    """
+    f = find(findings, "dataloader-bound")
+    assert f["severity"] in ("warning", "critical")
+    if "num_workers" in f["settings"]:
+        assert f["settings"]["num_workers"] >= minimum
+        assert f["settings"]["persistent_workers"] is True
+    else:
+        assert "no CPU to run on" in f["recommendation"]
+        assert "cpu-contention" in [x["id"] for x in findings]
+
+
 def test_healthy_job_gets_no_alarm(tmp_path):
     findings = run_scenario(tmp_path, "healthy", "--steps", "120")
     assert job_caused_alarms(findings) == []
@@ -53,12 +69,8 @@ def test_healthy_job_gets_no_alarm(tmp_path):
 
 def test_data_bound_job(tmp_path):
     findings = run_scenario(tmp_path, "data_bound", "--steps", "40")
-    f = find(findings, "dataloader-bound")
-    assert f["severity"] in ("warning", "critical")
-    # How many workers depends on the CPU the loading costs, which only an unsaturated
-    # machine shows (it sleeps on simulated storage: 2+ on a quiet machine, 1 on a busy one).
-    assert f["settings"]["num_workers"] >= 1
-    assert f["settings"]["persistent_workers"] is True
+    # Loading sleeps on (simulated) storage: on a quiet 2-CPU machine 2+ workers keep ahead.
+    assert_worker_advice(findings, minimum=2)
     assert "thread-oversubscription" not in [x["id"] for x in findings]
 
 
@@ -88,5 +100,4 @@ def test_io_bound_job(tmp_path):
         tmp_path, "io_bound", "--steps", "60", "--data-dir", str(tmp_path / "data"),
         "--records", "1024",
     )  # fmt: skip
-    f = find(findings, "dataloader-bound")
-    assert f["settings"]["num_workers"] >= 1
+    assert_worker_advice(findings, minimum=1)
