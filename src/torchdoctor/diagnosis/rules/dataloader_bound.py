@@ -103,7 +103,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 if workers >= needed
                 else f"; {needed} workers would keep ahead but the step needs "
                 f"{fmt_s(cpu_per_step)} of CPU time and {available:.1f} CPUs are available "
-                f"({ctx.cpu_limit_text}), so {workers} already reach that limit."
+                f"({ctx.cpu_limit_text}), so "
+                + ("1 worker reaches" if workers == 1 else f"{workers} workers reach")
+                + " that limit."
             )
         )
         expected = _expected(summary.mean_wall_s, predicted)
