@@ -1,6 +1,6 @@
 """I/O-bound: every sample is read from disk, bypassing the page cache (O_DIRECT).
 
-A data set of 64 KiB records in one file, read at random with O_DIRECT so that no read is
+A data set of 256 KiB records in one file, read at random with O_DIRECT so that no read is
 served from RAM, as on a data set far larger than memory. With num_workers=0 the loop blocks
 on each read in turn: CPUs sit in I/O wait and steps wait for data. torchdoctor finds
 ``dataloader-bound`` (and ``io-wait`` where the disk is slow enough to show it) and
@@ -21,7 +21,7 @@ import torch
 from _common import apply_threads, loader_kwargs, mlp, parser, train
 from torch.utils.data import DataLoader, Dataset
 
-RECORD = 64 * 1024  # bytes per sample; a multiple of the 4 KiB O_DIRECT alignment
+RECORD = 256 * 1024  # bytes per sample; a multiple of the 4 KiB O_DIRECT alignment
 FEATURES = 256
 # A real disk: /tmp may be tmpfs (RAM), which would make every read a memory copy.
 DEFAULT_DATA_DIR = Path(
@@ -75,14 +75,14 @@ def main() -> None:
         default=DEFAULT_DATA_DIR,
         help="where the data file is created once (not on tmpfs: it needs a real disk)",
     )
-    p.add_argument("--records", type=int, default=4096, help="samples in the data file")
+    p.add_argument("--records", type=int, default=2048, help="samples in the data file")
     args = p.parse_args()
     apply_threads(args)
     torch.manual_seed(0)
     path = args.data_dir / f"records-{args.records}.bin"
     make_data_file(path, args.records)
     loader = DataLoader(DiskRecords(path, args.records), **loader_kwargs(args))
-    train(mlp(FEATURES, 256), lambda: loader, args.steps)
+    train(mlp(FEATURES, 128, layers=2), lambda: loader, args.steps)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,6 @@ def test_fixed_leak_is_not_reported(tmp_path):
 def test_io_bound_job(tmp_path):
     findings = run_scenario(
         tmp_path, "io_bound", "--steps", "60", "--data-dir", str(tmp_path / "data"),
-        "--records", "1024",
+        "--records", "256",
     )  # fmt: skip
     assert_worker_advice(findings, minimum=1)
