@@ -55,8 +55,11 @@ def assert_worker_advice(findings: list[dict], minimum: int) -> None:
     f = find(findings, "dataloader-bound")
     assert f["severity"] in ("warning", "critical")
     if "num_workers" in f["settings"]:
-        assert f["settings"]["num_workers"] >= minimum
+        assert f["settings"]["num_workers"] >= 1
         assert f["settings"]["persistent_workers"] is True
+        if f["settings"]["num_workers"] < minimum:
+            # fewer workers than a quiet machine gets: only other programs' load may cause it
+            assert "cpu-contention" in [x["id"] for x in findings]
     else:
         assert "no CPU to run on" in f["recommendation"]
         assert "cpu-contention" in [x["id"] for x in findings]
