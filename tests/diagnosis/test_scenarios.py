@@ -17,10 +17,10 @@ SCENARIOS = REPO / "examples" / "scenarios"
 pytest.importorskip("torch")
 
 
-def run_scenario(tmp_path, script: str, *args: str) -> list[dict]:
+def run_scenario(tmp_path, script: str, *args: str, interval: str = "0.2") -> list[dict]:
     out = tmp_path / f"{script}.sqlite"
     run = run_td(
-        "run", "--quiet", "--interval", "0.2", "--out", str(out), "--",
+        "run", "--quiet", "--interval", interval, "--out", str(out), "--",
         sys.executable, str(SCENARIOS / f"{script}.py"), *args,
         timeout=600,
     )  # fmt: skip
@@ -86,7 +86,8 @@ def test_thread_oversubscribed_job(tmp_path):
 
 
 def test_leaking_job(tmp_path):
-    findings = run_scenario(tmp_path, "leaking", "--steps", "250")
+    # A quiet machine runs these steps in under 2 s: sample densely enough to see the trend.
+    findings = run_scenario(tmp_path, "leaking", "--steps", "400", interval="0.05")
     f = find(findings, "host-memory-leak")
     per_step = next(e["value"] for e in f["evidence"] if e["label"] == "growth per step")
     # The script keeps a 64 x 2048 float activation (0.5 MiB) and its input batch per step.

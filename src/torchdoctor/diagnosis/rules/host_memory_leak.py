@@ -30,10 +30,17 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
 
 
 def memory_series(samples: list[dict]) -> tuple[str, list[tuple[float, float]]]:
-    """(label, [(t, bytes)]): private memory when most samples have it, else RSS."""
-    uss = [(s["t"], float(s["uss"])) for s in samples if s["uss"] is not None]
-    if len(uss) >= 0.8 * len(samples) and len(uss) >= 3:
-        return "private memory (USS)", uss
+    """(label, [(t, bytes)]): private memory when it was read often enough, else RSS.
+
+    USS comes from the slow tier and is carried between refreshes, so only the samples where
+    it changed are fresh readings; a carried value would draw steps into a smooth trend.
+    """
+    fresh: list[tuple[float, float]] = []
+    for s in samples:
+        if s["uss"] is not None and (not fresh or float(s["uss"]) != fresh[-1][1]):
+            fresh.append((s["t"], float(s["uss"])))
+    if len(fresh) >= 5 and len(fresh) >= 0.5 * len(samples):
+        return "private memory (USS)", fresh
     return "resident memory (RSS)", [(s["t"], float(s["rss"])) for s in samples]
 
 
@@ -43,12 +50,18 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     if len(samples) < 5:
         return None
     label, series = memory_series(samples)
+    step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
+    if len(step_ends) >= 10:
+        # Growth with steps is measured while the process steps: the torch import before the
+        # first step and the teardown after the last are not the training loop's doing.
+        series = [(t, v) for t, v in series if step_ends[0] <= t <= step_ends[-1]]
+        if len(series) < 5:
+            return None
     t_first, t_last = series[0][0], series[-1][0]
     cut = t_first + WARMUP_SHARE * (t_last - t_first)
     series = [(t, v) for t, v in series if t >= cut]
     if len(series) < 4:
         return None
-    step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
     if len(step_ends) >= 10:
         x_unit = "step"
         points = [(float(bisect.bisect_right(step_ends, t)), v) for t, v in series]
