@@ -27,3 +27,11 @@ def test_frequently_refreshed_uss_is_used_at_its_fresh_points() -> None:
     label, series = memory_series(samples)
     assert label == "private memory (USS)"
     assert [v for _, v in series] == [(50 + k) * MIB for k in range(10)]
+
+
+def test_flat_private_memory_read_throughout_is_used() -> None:
+    # RSS grows through shared pages while the private memory stays put: not a leak
+    samples = [_sample(i * 0.5, (3000 + 10 * i) * MIB, 1500 * MIB) for i in range(40)]
+    label, series = memory_series(samples)
+    assert label == "private memory (USS)"
+    assert {v for _, v in series} == {1500 * MIB}

@@ -30,17 +30,22 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
 
 
 def memory_series(samples: list[dict]) -> tuple[str, list[tuple[float, float]]]:
-    """(label, [(t, bytes)]): private memory when it was read often enough, else RSS.
+    """(label, [(t, bytes)]): private memory when its readings can show a trend, else RSS.
 
     USS comes from the slow tier and is carried between refreshes, so only the samples where
-    it changed are fresh readings; a carried value would draw steps into a smooth trend.
+    it changed are fresh readings. One value throughout is a flat private memory; a couple of
+    refreshes would draw a staircase, so RSS (read at every sample) is used instead.
     """
-    fresh: list[tuple[float, float]] = []
-    for s in samples:
-        if s["uss"] is not None and (not fresh or float(s["uss"]) != fresh[-1][1]):
-            fresh.append((s["t"], float(s["uss"])))
-    if len(fresh) >= 5 and len(fresh) >= 0.5 * len(samples):
-        return "private memory (USS)", fresh
+    have = [s for s in samples if s["uss"] is not None]
+    if len(have) >= 0.8 * len(samples) and len(have) >= 3:
+        fresh: list[tuple[float, float]] = []
+        for s in have:
+            if not fresh or float(s["uss"]) != fresh[-1][1]:
+                fresh.append((s["t"], float(s["uss"])))
+        if len(fresh) == 1:
+            return "private memory (USS)", [(s["t"], float(s["uss"])) for s in have]
+        if len(fresh) >= 5:
+            return "private memory (USS)", fresh
     return "resident memory (RSS)", [(s["t"], float(s["rss"])) for s in samples]
 
 
