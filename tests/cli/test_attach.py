@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -28,8 +29,13 @@ TREE = textwrap.dedent(
 
 
 def test_attach_records_the_tree_until_it_exits(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "3", "NCCL_DEBUG": "INFO"}  # the job's, not ours
     job = subprocess.Popen(
-        [sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", TREE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     pid = int(job.stdout.readline())
     rec = tmp_path / "a.sqlite"
@@ -50,6 +56,8 @@ def test_attach_records_the_tree_until_it_exits(tmp_path: Path) -> None:
         pids = {p["pid"] for p in r.processes()}
         assert pid in pids and len(pids) == 2
         assert r.meta["mode"] == "attach"
+        assert r.meta["env"]["OMP_NUM_THREADS"] == "3" and r.meta["env"]["NCCL_DEBUG"] == "INFO"
+        assert r.meta["command"][:2] == [sys.executable, "-c"]
         assert r.complete
 
 

@@ -23,6 +23,7 @@ from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
 from torchdoctor.recording import RecordingWriter, prepare_output
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
+from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
 from torchdoctor.sampling.sampler import Sampler
 
 
@@ -95,23 +96,15 @@ def command(
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            raw = fh.read()
+        return parse_cmdline(read_path(f"/proc/{pid}/cmdline"))
     except OSError:
         return []
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def _process_env(pid: int) -> dict[str, str]:
     """The job's own environment where we may read it (our own processes), else ours."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
+        raw = read_path(f"/proc/{pid}/environ", 65536)
     except OSError:
         return dict(os.environ)
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    return parse_environ(raw, None)

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchdoctor.cli.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
-from torchdoctor.recording.summary import RunSummary, Stat
+from torchdoctor.recording.summary import RunSummary
 
 
 def render_summary(summary: RunSummary, console: Console) -> None:
@@ -70,6 +70,3 @@ def _pct(fraction: float | None) -> float | None:
 
 def _fmt_count(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
-
-
-__all__ = ["render_summary", "Stat"]

@@ -308,14 +308,15 @@ def parse_cmdline(data: bytes) -> list[str]:
     return [a.decode("utf-8", "replace") for a in data.split(b"\0")]
 
 
-def parse_environ(data: bytes, names: tuple[str, ...]) -> dict[str, str]:
-    """The named variables of a /proc/<pid>/environ block (the environment at exec time)."""
+def parse_environ(data: bytes, names: tuple[str, ...] | None) -> dict[str, str]:
+    """The named variables (all when ``names`` is None) of a /proc/<pid>/environ block
+    (the environment at exec time)."""
     out: dict[str, str] = {}
-    wanted = {n.encode() + b"=": n for n in names}
+    wanted = None if names is None else {n.encode() + b"=": n for n in names}
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep:
-            name = wanted.get(key + b"=")
+            name = key.decode("utf-8", "replace") if wanted is None else wanted.get(key + b"=")
             if name is not None:
                 out[name] = value.decode("utf-8", "replace")
     return out
