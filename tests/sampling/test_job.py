@@ -299,29 +299,30 @@ def test_renamed_process_with_parentheses_in_its_name(jobtree):
 def test_launcher_shell_with_ranked_trainers(tmp_path):
     # A hand-rolled distributed launch: a shell starts two Python ranks with RANK set.
     script = tmp_path / "rank.py"
-    script.write_text("import sys\nsys.stdin.read()\n")
+    script.write_text(
+        # One write(2) per rank, so the two lines cannot interleave on the shared pipe.
+        "import os, sys\nos.write(1, b'ready ' + os.environ['RANK'].encode() + b'\\n')\n"
+        "sys.stdin.read()\n"
+    )
+    # A non-interactive shell gives background commands /dev/null for stdin; hand the ranks
+    # the test's pipe explicitly so they stay alive until the test closes it.
     shell = (
-        f"RANK=0 LOCAL_RANK=0 {sys.executable} {script} & "
-        f"RANK=1 LOCAL_RANK=1 {sys.executable} {script} & "
-        "echo started; wait"
+        "exec 3<&0; "
+        f"RANK=0 LOCAL_RANK=0 {sys.executable} {script} <&3 & "
+        f"RANK=1 LOCAL_RANK=1 {sys.executable} {script} <&3 & "
+        "wait"
     )
     proc = subprocess.Popen(
         ["/bin/sh", "-c", shell], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert proc.stdout.readline().strip() == "started"
+        # Each rank says so once it runs the script: past exec, with its final cmdline.
+        ready = {proc.stdout.readline().split()[1] for _ in range(2)}
+        assert ready == {"0", "1"}
         job = JobReader(proc.pid)
         samples, new, _ = job.read()
         infos = {i.pid: i for i in new}
-        ranks = {}
-        # The ranks may still be exec'ing python when "started" is printed: read until both
-        # run the script (each read is a real sample; no sleeping).
-        for _ in range(10_000):
-            ranks = {s.rank: s for s in samples if s.role == "trainer"}
-            if len(ranks) == 2:
-                break
-            samples, new, _ = job.read()
-            infos.update({i.pid: i for i in new})
+        ranks = {s.rank: s for s in samples if s.role == "trainer"}
         assert set(ranks) == {0, 1}
         assert by_pid(samples)[proc.pid].role == "launcher"
         assert all(s.ppid == proc.pid for s in ranks.values())
@@ -340,7 +341,8 @@ def test_torchrun_agent_is_the_launcher_and_each_worker_a_ranked_trainer(tmp_pat
         textwrap.dedent(
             """
             import os, sys
-            print("ready", os.environ["RANK"], flush=True)
+            # One write(2): two ranks share the pipe, and print() may split a line.
+            os.write(1, f"ready {os.environ['RANK']}\\n".encode())
             sys.stdin.read()
             """
         )
