@@ -41,18 +41,18 @@ def test_status_is_128_plus_signal_when_a_signal_ends_the_command(tmp_path: Path
     assert res.returncode == 128 + signal.SIGTERM
 
 
+# The signals are blocked before "ready" and then waited for: with a handler and pause(), a
+# signal landing between the print and pause() would run the handler too late and the child
+# would pause forever.
 SIGNAL_CHILD = textwrap.dedent(
     """
-    import signal, sys, os
-    got = []
-    def handler(signum, frame):
-        got.append(signum)
-        print(f"child got {signal.Signals(signum).name}", flush=True)
-        sys.exit(7)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, handler)
+    import signal, sys
+    wanted = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
     print("ready", flush=True)
-    signal.pause()
+    signum = signal.sigwait(wanted)
+    print(f"child got {signal.Signals(signum).name}", flush=True)
+    sys.exit(7)
     """
 )
 
@@ -86,17 +86,18 @@ def test_ctrl_c_at_a_terminal_reaches_the_command_once(tmp_path: Path) -> None:
     """The tty sends SIGINT to the whole foreground group: forwarding it again would double it."""
     child = textwrap.dedent(
         """
-        import signal, sys, time
-        hits = []
-        signal.signal(signal.SIGINT, lambda s, f: hits.append(s))
+        import signal, time
+        # Blocked, then waited for: no window where a Ctrl-C could slip past a pause().
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         print("ready", flush=True)
-        while not hits:
-            signal.pause()
+        signal.sigwaitinfo({signal.SIGINT})
+        hits = 1
         # give a duplicate SIGINT the time to arrive before reporting the count
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            signal.sigtimedwait([signal.SIGINT], 0.1) and hits.append(2)
-        print(f"interrupts: {len(hits)}", flush=True)
+        while (left := deadline - time.monotonic()) > 0:
+            if signal.sigtimedwait({signal.SIGINT}, left) is not None:
+                hits += 1
+        print(f"interrupts: {hits}", flush=True)
         """
     )
     master, slave = os.openpty()
