@@ -7,6 +7,7 @@ recorder and instrumentation), diagnosed with `torchdoctor diagnose --json` like
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -81,7 +82,8 @@ def test_thread_oversubscribed_job(tmp_path):
     findings = run_scenario(tmp_path, "thread_oversubscribed", "--steps", "300")
     f = find(findings, "thread-oversubscription")
     assert f["severity"] in ("warning", "critical")
-    assert 1 <= f["settings"]["torch.num_threads"] <= 2  # this machine's CPUs (CI: 2)
+    # At most this machine's CPUs (CI: 2), whatever machine runs the suite.
+    assert 1 <= f["settings"]["torch.num_threads"] <= len(os.sched_getaffinity(0))
     assert f["settings"]["env.OMP_NUM_THREADS"] == str(f["settings"]["torch.num_threads"])
 
 
