@@ -12,6 +12,7 @@ only the latter.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -83,25 +84,63 @@ def wait_for_signal(timeout_s: float) -> int | None:
     return info.si_signo
 
 
-class ChildProcess:
-    """The user's command, started with its signals unblocked and default dispositions.
+def spawn(
+    path: str,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    log: os.PathLike[str] | str | None = None,
+    new_group: bool = False,
+) -> int:
+    """Start ``argv`` without a shell, with its signals unblocked and default dispositions;
+    return its PID. By default it shares our stdin/stdout/stderr and process group; with
+    ``log`` it gets no stdin and writes stdout+stderr to that file, with ``new_group`` it leads
+    a process group of its own (so everything it starts can be signalled at once).
 
-    Call :func:`hold_signals` before creating it.
+    A command that cannot be started is a :class:`UserError` with a shell's status: 126 when
+    it exists but cannot be executed, 127 otherwise.
+    """
+    actions = []
+    if log is not None:
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, os.fspath(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+    extra = {"setpgroup": 0} if new_group else {}
+    try:
+        return os.posix_spawn(
+            path,
+            argv,
+            env,
+            file_actions=actions,
+            setsigmask=(),
+            # Python ignores SIGPIPE and SIGXFSZ; an exec'd program must not inherit that.
+            setsigdef=(*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
+            **extra,
+        )
+    except OSError as exc:
+        code = 126 if exc.errno in (errno.EACCES, errno.ENOEXEC) else 127
+        raise UserError(f"cannot start {argv[0]}: {exc.strerror}", exit_code=code) from None
+
+
+class ChildProcess:
+    """A started command (see :func:`spawn` for ``log`` and ``new_group``); ``returncode`` is
+    its shell status once it has been reaped.
+
+    For the user's own command, call :func:`hold_signals` before creating it.
     """
 
-    def __init__(self, path: str, argv: list[str], env: dict[str, str]) -> None:
-        try:
-            self.pid = os.posix_spawn(
-                path,
-                argv,
-                env,
-                setsigmask=(),
-                # Python ignores SIGPIPE and SIGXFSZ; an exec'd program must not inherit that.
-                setsigdef=(*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
-            )
-        except OSError as exc:
-            code = 126 if exc.errno in (13, 8) else 127  # EACCES, ENOEXEC
-            raise UserError(f"cannot start {argv[0]}: {exc.strerror}", exit_code=code) from None
+    def __init__(
+        self,
+        path: str,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        log: os.PathLike[str] | str | None = None,
+        new_group: bool = False,
+    ) -> None:
+        self.pid = spawn(path, argv, env, log=log, new_group=new_group)
         self.returncode: int | None = None
 
     def wait(self, on_signal: Callable[[int, bool], None] | None = None) -> int:
@@ -118,10 +157,17 @@ class ChildProcess:
                         os.kill(self.pid, info.si_signo)
                 if on_signal is not None:
                     on_signal(info.si_signo, forwarded)
-            self._poll()
+            self.poll()
         return self.returncode
 
-    def _poll(self) -> None:
-        pid, status = os.waitpid(self.pid, os.WNOHANG)
-        if pid == self.pid:
-            self.returncode = exit_status(status)
+    def poll(self) -> int | None:
+        """Reap the command if it has ended; its shell status, or None while it runs."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = exit_status(status)
+        return self.returncode

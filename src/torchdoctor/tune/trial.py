@@ -20,7 +20,7 @@ from pathlib import Path
 from torchdoctor.errors import UserError
 from torchdoctor.instrument.agent import ENV_OVERRIDES, ENV_STOP_AFTER_STEPS, STOPPED_EXIT_STATUS
 from torchdoctor.instrument.collector import Collector
-from torchdoctor.launcher import FORWARDED, exit_status, wait_for_signal
+from torchdoctor.launcher import ChildProcess, wait_for_signal
 from torchdoctor.recording import RecordingWriter, open_recording
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
@@ -359,40 +359,12 @@ def _last_error_line(log: Path) -> str:
     return ""
 
 
-class TrialProcess:
+class TrialProcess(ChildProcess):
     """The trial's command in a new process group, stdout+stderr to ``log``, no stdin."""
 
     def __init__(self, executable: str, argv: list[str], env: dict[str, str], log: Path) -> None:
-        actions = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ]
-        try:
-            self.pid = os.posix_spawn(
-                executable,
-                argv,
-                env,
-                file_actions=actions,
-                setpgroup=0,
-                setsigmask=(),
-                setsigdef=(*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
-            )
-        except OSError as exc:
-            raise UserError(f"cannot start {argv[0]}: {exc.strerror}", exit_code=127) from None
+        super().__init__(executable, argv, env, log=log, new_group=True)
         self.pgid = self.pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -1
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = exit_status(status)
-        return self.returncode
 
     def stop(self) -> None:
         """End the command and every process it started (those that left its process group
