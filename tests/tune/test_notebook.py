@@ -48,8 +48,16 @@ def training_step():
     return step, seen
 
 
-def worker_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process(os.getpid()).children(recursive=True) if p.is_running()]
+def running_children() -> set[int]:
+    """Our descendants still running (a zombie awaiting its reaper runs nothing)."""
+    alive = set()
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.add(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 @pytest.fixture
@@ -61,6 +69,7 @@ def one_thread():
 
 
 def test_tunes_a_slow_dataset_with_the_model_in_the_loop(one_thread):
+    before = running_children()  # what earlier tests in this process left is not ours
     step, seen = training_step()
     # One worker count fails (a broken shard reader): recorded, and the search goes on.
     # One worker is no faster than none here (the step costs nothing to overlap with): the
@@ -80,15 +89,16 @@ def test_tunes_a_slow_dataset_with_the_model_in_the_loop(one_thread):
     # The user's step ran on real batches; the torch threads and the process are as before.
     assert seen and set(seen) == {8}
     assert torch.get_num_threads() == 1
-    assert not worker_processes()
+    assert not running_children() - before  # no DataLoader worker left running
     text = result.summary()
     assert "verified gain" in text and f"num_workers={result.recommended.num_workers}" in text
     assert repr(result).startswith("TuneResult(recommended=")
 
 
 def test_loader_that_fails_as_given_raises_the_users_error(one_thread):
+    before = running_children()
     with pytest.raises(OSError, match="cannot open shard"):
         torchdoctor.tune_dataloader(
             SlowReads(fail_with_workers=1), batch_size=8, num_workers=1, budget=20
         )
-    assert not worker_processes()
+    assert not running_children() - before
