@@ -194,7 +194,7 @@ def test_swap_traffic_above_the_limit_frees_memory_with_fewer_workers(run_rules)
     assert f.severity == "warning"
     # 1.5 GiB in swap, 1 GiB private per worker: two workers fewer.
     assert f.settings == {"num_workers": 2}
-    assert "1.5 GiB less memory" in f.recommendation
+    assert "1.50 GiB less memory" in f.recommendation
 
 
 def test_swap_traffic_below_the_limit_is_silent(run_rules):
@@ -224,7 +224,7 @@ def test_steady_growth_is_a_leak_with_rate_and_time_to_exhaustion(run_rules):
     assert f.severity == "critical"  # 32 GiB machine: ~28 GiB left / 10 MiB/s < 1 h
     per_step = evidence(f, "growth per step")
     assert abs(per_step - 1 * MiB) < 0.05 * MiB
-    assert "1.0 MiB per step" in f.title
+    assert "1.00 MiB per step" in f.title
     assert "runs out in" in f.recommendation
     assert "loss.item()" in f.recommendation
 

@@ -29,7 +29,7 @@ def render(findings, soft_wrap: bool = False) -> str:
 
 def test_units_are_readable():
     assert format_value(Evidence("x", 62_914_560, "B/s")) == "60.0 MiB/s"
-    assert format_value(Evidence("x", 3 * 2**30, "B")) == "3.0 GiB"
+    assert format_value(Evidence("x", 3 * 2**30, "B")) == "3.00 GiB"
     assert format_value(Evidence("x", 0.0421, "s")) == "42.1 ms"
     assert format_value(Evidence("x", 31.5, "%")) == "31.5 %"
     assert format_value(Evidence("x", 1458, "/s")) == "1,458 /s"

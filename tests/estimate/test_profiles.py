@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from torchdoctor.errors import UserError
-from torchdoctor.estimate.profiles import PROFILES, find_profile, format_bytes, parse_size
+from torchdoctor.estimate.profiles import PROFILES, find_profile, parse_size
+from torchdoctor.units import fmt_bytes as format_bytes
 
 
 def test_required_profiles_exist_with_memory_and_compute_capability():

@@ -11,8 +11,8 @@ from torchdoctor.recording import open_recording
 from torchdoctor.report.charts import MAX_HEATMAP_CELLS, MAX_POINTS
 from torchdoctor.report.data import build_report_data
 from torchdoctor.report.downsample import downsample_minmax
+from torchdoctor.report.scales import fmt_clock, fmt_value, nice_ticks, time_ticks
 from torchdoctor.report.tables import process_tree
-from torchdoctor.report.units import fmt_clock, fmt_value, nice_ticks, time_ticks
 from torchdoctor.thresholds import Thresholds
 
 # -- downsampling -------------------------------------------------------------------------

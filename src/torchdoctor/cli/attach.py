@@ -7,6 +7,7 @@ import time
 
 import click
 
+from torchdoctor.cli.command_line import one_line
 from torchdoctor.cli.common import (
     check_interval,
     default_recording_path,
@@ -17,7 +18,6 @@ from torchdoctor.cli.common import (
     thresholds_option,
 )
 from torchdoctor.cli.run import register_recording, unregister_recording
-from torchdoctor.cli.units import one_line
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
 from torchdoctor.recording import RecordingWriter, prepare_output

@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from torchdoctor.errors import UserError
-from torchdoctor.estimate.profiles import PROFILES, format_bytes
+from torchdoctor.estimate.profiles import PROFILES
 from torchdoctor.estimate.setup import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+from torchdoctor.units import fmt_bytes
 
 _EPILOG = (
     """\b
@@ -186,7 +187,7 @@ def _target_line(result: Any) -> str:
     if gpu is None:
         return "CPU"
     cc = ".".join(map(str, gpu.compute_capability))
-    return f"{gpu.name} ({format_bytes(gpu.memory_bytes)}, sm{cc.replace('.', '')})"
+    return f"{gpu.name} ({fmt_bytes(gpu.memory_bytes)}, sm{cc.replace('.', '')})"
 
 
 def render_estimate(result: Any) -> str:
@@ -198,31 +199,31 @@ def render_estimate(result: Any) -> str:
     ]
     if result.total is not None:
         lines += [
-            f"  peak allocated  {format_bytes(result.peak_allocated):>11}   torch.cuda.max_memory_allocated()",
-            f"  peak reserved   {format_bytes(result.peak_reserved):>11}   torch.cuda.max_memory_reserved()",
-            f"  nvidia-smi      {format_bytes(result.total):>11}   reserved + CUDA context",
+            f"  peak allocated  {fmt_bytes(result.peak_allocated):>11}   torch.cuda.max_memory_allocated()",
+            f"  peak reserved   {fmt_bytes(result.peak_reserved):>11}   torch.cuda.max_memory_reserved()",
+            f"  nvidia-smi      {fmt_bytes(result.total):>11}   reserved + CUDA context",
         ]
     else:
         lines.append(
-            f"  peak memory     {format_bytes(result.peak_allocated):>11}   live tensor bytes on the CPU"
+            f"  peak memory     {fmt_bytes(result.peak_allocated):>11}   live tensor bytes on the CPU"
         )
     if result.fits is not None:
         verdict = "fits" if result.fits else "does NOT fit"
         lines.append(
-            f"  {verdict} in {format_bytes(result.gpu_memory)} keeping {result.margin:.0%} free"
+            f"  {verdict} in {fmt_bytes(result.gpu_memory)} keeping {result.margin:.0%} free"
         )
     total = result.headline_bytes or 1
     lines += ["", f"  at the peak (step {result.peak_step + 1}, {result.peak_phase}):"]
     for name, value in result.breakdown.items():
         if value:
-            lines.append(f"    {name:<20} {format_bytes(value):>11}  {value / total:6.1%}")
+            lines.append(f"    {name:<20} {fmt_bytes(value):>11}  {value / total:6.1%}")
     if result.top_modules:
         lines += ["", "  activation memory by module (last forward pass, saved for backward):"]
         for module in result.top_modules:
             label = f"{module.module} ({module.type})" if module.type else module.module
             if module.count > 1:
                 label += f" x{module.count}"
-            lines.append(f"    {label:<52} {format_bytes(module.bytes):>11}")
+            lines.append(f"    {label:<52} {fmt_bytes(module.bytes):>11}")
     base = result.baselines
     naive = "naive formula: 4 B x params" + (
         "" if result.setup.inference else " x 2 x optimizer factor"
@@ -230,8 +231,8 @@ def render_estimate(result: Any) -> str:
     lines += [
         "",
         "  what rules of thumb say (no activations):",
-        f"    {naive:<52} {format_bytes(base.naive_formula_bytes):>11}",
-        f"    {'parameters only, like accelerate estimate-memory':<52} {format_bytes(base.params_only_bytes):>11}",
+        f"    {naive:<52} {fmt_bytes(base.naive_formula_bytes):>11}",
+        f"    {'parameters only, like accelerate estimate-memory':<52} {fmt_bytes(base.params_only_bytes):>11}",
     ]
     if result.notes:
         lines.append("")
@@ -245,27 +246,27 @@ def render_alternatives(found: list[Any], result: Any) -> str:
     for alt in found:
         verdict = "fits" if alt.estimate.fits else "does not fit"
         lines.append(
-            f"    {alt.change:<{width}}  {format_bytes(alt.estimate.headline_bytes):>9}  {verdict}"
+            f"    {alt.change:<{width}}  {fmt_bytes(alt.estimate.headline_bytes):>9}  {verdict}"
         )
     return "\n".join(lines)
 
 
 def render_max_batch(found: Any) -> str:
     searched = ", ".join(
-        f"{b} ({format_bytes(n)}{'' if fits else ', too big'})" for b, n, fits in found.probes
+        f"{b} ({fmt_bytes(n)}{'' if fits else ', too big'})" for b, n, fits in found.probes
     )
     first = found.estimate
     margin = f"keeping {first.margin:.0%} free" if first else ""
     if found.batch_size == 0:
         head = [
-            f"not even batch 1 fits {format_bytes(found.capacity)} {margin}: "
-            f"it needs {format_bytes(first.headline_bytes)}",
+            f"not even batch 1 fits {fmt_bytes(found.capacity)} {margin}: "
+            f"it needs {fmt_bytes(first.headline_bytes)}",
         ]
         body = render_estimate(first)
         return "\n".join(head + ["", body, render_alternatives(found.alternatives, first)])
     head = [
-        f"largest batch that fits {format_bytes(found.capacity)} {margin}: {found.batch_size} "
-        f"({format_bytes(first.headline_bytes)})",
+        f"largest batch that fits {fmt_bytes(found.capacity)} {margin}: {found.batch_size} "
+        f"({fmt_bytes(first.headline_bytes)})",
         f"searched {len(found.probes)} simulated steps in {found.seconds:.1f} s: {searched}",
         "",
     ]

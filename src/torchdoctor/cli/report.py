@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from torchdoctor.cli.common import thresholds_option
-from torchdoctor.report.units import BYTES, fmt_value
+from torchdoctor.report.scales import BYTES, fmt_value
 
 
 @click.command("report")

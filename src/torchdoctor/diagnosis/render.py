@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes, fmt_rate, fmt_s
+from torchdoctor.units import fmt_bytes, fmt_duration, fmt_rate
 
 STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -50,7 +50,7 @@ def format_value(ev: Evidence) -> str:
     if unit == "B/s":
         return fmt_rate(value)
     if unit == "s":
-        return fmt_s(float(value))
+        return fmt_duration(float(value))
     if unit == "%" or unit.startswith("% "):
         return f"{value:.1f} {unit}" if isinstance(value, float) else f"{value} {unit}"
     text = f"{value:g}" if isinstance(value, float) else f"{value:,}"

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError, require_torch
-from torchdoctor.estimate.profiles import custom_profile, find_profile, format_bytes, parse_size
+from torchdoctor.estimate.profiles import custom_profile, find_profile, parse_size
 from torchdoctor.estimate.result import Alternative, Baselines, Estimate, MaxBatch, ModuleActivation
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.workload import Workload
+from torchdoctor.units import fmt_bytes
 
 ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
 
@@ -275,7 +276,7 @@ def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: b
         if exc.parameter_bytes * 4 > available * _REAL_RUN_RAM_FRACTION:
             raise UserError(
                 f"{problem}: fake tensors cannot trace it, and a real CPU run would need more "
-                f"than the {format_bytes(available)} of RAM available; make the op "
+                f"than the {fmt_bytes(available)} of RAM available; make the op "
                 "value-independent (e.g. keep the tensor instead of calling .item())"
             ) from None
         trace = trace_step(workload, setup, target, real=True)

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from torchdoctor.errors import UserError
+from torchdoctor.units import fmt_bytes
 
 MiB = 1024**2
 GiB = 1024**3
@@ -95,16 +96,4 @@ def custom_profile(
 ) -> GpuProfile:
     """A GPU known only by its memory size."""
     cc = compute_capability or DEFAULT_COMPUTE_CAPABILITY
-    return GpuProfile(f"GPU with {format_bytes(memory_bytes)}", memory_bytes, cc)
-
-
-def format_bytes(n: float) -> str:
-    """Binary units, three significant figures: 1.50 GiB, 812 MiB, 4.00 KiB."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
-        if n >= size:
-            value = n / size
-            digits = 2 if value < 10 else 1 if value < 100 else 0
-            return f"{sign}{value:.{digits}f} {unit}"
-    return f"{sign}{int(n)} B"
+    return GpuProfile(f"GPU with {fmt_bytes(memory_bytes)}", memory_bytes, cc)

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchdoctor.live.units import printable
+from torchdoctor.live.compact import printable
 from torchdoctor.sampling.types import (
     GpuProcessSample,
     GpuSample,

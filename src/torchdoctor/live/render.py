@@ -13,7 +13,7 @@ import time
 from rich.console import Console, Group
 from rich.text import Text
 
-from torchdoctor.live import units
+from torchdoctor.live import compact
 from torchdoctor.live.keys import HELP, SIGNAL_KEYS
 from torchdoctor.live.model import (
     DATA_WAIT_STARVED,
@@ -128,15 +128,15 @@ def _host(host: HostView | None, width: int, height: int) -> list[Text]:
 
     mem = seg("MEM ", "bold")
     pct = 100.0 * host.mem_used / host.mem_total if host.mem_total else 0.0
-    mem.append(f"{units.size(host.mem_used)}/{units.size(host.mem_total)} {pct:.0f}%")
+    mem.append(f"{compact.size(host.mem_used)}/{compact.size(host.mem_total)} {pct:.0f}%")
     mem.append("  swap ")
-    mem.append(f"{units.size(host.swap_used)}/{units.size(host.swap_total)}")
+    mem.append(f"{compact.size(host.swap_used)}/{compact.size(host.swap_total)}")
     if host.swap_in_per_s is not None and host.swap_out_per_s is not None:
         style = LEVEL_STYLE[host.swap_level]
         mem.append(" in ")
-        mem.append(units.rate(host.swap_in_per_s), style)
+        mem.append(compact.rate(host.swap_in_per_s), style)
         mem.append(" out ")
-        mem.append(units.rate(host.swap_out_per_s), style)
+        mem.append(compact.rate(host.swap_out_per_s), style)
     mem.append("  PSI ")
     psi = [f"{k} {v:.1f}" for k, v in host.psi.items() if v is not None]
     mem.append(" ".join(psi) if psi else "n/a", "" if psi else "dim")
@@ -174,7 +174,7 @@ def _cores(host: HostView, width: int, max_lines: int) -> list[Text]:
             dominant = max(
                 ("user", c.user), ("system", c.system), ("iowait", c.iowait), key=lambda kv: kv[1]
             )[0]
-            line.append(units.sparkline([busy], 1, top=100.0), STATE_STYLE[dominant])
+            line.append(compact.sparkline([busy], 1, top=100.0), STATE_STYLE[dominant])
         out.append(line)
     return out[:max_lines]
 
@@ -220,8 +220,8 @@ def _gpus(view: View, width: int) -> list[Text]:
                 line.append(f"[{gp.gpu_index}] host pid {gp.pid} ", "")
                 line.append("unresolved", "yellow")
             else:
-                line.append(f"[{gp.gpu_index}] {gp.local_pid} {units.printable(gp.name or '?')}")
-            line.append(f" {units.size(gp.used_memory)}")
+                line.append(f"[{gp.gpu_index}] {gp.local_pid} {compact.printable(gp.name or '?')}")
+            line.append(f" {compact.size(gp.used_memory)}")
         lines.append(line)
     return lines
 
@@ -247,11 +247,11 @@ def _gpu_line(g: GpuRow) -> tuple[Text, Text | None]:
     if "*" in g.unavailable or (g.utilization is None and g.memory_used is None):
         line.append(next(iter(g.unavailable.values()), "not readable"), "bold red")
         return line, None
-    line.append(f"{units.pct(g.utilization):>4} util")
+    line.append(f"{compact.pct(g.utilization):>4} util")
     style = LEVEL_STYLE[g.memory_level]
     line.append("  VRAM ")
     line.append(
-        f"{units.size(g.memory_used)}/{units.size(g.memory_total)} {units.pct(g.memory_pct)}",
+        f"{compact.size(g.memory_used)}/{compact.size(g.memory_total)} {compact.pct(g.memory_pct)}",
         style,
     )
     if g.power_w is not None:
@@ -329,9 +329,9 @@ def _job_lines(job: JobView) -> list[Text]:
         parts.append("1 process" if n == 1 else f"{n} processes")
     line.append(f" {', '.join(parts)}")
     line.append(f"  CPU {job.cpu_percent:.0f}%  {job.threads} thr")
-    line.append(f"  PSS {units.size(job.pss if job.pss is not None else job.rss)}")
+    line.append(f"  PSS {compact.size(job.pss if job.pss is not None else job.rss)}")
     if job.gpu_memory:
-        line.append(f"  VRAM {units.size(job.gpu_memory)}")
+        line.append(f"  VRAM {compact.size(job.gpu_memory)}")
     lines = [line]
     rec = job.recording
     if rec is not None or job.status:
@@ -368,9 +368,9 @@ def _process_line(row: ProcessRow, selected: bool) -> Text:
             _role(row),
             "-" if row.cpu_percent is None else f"{row.cpu_percent:.1f}",
             str(row.threads),
-            units.size(row.rss),
-            units.size(row.pss),
-            units.size(row.gpu_memory),
+            compact.size(row.rss),
+            compact.size(row.pss),
+            compact.size(row.gpu_memory),
         ]
     )
     line.append(row.command)
@@ -398,11 +398,11 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
                 else "CPUs allowed ?"
             )
         )
-        cmd = units.printable(" ".join(info.cmdline)) or f"[{row.name}]"
+        cmd = compact.printable(" ".join(info.cmdline)) or f"[{row.name}]"
         lines += _wrapped("cmd ", cmd, width, max_lines=4)
         if info.env is not None:
             env = "  ".join(f"{k}={v}" for k, v in info.env.items()) or "none of interest set"
-            lines += _wrapped("env ", units.printable(env), width, max_lines=4)
+            lines += _wrapped("env ", compact.printable(env), width, max_lines=4)
         else:
             lines.append(seg("env ", "bold") + Text(info.env_unavailable or "?", "dim"))
     spark_w = max(width - 24, 10)
@@ -410,24 +410,24 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
     lines.append(
         seg("CPU% ", "bold")
         + Text(f"{row.cpu_percent or 0:7.1f} ")
-        + Text(units.sparkline(h.cpu_percent, spark_w), "green")
+        + Text(compact.sparkline(h.cpu_percent, spark_w), "green")
     )
     lines.append(
         seg("RSS  ", "bold")
-        + Text(f"{units.size(row.rss):>7} ")
-        + Text(units.sparkline(h.rss, spark_w), "cyan")
+        + Text(f"{compact.size(row.rss):>7} ")
+        + Text(compact.sparkline(h.rss, spark_w), "cyan")
     )
     if any(v for v in h.gpu_memory):
         lines.append(
             seg("VRAM ", "bold")
-            + Text(f"{units.size(row.gpu_memory):>7} ")
-            + Text(units.sparkline(h.gpu_memory, spark_w), "magenta")
+            + Text(f"{compact.size(row.gpu_memory):>7} ")
+            + Text(compact.sparkline(h.gpu_memory, spark_w), "magenta")
         )
     ctx = row.ctx_involuntary_per_s
     lines.append(
         Text(
-            f"PSS {units.size(row.pss)}  USS {units.size(row.uss)}  swap {units.size(row.swap)}"
-            f"  I/O r {units.rate(row.read_bytes_per_s)} w {units.rate(row.write_bytes_per_s)}"
+            f"PSS {compact.size(row.pss)}  USS {compact.size(row.uss)}  swap {compact.size(row.swap)}"
+            f"  I/O r {compact.rate(row.read_bytes_per_s)} w {compact.rate(row.write_bytes_per_s)}"
             f"  preempted {'-' if ctx is None else f'{ctx:.0f}'}/s"
         )
     )

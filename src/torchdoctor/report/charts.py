@@ -21,16 +21,16 @@ from torchdoctor.report.model import (
     RefLine,
     Series,
 )
-from torchdoctor.report.tables import decode_json, who
-from torchdoctor.report.units import (
+from torchdoctor.report.scales import (
     BYTES,
     BYTES_PER_S,
     PERCENT,
     SECONDS,
-    fmt_duration,
     fmt_value,
 )
+from torchdoctor.report.tables import decode_json, who
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.units import fmt_duration
 
 # Points drawn per series: two per bucket, about one per pixel of a 1000 px wide chart.
 MAX_POINTS = 1200

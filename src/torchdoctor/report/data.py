@@ -39,6 +39,13 @@ from torchdoctor.report.model import (
     Figure,
     ReportData,
 )
+from torchdoctor.report.scales import (
+    BYTES,
+    BYTES_PER_S,
+    PERCENT,
+    SECONDS,
+    fmt_value,
+)
 from torchdoctor.report.tables import (
     dataloader_rows,
     event_rows,
@@ -49,15 +56,8 @@ from torchdoctor.report.tables import (
     settings_rows,
     threshold_rows,
 )
-from torchdoctor.report.units import (
-    BYTES,
-    BYTES_PER_S,
-    PERCENT,
-    SECONDS,
-    fmt_duration,
-    fmt_value,
-)
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.units import fmt_duration
 
 # Only the columns drawn: a recording of hours holds hundreds of thousands of rows.
 HOST_COLUMNS = [

@@ -20,6 +20,7 @@ from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
 from torchdoctor.report.model import Chart, Heatmap, ReportData
+from torchdoctor.report.scales import fmt_clock, fmt_utc, fmt_value
 from torchdoctor.report.svg import (
     PALETTE_SIZE,
     chart_json,
@@ -28,7 +29,6 @@ from torchdoctor.report.svg import (
     render_heatmap,
     shows_ref,
 )
-from torchdoctor.report.units import fmt_clock, fmt_utc, fmt_value
 from torchdoctor.thresholds import Thresholds
 
 

@@ -63,7 +63,7 @@ class AlertSpan:
 class Chart:
     id: str
     title: str
-    unit: str  # one of torchdoctor.report.units' units
+    unit: str  # one of torchdoctor.report.scales' units
     series: list[Series]
     note: str = ""
     bands: list[Band] = field(default_factory=list)

@@ -11,7 +11,7 @@ import math
 from html import escape
 
 from torchdoctor.report.model import Chart, Heatmap
-from torchdoctor.report.units import PERCENT, fmt_clock, nice_ticks, scale_for, time_ticks
+from torchdoctor.report.scales import PERCENT, fmt_clock, nice_ticks, scale_for, time_ticks
 
 WIDTH = 1000
 HEIGHT = 250

@@ -16,16 +16,16 @@ from torchdoctor.report.model import (
     ProcessRow,
     SettingRow,
 )
-from torchdoctor.report.units import (
+from torchdoctor.report.scales import (
     BYTES,
     BYTES_PER_S,
     PERCENT,
     SECONDS,
-    fmt_duration,
     fmt_utc,
     fmt_value,
 )
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.units import fmt_duration
 
 # Siblings of one role beyond this many are folded into one row of the process tree.
 FOLD_SIBLINGS_OVER = 6

@@ -7,7 +7,7 @@ import statistics
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes
+from torchdoctor.units import fmt_bytes
 
 ID = "cuda-fragmentation"
 GAP_SHARE = 0.3  # reserved but unallocated share of the reservation

@@ -20,7 +20,7 @@ from torchdoctor.diagnosis.rules._common import (
     per_process_mean_cores,
     training_loader,
 )
-from torchdoctor.diagnosis.units import fmt_cpus, fmt_s
+from torchdoctor.units import fmt_duration
 
 ID = "dataloader-bound"
 CRITICAL_SHARE = 0.5  # half of every step spent waiting for data
@@ -93,20 +93,20 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             settings["pin_memory"] = True
         args = ", ".join(f"{k}={v}" for k, v in settings.items())
         idle_text = (
-            f" and {idle:.1f} of {fmt_cpus(ctx.allowed_cpus)} CPUs sit idle"
+            f" and {idle:.1f} of {ctx.allowed_cpus:g} CPUs sit idle"
             if idle is not None and idle >= 1
             else ""
         )
         recommendation = (
             f"DataLoader({args}): {share * 100:.0f} % of each step waits for data "
-            f"({fmt_s(wait)} of {fmt_s(summary.mean_wall_s)}){idle_text}. "
-            f"Loading one batch takes about {fmt_s(load_per_batch)} against "
-            f"{fmt_s(compute)} of compute"
+            f"({fmt_duration(wait)} of {fmt_duration(summary.mean_wall_s)}){idle_text}. "
+            f"Loading one batch takes about {fmt_duration(load_per_batch)} against "
+            f"{fmt_duration(compute)} of compute"
             + (
                 f", so {workers} workers keep ahead."
                 if workers >= needed
                 else f"; {needed} workers would keep ahead but the step needs "
-                f"{fmt_s(cpu_per_step)} of CPU time and {available:.1f} CPUs are available "
+                f"{fmt_duration(cpu_per_step)} of CPU time and {available:.1f} CPUs are available "
                 f"({ctx.cpu_limit_text}), so "
                 + ("1 worker reaches" if workers == 1 else f"{workers} workers reach")
                 + " that limit."
@@ -115,8 +115,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         expected = _expected(summary.mean_wall_s, predicted)
     elif idle is not None and idle >= 1.0:
         recommendation = (
-            f"{share * 100:.0f} % of each step waits for data ({fmt_s(wait)} of "
-            f"{fmt_s(summary.mean_wall_s)}), but more workers would shorten the step by less "
+            f"{share * 100:.0f} % of each step waits for data ({fmt_duration(wait)} of "
+            f"{fmt_duration(summary.mean_wall_s)}), but more workers would shorten the step by less "
             "than 10 %: the model's own compute sets the pace. Make each batch cheaper to "
             "produce (cache decoded samples, store the data set as tensors) if it matters."
         )
@@ -125,7 +125,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     else:
         recommendation = (
             f"More workers would have no CPU to run on: each step already costs "
-            f"{fmt_s(cpu_per_step)} of CPU time and {available:.1f} of the "
+            f"{fmt_duration(cpu_per_step)} of CPU time and {available:.1f} of the "
             f"{ctx.cpu_limit_text} are available to the job. Make each batch cheaper to "
             "produce - cache decoded samples, store the data set as tensors/NumPy arrays, "
             "move augmentation to the GPU - or free CPUs that other programs take."
@@ -181,8 +181,8 @@ def _expected(step: float, predicted: float) -> str:
     predicted = min(predicted, step)
     speedup = step / predicted if predicted > 0 else 1.0
     return (
-        f"About {speedup:.1f}x more steps per second ({fmt_s(step)} -> about "
-        f"{fmt_s(predicted)} per step) while the loader keeps ahead of the model."
+        f"About {speedup:.1f}x more steps per second ({fmt_duration(step)} -> about "
+        f"{fmt_duration(predicted)} per step) while the loader keeps ahead of the model."
     )
 
 

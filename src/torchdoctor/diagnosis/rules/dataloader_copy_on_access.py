@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torchdoctor.diagnosis.context import DiagnosisContext, linear_fit
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes
+from torchdoctor.units import fmt_bytes
 
 ID = "dataloader-copy-on-access"
 MIN_R2 = 0.6

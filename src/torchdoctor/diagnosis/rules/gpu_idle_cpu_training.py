@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchdoctor.diagnosis.context import DiagnosisContext, mean
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes
+from torchdoctor.units import fmt_bytes
 
 ID = "gpu-idle-cpu-training"
 FREE_UTILIZATION_PCT = 10.0

@@ -13,7 +13,7 @@ import bisect
 
 from torchdoctor.diagnosis.context import DiagnosisContext, linear_fit
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes, fmt_s
+from torchdoctor.units import fmt_bytes, fmt_duration
 
 ID = "host-memory-leak"
 MIN_R2 = 0.8
@@ -99,7 +99,7 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     per_what = f"{fmt_bytes(slope)} per step" if x_unit == "step" else f"{fmt_bytes(slope)}/s"
     until = ""
     if exhaustion is not None:
-        until = f"; at this rate the {headroom[1]} runs out in {fmt_s(exhaustion)}"
+        until = f"; at this rate the {headroom[1]} runs out in {fmt_duration(exhaustion)}"
         if x_unit == "step" and slope > 0:
             until += f" (about {headroom[0] / slope:,.0f} more steps)"
     severity = "critical" if exhaustion is not None and exhaustion < 3600 else "warning"

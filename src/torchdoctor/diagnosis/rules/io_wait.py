@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchdoctor.diagnosis.context import DiagnosisContext, mean
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.units import fmt_bytes, fmt_rate
+from torchdoctor.units import fmt_bytes, fmt_rate
 
 ID = "io-wait"
 

@@ -11,7 +11,7 @@ import math
 from torchdoctor.diagnosis.context import DiagnosisContext, mean
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import training_loader
-from torchdoctor.diagnosis.units import fmt_bytes, fmt_rate
+from torchdoctor.units import fmt_bytes, fmt_rate
 
 ID = "swap-thrash"
 

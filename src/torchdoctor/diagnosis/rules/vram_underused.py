@@ -6,7 +6,7 @@ from __future__ import annotations
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._vram import memory_pct_series, vram_model
-from torchdoctor.diagnosis.units import fmt_bytes
+from torchdoctor.units import fmt_bytes
 
 ID = "vram-underused"
 MAX_SCALE = 8  # a linear model extrapolated further than this is not worth trusting

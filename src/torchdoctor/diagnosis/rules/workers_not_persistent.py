@@ -8,7 +8,7 @@ import statistics
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import training_loader
-from torchdoctor.diagnosis.units import fmt_s
+from torchdoctor.units import fmt_duration
 
 ID = "workers-not-persistent"
 MIN_GAP_FACTOR = 2.0  # an epoch start must wait at least this many median steps to count
@@ -49,7 +49,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         Finding(
             id=ID,
             severity=severity,
-            title=f"Each epoch waits {fmt_s(gap)} to restart {loader['num_workers']} DataLoader workers",
+            title=f"Each epoch waits {fmt_duration(gap)} to restart {loader['num_workers']} DataLoader workers",
             evidence=[
                 Evidence("epochs", len(starts), "epochs", starts[0], starts[-1]),
                 Evidence("median wait of an epoch's first step", round(gap, 4), "s"),
@@ -61,7 +61,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 "DataLoader(persistent_workers=True): the workers and their dataset copies stay "
                 f"alive between epochs instead of being forked again {len(starts) - 1} times."
             ),
-            expected_effect=f"About {fmt_s(lost)} less over this run ({share * 100:.1f} % of step time).",
+            expected_effect=f"About {fmt_duration(lost)} less over this run ({share * 100:.1f} % of step time).",
             confidence=0.8,
             settings={"persistent_workers": True},
         )

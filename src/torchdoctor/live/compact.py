@@ -1,10 +1,12 @@
-"""Short human figures for a narrow terminal: sizes, rates, percentages and sparklines."""
+"""What fits a narrow terminal cell: short sizes, rates and percentages, sparklines, and other
+programs' text made safe to print."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-_UNITS = ("B", "K", "M", "G", "T", "P")
+from torchdoctor.units import binary_scaled
+
 # Command lines and environments are other programs' bytes: never let them move the cursor or
 # recolour the terminal (an escape sequence in an argv would), nor break a row in two.
 _CONTROL = {i: "?" for i in (*range(0x20), 0x7F)} | {0x0A: "⏎", 0x09: " "}
@@ -20,14 +22,11 @@ def size(n: float | None, missing: str = "-") -> str:
     """Bytes in at most 5 characters: ``512B``, ``3.4K``, ``12M``, ``1.2G``."""
     if n is None:
         return missing
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            if unit == "B":
-                return f"{int(value)}B"
-            return f"{value:.1f}{unit}" if abs(value) < 10 else f"{value:.0f}{unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    value, unit = binary_scaled(n)
+    if unit == "B":
+        return f"{int(value)}B"
+    letter = unit[0]  # K, M, G: the binary unit in one character
+    return f"{value:.1f}{letter}" if abs(value) < 10 else f"{value:.0f}{letter}"
 
 
 def rate(n: float | None, missing: str = "-") -> str:

@@ -1,4 +1,4 @@
-"""Numbers as a person reads them in the report: units, scales and round axis ticks.
+"""The report's figures and chart axes: units, scales, round ticks and clock times.
 
 Sizes use binary units (GiB, as RAM and VRAM are sold and shown by the kernel); rates use
 decimal units (MB/s), because the threshold table states swap traffic in MB/s.
@@ -68,19 +68,6 @@ def _round(value: float, digits: int) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """A duration as a person says it: ``"42.1 s"``, ``"3 min 05 s"``, ``"1 h 02 min"``."""
-    if seconds is None:
-        return "n/a"
-    if seconds < 60:
-        return fmt_value(seconds, SECONDS)
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def fmt_clock(elapsed: float) -> str:

@@ -1,0 +1,62 @@
+"""Figures as people read them, the same in every command: sizes, rates, shares and durations.
+
+Sizes use binary units (GiB), as RAM and VRAM are sold and as the kernel, nvidia-smi and
+``torch.cuda.memory_summary`` show them.
+"""
+
+from __future__ import annotations
+
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def binary_scaled(n: float) -> tuple[float, str]:
+    """``n`` bytes as a value below 1024 (where a unit is large enough) and its binary unit."""
+    value = float(n)
+    for unit in BINARY_UNITS:
+        if abs(value) < 1024 or unit == BINARY_UNITS[-1]:
+            return value, unit
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
+    """Three significant figures: ``"100 B"``, ``"1.50 KiB"``, ``"812 MiB"``, ``"80.0 GiB"``."""
+    if n is None:
+        return missing
+    value, unit = binary_scaled(n)
+    if unit == "B":
+        return f"{int(value)} B"
+    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they round
+    return f"{value:.{digits}f} {unit}"
+
+
+def fmt_rate(n: float | None, missing: str = "n/a") -> str:
+    """Bytes per second: ``"60.0 MiB/s"``."""
+    return missing if n is None else f"{fmt_bytes(n)}/s"
+
+
+def fmt_pct(share: float | None, missing: str = "n/a", digits: int = 0) -> str:
+    """A share already in percent (0-100): ``"42 %"``."""
+    return missing if share is None else f"{share:.{digits}f} %"
+
+
+def fmt_duration(seconds: float | None, missing: str = "n/a") -> str:
+    """A duration as a person says it: ``"350 µs"``, ``"42.1 ms"``, ``"42.1 s"``,
+    ``"3 min 05 s"``, ``"1 h 02 min"``, ``"4.2 days"``."""
+    if seconds is None:
+        return missing
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if abs(seconds) < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if abs(seconds) < 59.95:  # what would print as "60.0 s" reads as "1 min 00 s"
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    if seconds < 3 * 86400:
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours} h {minutes:02d} min"
+    return f"{seconds / 86400:.1f} days"
