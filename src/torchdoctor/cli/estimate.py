@@ -113,22 +113,11 @@ Examples:
 def command(
     spec: str,
     batch_size: int,
-    input_shape: str | None,
-    tokens: int | None,
-    optimizer: str,
-    optimizer_impl: str,
-    precision: str,
-    grad_accumulation: int,
-    inference: bool,
-    checkpointing: bool,
-    device: str | None,
-    gpu: str | None,
-    gpu_memory: str | None,
-    margin: float,
     find_max: bool,
     no_fallback: bool,
     memory_snapshot: str | None,
     as_json: bool,
+    **options: Any,
 ) -> None:
     """Estimate the GPU (or CPU) memory of a training step, without a GPU.
 
@@ -138,13 +127,8 @@ def command(
     """
     from torchdoctor.estimate import api
 
-    device = device or ("cuda" if gpu or gpu_memory else "cpu")
-    options: dict[str, Any] = dict(
-        input_shape=input_shape, tokens=tokens, optimizer=optimizer, optimizer_impl=optimizer_impl,
-        precision=precision, grad_accumulation=grad_accumulation, inference=inference,
-        checkpointing=checkpointing, device=device, gpu=gpu, gpu_memory=gpu_memory, margin=margin,
-        fallback=not no_fallback,
-    )  # fmt: skip
+    # The other options (--input, --gpu, --margin, ...) are api.prepare's, under its names.
+    options["fallback"] = not no_fallback
     if find_max:
         if batch_size != 1:
             raise UserError("--max-batch searches the batch size: leave out --batch")
@@ -153,17 +137,10 @@ def command(
         found = api.max_batch(spec, **options)
         click.echo(json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found))
         return
-    result = api.estimate(spec, batch_size=batch_size, memory_snapshot=memory_snapshot, **options)
-    found_alternatives = []
-    if result.fits is False and result.gpu_memory is not None:
-        workload, setup, target = api.prepare(
-            spec,
-            batch_size=batch_size,
-            **{k: v for k, v in options.items() if k not in ("margin", "fallback")},
-        )
-        found_alternatives = api.alternatives(
-            workload, setup, target, margin, not no_fallback, result.gpu_memory
-        )
+    check, setup = api.prepare(spec, batch_size=batch_size, **options)
+    result = check.estimate(setup, memory_snapshot)
+    # Only a step that does not fit a given memory asks what would.
+    found_alternatives = api.alternatives(check, setup) if result.fits is False else []
     if as_json:
         data = result.to_dict()
         data["alternatives"] = [a.to_dict() for a in found_alternatives]

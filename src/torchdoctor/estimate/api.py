@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,60 @@ _REAL_RUN_RAM_FRACTION = 0.25
 
 
 def estimate(
+    model: ModelSpec, *, memory_snapshot: str | Path | None = None, **options: Any
+) -> Estimate:
+    """Estimate the peak memory of training ``model`` for two steps on its target.
+
+    ``model`` is a spec string (``"file.py:factory"``, ``"package.module:factory"``,
+    ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable, or a model instance. The step
+    is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. ``options``
+    are :func:`prepare`'s: ``batch_size``, ``input_shape`` or ``tokens``, ``optimizer``,
+    ``precision``, ..., the target (``gpu="A100-80GB"`` or ``gpu_memory="24GiB"``), ``margin``
+    and ``fallback``. ``memory_snapshot`` writes the step's allocations as a pickle for
+    pytorch.org/memory_viz.
+    """
+    check, setup = prepare(model, **options)
+    return check.estimate(setup, memory_snapshot)
+
+
+def max_batch(model: ModelSpec, **options: Any) -> MaxBatch:
+    """The largest batch whose step fits the target with ``margin`` of its memory kept free.
+
+    ``options`` are :func:`prepare`'s but ``batch_size``, which is what is searched."""
+    from torchdoctor.estimate.max_batch import find_max_batch
+
+    if "batch_size" in options:
+        raise TypeError("max_batch() searches the batch size: leave out batch_size")
+    check, setup = prepare(model, **options)
+    if check.capacity is None:
+        raise UserError("--max-batch needs a memory to fit: pass --gpu NAME or --gpu-memory SIZE")
+    return find_max_batch(check, setup)
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """A loaded model and its target: estimates one training setup after another (what-ifs and
+    the batch search change only the setup)."""
+
+    workload: Workload
+    target: Target
+    capacity: int | None  # the memory to fit, if one was given
+    margin: float = DEFAULT_MARGIN
+    fallback: bool = True
+
+    def estimate(self, setup: TrainingSetup, memory_snapshot: str | Path | None = None) -> Estimate:
+        return estimate_workload(
+            self.workload,
+            setup,
+            self.target,
+            self.margin,
+            self.fallback,
+            self.capacity,
+            memory_snapshot,
+        )
+
+
+def prepare(
     model: ModelSpec,
     *,
     batch_size: int = 1,
@@ -49,78 +103,12 @@ def estimate(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
-    memory_snapshot: str | Path | None = None,
-) -> Estimate:
-    """Estimate the peak memory of training ``model`` for two steps on ``device``.
-
-    ``model`` is a spec string (``"file.py:factory"``, ``"package.module:factory"``,
-    ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable, or a model instance. The step
-    is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. With
-    a CUDA target give ``gpu`` (a profile name such as ``"A100-80GB"``) or ``gpu_memory``
-    (``"24GiB"``); ``device="cpu"`` with ``gpu_memory`` checks the CPU peak against that size. ``fallback`` allows a real CPU run when fake tensors cannot trace the model.
-    ``memory_snapshot`` writes the step's allocations as a pickle for pytorch.org/memory_viz.
-    """
-    workload, setup, target = prepare(
-        model, batch_size=batch_size, input_shape=input_shape, tokens=tokens, optimizer=optimizer,
-        optimizer_impl=optimizer_impl, precision=precision, grad_accumulation=grad_accumulation,
-        inference=inference, checkpointing=checkpointing, device=device, gpu=gpu,
-        gpu_memory=gpu_memory,
-    )  # fmt: skip
-    return estimate_workload(
-        workload, setup, target, margin, fallback, _capacity(target, gpu_memory), memory_snapshot
-    )
-
-
-def max_batch(
-    model: ModelSpec,
-    *,
-    input_shape: str | tuple[int, ...] | None = None,
-    tokens: int | None = None,
-    optimizer: str = "adamw",
-    optimizer_impl: str = "auto",
-    precision: str = "fp32",
-    grad_accumulation: int = 1,
-    inference: bool = False,
-    checkpointing: bool = False,
-    device: str | None = None,
-    gpu: str | None = None,
-    gpu_memory: str | int | None = None,
-    margin: float = DEFAULT_MARGIN,
-    fallback: bool = True,
-) -> MaxBatch:
-    """The largest batch whose step fits the target with ``margin`` of its memory kept free."""
-    from torchdoctor.estimate.max_batch import find_max_batch
-
-    workload, setup, target = prepare(
-        model, batch_size=1, input_shape=input_shape, tokens=tokens, optimizer=optimizer,
-        optimizer_impl=optimizer_impl, precision=precision, grad_accumulation=grad_accumulation,
-        inference=inference, checkpointing=checkpointing, device=device, gpu=gpu,
-        gpu_memory=gpu_memory,
-    )  # fmt: skip
-    capacity = _capacity(target, gpu_memory)
-    if capacity is None:
-        raise UserError("--max-batch needs a memory to fit: pass --gpu NAME or --gpu-memory SIZE")
-    return find_max_batch(workload, setup, target, margin, fallback, capacity)
-
-
-def prepare(
-    model: ModelSpec,
-    *,
-    batch_size: int,
-    input_shape: str | tuple[int, ...] | None,
-    tokens: int | None,
-    optimizer: str,
-    optimizer_impl: str,
-    precision: str,
-    grad_accumulation: int,
-    inference: bool,
-    checkpointing: bool,
-    device: str | None,
-    gpu: str | None,
-    gpu_memory: str | int | None,
-) -> tuple[Workload, TrainingSetup, Target]:
+) -> tuple[FitCheck, TrainingSetup]:
     """Check the options and load the model spec. ``device`` defaults to cuda when a GPU is
-    named (``gpu``/``gpu_memory``), else to the CPU."""
+    named (``gpu``/``gpu_memory``), else to the CPU; ``gpu_memory`` with ``device="cpu"``
+    checks the CPU peak against that size. ``margin`` is the fraction of the memory kept free
+    when deciding what fits; ``fallback`` allows a real CPU run when fake tensors cannot trace
+    the model."""
     device = device or ("cuda" if gpu is not None or gpu_memory is not None else "cpu")
     require_torch("torchdoctor estimate")
     from torchdoctor.estimate.spec import load_workload, parse_shape
@@ -160,17 +148,16 @@ def prepare(
         raise UserError(
             f"cannot estimate a {type(model).__name__}: pass a spec string, factory or model"
         )
-    return load_workload(spec, shape, tokens), setup, target
+    if target.gpu is not None:
+        capacity = target.gpu.memory_bytes
+    else:
+        capacity = _size(gpu_memory) if gpu_memory is not None else None
+    workload = load_workload(spec, shape, tokens)
+    return FitCheck(workload, target, capacity, margin, fallback), setup
 
 
 def _size(value: str | int) -> int:
     return value if isinstance(value, int) else parse_size(value)
-
-
-def _capacity(target: Target, gpu_memory: str | int | None) -> int | None:
-    if target.gpu is not None:
-        return target.gpu.memory_bytes
-    return _size(gpu_memory) if gpu_memory is not None else None
 
 
 def estimate_workload(
@@ -307,15 +294,7 @@ def _baselines(parameters: int, parameter_bytes: int, setup: TrainingSetup) -> B
     return Baselines(naive, parameter_bytes * 4)
 
 
-def alternatives(
-    workload: Workload,
-    setup: TrainingSetup,
-    target: Target,
-    margin: float,
-    fallback: bool,
-    capacity: int,
-    on_probe: Callable[[Estimate], None] | None = None,
-) -> list[Alternative]:
+def alternatives(check: FitCheck, setup: TrainingSetup) -> list[Alternative]:
     """Changes that could make a step fit, each re-estimated rather than guessed."""
     options: list[tuple[str, TrainingSetup]] = []
     if setup.precision == "fp32":
@@ -342,15 +321,9 @@ def alternatives(
         combined = combined.with_(precision="bf16-mixed")
     if not setup.inference:
         combined = combined.with_(checkpointing=True)
-    found: list[Alternative] = []
-    for change, changed in options:
-        found.append(
-            Alternative(
-                change, _probe(workload, changed, target, margin, fallback, capacity, on_probe)
-            )
-        )
+    found = [Alternative(change, check.estimate(changed)) for change, changed in options]
     if setup.batch_size > 1 and not setup.inference:
-        found.extend(_accumulation(workload, setup, target, margin, fallback, capacity, on_probe))
+        found.extend(_accumulation(check, setup))
     if combined != setup and all(not a.estimate.fits for a in found):
         label = "bf16 mixed precision with activation checkpointing"
         if setup.batch_size > 1:
@@ -358,23 +331,11 @@ def alternatives(
                 batch_size=1, grad_accumulation=setup.batch_size * setup.grad_accumulation
             )
             label += f", {setup.batch_size} micro-batches of 1"
-        found.append(
-            Alternative(
-                label, _probe(workload, combined, target, margin, fallback, capacity, on_probe)
-            )
-        )
+        found.append(Alternative(label, check.estimate(combined)))
     return found
 
 
-def _accumulation(
-    workload: Workload,
-    setup: TrainingSetup,
-    target: Target,
-    margin: float,
-    fallback: bool,
-    capacity: int,
-    on_probe: Callable[[Estimate], None] | None,
-) -> list[Alternative]:
+def _accumulation(check: FitCheck, setup: TrainingSetup) -> list[Alternative]:
     """The largest micro-batch (dividing the batch) that fits, with accumulation to keep the
     effective batch."""
     batch = setup.batch_size
@@ -382,7 +343,7 @@ def _accumulation(
     for micro in sorted({d for d in range(1, batch) if batch % d == 0}, reverse=True):
         steps = batch // micro
         changed = setup.with_(batch_size=micro, grad_accumulation=setup.grad_accumulation * steps)
-        result = _probe(workload, changed, target, margin, fallback, capacity, on_probe)
+        result = check.estimate(changed)
         last = Alternative(
             f"gradient accumulation: {steps} micro-batches of {micro} (--batch {micro} "
             f"--grad-accumulation {steps})",
@@ -391,18 +352,3 @@ def _accumulation(
         if result.fits:
             return [last]
     return [last] if last is not None else []
-
-
-def _probe(
-    workload: Workload,
-    setup: TrainingSetup,
-    target: Target,
-    margin: float,
-    fallback: bool,
-    capacity: int,
-    on_probe: Callable[[Estimate], None] | None,
-) -> Estimate:
-    result = estimate_workload(workload, setup, target, margin, fallback, capacity)
-    if on_probe is not None:
-        on_probe(result)
-    return result

@@ -3,49 +3,35 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-from torchdoctor.estimate.api import alternatives, estimate_workload
+from torchdoctor.estimate.api import FitCheck, alternatives
 from torchdoctor.estimate.result import Estimate, MaxBatch
-from torchdoctor.estimate.setup import Target, TrainingSetup
-from torchdoctor.estimate.workload import Workload
+from torchdoctor.estimate.setup import TrainingSetup
 
 MAX_BATCH = 1 << 20
 _MAX_GROWTH = 1024
 
 
-def find_max_batch(
-    workload: Workload,
-    setup: TrainingSetup,
-    target: Target,
-    margin: float,
-    fallback: bool,
-    capacity: int,
-    on_probe: Callable[[Estimate], None] | None = None,
-) -> MaxBatch:
+def find_max_batch(check: FitCheck, setup: TrainingSetup) -> MaxBatch:
     """Search the batch size: memory grows almost linearly with it, so each next probe is
     interpolated between the nearest batches that fit and do not fit, which needs a handful
     of traced steps rather than a bisection's dozen."""
     started = time.perf_counter()
     probes: list[tuple[int, int, bool]] = []
     results: dict[int, Estimate] = {}
-    limit = capacity * (1.0 - margin)
+    capacity = check.capacity
+    assert capacity is not None, "a batch search needs a memory to fit"
+    limit = capacity * (1.0 - check.margin)
 
-    def probe(batch: int) -> Estimate:
-        result = estimate_workload(
-            workload, setup.with_(batch_size=batch), target, margin, fallback, capacity
-        )
+    def at(batch: int) -> Estimate:
+        result = check.estimate(setup.with_(batch_size=batch))
         results[batch] = result
         probes.append((batch, result.headline_bytes, bool(result.fits)))
-        if on_probe is not None:
-            on_probe(result)
         return result
 
-    first = probe(1)
+    first = at(1)
     if not first.fits:
-        found = alternatives(
-            workload, setup.with_(batch_size=1), target, margin, fallback, capacity, on_probe
-        )
+        found = alternatives(check, setup.with_(batch_size=1))
         return MaxBatch(0, first, probes, capacity, found, time.perf_counter() - started)
 
     lo, hi = 1, None
@@ -53,7 +39,7 @@ def find_max_batch(
     stalls = 0
     while True:
         width = (hi - lo) if hi is not None else None
-        if probe(batch).fits:
+        if at(batch).fits:
             lo = batch
         else:
             hi = batch
