@@ -74,7 +74,9 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _decode(value: Any) -> Any:
+def decode_json(value: Any) -> Any:
+    """A setting or event detail as the recording stores it (JSON text) turned back into its
+    value; text that is not JSON, and what is not text, comes back as it is."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -144,7 +146,7 @@ def step_stats(
 
     main_pid = _main_pid(per_rank, settings_rows)
     settings = {
-        row["key"]: _decode(row["value"])
+        row["key"]: decode_json(row["value"])
         for row in sorted(settings_rows, key=lambda r: r["t"])
         if row["pid"] == main_pid
     }
@@ -190,6 +192,6 @@ def _main_pid(per_rank: list[RankStats], settings_rows: list[dict]) -> int | Non
     trainers = [
         r["pid"]
         for r in settings_rows
-        if r["key"] == "process.role" and _decode(r["value"]) in ("trainer", "rank")
+        if r["key"] == "process.role" and decode_json(r["value"]) in ("trainer", "rank")
     ]
     return trainers[0] if trainers else None

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torchdoctor.diagnosis.context import sustained_span
+from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
 from torchdoctor.report.downsample import Point, downsample_minmax
 from torchdoctor.report.model import (
@@ -28,7 +29,7 @@ from torchdoctor.report.scales import (
     SECONDS,
     fmt_value,
 )
-from torchdoctor.report.tables import decode_json, who
+from torchdoctor.report.tables import who
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
 

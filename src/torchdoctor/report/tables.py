@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
 from torchdoctor.report.model import (
     EventRow,
@@ -474,15 +475,6 @@ def _cpu_list(cpus: list[int] | None) -> str:
         if c is not None:
             start = prev = c
     return f"{','.join(ranges)} ({len(cpus)} CPUs)"
-
-
-def decode_json(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def pretty_json(text: Any) -> str:

@@ -3,13 +3,13 @@ job ran with, its memory peak and whether the host swapped."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
 from torchdoctor.tune.space import Config
 
@@ -113,7 +113,7 @@ def observed_job(rec: Recording) -> ObservedJob:
     settings: dict[str, Any] = {}
     for r in rec.rows("settings"):
         if r["pid"] in trainer_pids:
-            settings.setdefault(r["key"], _decode(r["value"]))
+            settings.setdefault(r["key"], decode_json(r["value"]))
     events = rec.rows("events")
     epochs = defaultdict(int)
     threads_in_script = False
@@ -121,7 +121,7 @@ def observed_job(rec: Recording) -> ObservedJob:
     for e in events:
         if e["pid"] not in trainer_pids:
             continue
-        detail = _decode(e["detail"]) or {}
+        detail = decode_json(e["detail"]) or {}
         if e["kind"] == "epoch-start":
             epochs[detail.get("loader_id")] += 1
         elif e["kind"] == "override-applied":
@@ -147,15 +147,6 @@ def observed_job(rec: Recording) -> ObservedJob:
     return ObservedJob(
         config, bool(loaders), list(devices), epochs_seen, threads_in_script, applied
     )
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def memory_peak(rec: Recording) -> int | None:
