@@ -1,10 +1,12 @@
-"""Small helpers several rules share: the training DataLoader, CPU use of the job's parts."""
+"""Small helpers several rules share: the training DataLoader, CPU use of the job's parts,
+evidence from a sustained span."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext, Span, mean
+from torchdoctor.diagnosis.findings import Evidence
 
 
 def training_loader(ctx: DiagnosisContext) -> dict[str, Any] | None:
@@ -60,3 +62,8 @@ def torch_threads(ctx: DiagnosisContext, pid: int) -> int | None:
 
 def finding_ids(ctx: DiagnosisContext) -> set[str]:
     return {f.id for f in ctx.findings}
+
+
+def span_evidence(label: str, span: Span, unit: str) -> Evidence:
+    """The series' mean over a sustained span, to a tenth, with the span's times."""
+    return Evidence(label, round(span.mean, 1), unit, span.t_start, span.t_end)

@@ -12,7 +12,7 @@ import math
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.rules._common import torch_threads
+from torchdoctor.diagnosis.rules._common import span_evidence, torch_threads
 
 ID = "cpu-saturated"
 CONTENTION_ID = "cpu-contention"  # the CPUs are saturated by other processes, not the job
@@ -58,13 +58,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 severity="warning",
                 title=f"Other processes keep the CPUs {host_span.mean:.0f} % busy while the job runs",
                 evidence=[
-                    Evidence(
-                        "machine CPU busy",
-                        round(host_span.mean, 1),
-                        "%",
-                        host_span.t_start,
-                        host_span.t_end,
-                    ),
+                    span_evidence("machine CPU busy", host_span, "%"),
                     Evidence("of which the job", round(job_share or 0.0, 1), "% of usable CPUs"),
                     Evidence("used by other processes", round(max(others, 0.0), 1), "%"),
                 ],
@@ -77,28 +71,14 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     gpu = ctx.uses_gpu
     severity = "warning" if gpu or waits else "info"
     evidence = [
-        Evidence(
-            "job CPU use",
-            round(job_span.mean, 1),
-            "% of usable CPUs",
-            job_span.t_start,
-            job_span.t_end,
-        ),
+        span_evidence("job CPU use", job_span, "% of usable CPUs"),
         Evidence("usable CPUs", usable, "CPUs"),
         Evidence(
             "sustained for", round(job_span.duration, 1), "s", job_span.t_start, job_span.t_end
         ),
     ]
     if host_span is not None:
-        evidence.append(
-            Evidence(
-                "machine CPU busy",
-                round(host_span.mean, 1),
-                "%",
-                host_span.t_start,
-                host_span.t_end,
-            )
-        )
+        evidence.append(span_evidence("machine CPU busy", host_span, "%"))
     if gpu:
         recommendation = (
             f"The GPU waits for a host that uses {job_span.mean:.0f} % of {ctx.cpu_limit_text}: "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.rules._common import span_evidence
 
 ID = "gpu-underused"
 AFTER_OTHERS = True
@@ -39,13 +40,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             continue
         causes = [f for cause in CAUSES for f in ctx.findings if f.id == cause]
         evidence = [
-            Evidence(
-                f"GPU {index} busy (a kernel was running)",
-                round(span.mean, 1),
-                "%",
-                span.t_start,
-                span.t_end,
-            ),
+            span_evidence(f"GPU {index} busy (a kernel was running)", span, "%"),
             Evidence("sustained for", round(span.duration, 1), "s", span.t_start, span.t_end),
         ]
         if summary is not None:

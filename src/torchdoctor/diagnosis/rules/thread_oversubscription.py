@@ -13,7 +13,7 @@ import math
 
 from torchdoctor.diagnosis.context import DiagnosisContext, mean
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.rules._common import per_process_mean_cores, torch_threads
+from torchdoctor.diagnosis.rules._common import per_process_mean_cores, span_evidence, torch_threads
 
 ID = "thread-oversubscription"
 RUN_QUEUE_FACTOR = 1.25  # runnable tasks above this many per usable CPU: contention
@@ -58,15 +58,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     rq_span = ctx.sustained(run_queue, usable * RUN_QUEUE_FACTOR)
     if rq_span is not None:
         signals.append(f"{rq_span.mean:.1f} runnable tasks on {usable:g} CPUs")
-        evidence.append(
-            Evidence(
-                "runnable tasks (run queue)",
-                round(rq_span.mean, 1),
-                "tasks",
-                rq_span.t_start,
-                rq_span.t_end,
-            )
-        )
+        evidence.append(span_evidence("runnable tasks (run queue)", rq_span, "tasks"))
     invol = _involuntary_per_s(ctx, list(threads), t0, t1)
     if invol is not None:
         per_thread = invol / max(sum(threads.values()), 1)

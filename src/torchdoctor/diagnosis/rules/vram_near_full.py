@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.rules._common import span_evidence
 from torchdoctor.diagnosis.rules._vram import memory_pct_series, vram_model
 from torchdoctor.units import fmt_bytes
 
@@ -27,9 +28,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         evidence = []
         if span is not None:
             evidence += [
-                Evidence(
-                    f"GPU {index} memory in use", round(span.mean, 1), "%", span.t_start, span.t_end
-                ),
+                span_evidence(f"GPU {index} memory in use", span, "%"),
                 Evidence(
                     f"GPU {index} memory peak", round(span.peak, 1), "%", span.t_start, span.t_end
                 ),
