@@ -20,13 +20,13 @@ def printable(text: str) -> str:
 
 def size(n: float | None, missing: str = "-") -> str:
     """Bytes in at most 5 characters: ``512B``, ``3.4K``, ``12M``, ``1.2G``."""
-    if n is None:
-        return missing
-    value, unit = binary_scaled(n)
-    if unit == "B":
-        return f"{int(value)}B"
-    letter = unit[0]  # K, M, G: the binary unit in one character
-    return f"{value:.1f}{letter}" if abs(value) < 10 else f"{value:.0f}{letter}"
+    return missing if n is None else _short(*binary_scaled(n))
+
+
+def _short(value: float, unit: str) -> str:
+    """One decimal below 10 (``3.4K``), none above or for bytes; the unit's first letter."""
+    digits = 1 if unit != "B" and abs(value) < 9.95 else 0
+    return f"{value:.{digits}f}{unit[0]}"
 
 
 def rate(n: float | None, missing: str = "-") -> str:
