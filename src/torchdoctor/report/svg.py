@@ -52,7 +52,7 @@ def render_chart(chart: Chart, span: float) -> str:
     span = max(span, max((p[0] for s in chart.series for p in s.points), default=0.0), 1e-9)
 
     def x(t: float) -> float:
-        return LEFT + PLOT_W * min(max(t / span, 0.0), 1.0)
+        return _time_x(t, span)
 
     def y(v: float) -> float:
         return TOP + PLOT_H * (1.0 - min(max(v / top, 0.0), 1.0))
@@ -94,14 +94,7 @@ def render_chart(chart: Chart, span: float) -> str:
         parts.append(
             f'<text class="tick" x="{LEFT - 6}" y="{ty + 4:.1f}" text-anchor="end">{escape(label)}</text>'
         )
-    for tick in time_ticks(span):
-        tx = x(tick)
-        parts.append(
-            f'<line class="xtick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP + PLOT_H}" y2="{TOP + PLOT_H + 4}"/>'
-        )
-        parts.append(
-            f'<text class="tick" x="{tx:.1f}" y="{TOP + PLOT_H + 18}" text-anchor="middle">{fmt_clock(tick)}</text>'
-        )
+    parts += _time_axis(span, TOP + PLOT_H)
     for ref in chart.refs:
         if ref.value > top:
             continue
@@ -219,6 +212,27 @@ def heat_colour(value: float) -> str:
     return "#08306b"
 
 
+def _time_x(t: float, span: float) -> float:
+    """Where elapsed time ``t`` lies on a time axis ``span`` seconds long (charts and heatmap
+    share it, so their moments line up)."""
+    return LEFT + PLOT_W * min(max(t / span, 0.0), 1.0)
+
+
+def _time_axis(span: float, bottom: float) -> list[str]:
+    """Ticks and clock labels of the time axis under a plot whose bottom edge is ``bottom``."""
+    parts = []
+    for tick in time_ticks(span):
+        tx = _time_x(tick, span)
+        parts.append(
+            f'<line class="xtick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{tx:.1f}" y="{bottom + 18}" text-anchor="middle">'
+            f"{fmt_clock(tick)}</text>"
+        )
+    return parts
+
+
 def render_heatmap(heatmap: Heatmap, span: float) -> str:
     """The per-CPU heatmap on the same time axis as the charts."""
     nrows = len(heatmap.rows)
@@ -227,7 +241,7 @@ def render_heatmap(heatmap: Heatmap, span: float) -> str:
     span = max(span, heatmap.t_edges[-1] if heatmap.t_edges else 0.0, 1e-9)
 
     def x(t: float) -> float:
-        return LEFT + PLOT_W * min(max(t / span, 0.0), 1.0)
+        return _time_x(t, span)
 
     parts = [
         f'<svg class="chart heatmap" viewBox="0 0 {WIDTH} {height}" role="img" '
@@ -265,13 +279,6 @@ def render_heatmap(heatmap: Heatmap, span: float) -> str:
                 f'text-anchor="end">{escape(label)}</text>'
             )
     bottom = TOP + nrows * row_h
-    for tick in time_ticks(span):
-        tx = x(tick)
-        parts.append(
-            f'<line class="xtick" x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}"/>'
-        )
-        parts.append(
-            f'<text class="tick" x="{tx:.1f}" y="{bottom + 18}" text-anchor="middle">{fmt_clock(tick)}</text>'
-        )
+    parts += _time_axis(span, bottom)
     parts.append("</svg>")
     return "".join(parts)
