@@ -54,14 +54,15 @@ def assert_worker_advice(findings: list[dict], minimum: int) -> None:
     cpu-contention names the cause) instead of recommending workers that could not run.
     """
     f = find(findings, "dataloader-bound")
-    assert f["severity"] in ("warning", "critical")
     if "num_workers" in f["settings"]:
+        assert f["severity"] in ("warning", "critical")
         assert f["settings"]["num_workers"] >= 1
         assert f["settings"]["persistent_workers"] is True
         if f["settings"]["num_workers"] < minimum:
             # fewer workers than a quiet machine gets: only other programs' load may cause it
             assert "cpu-contention" in [x["id"] for x in findings]
     else:
+        # No fix to apply: a modest wait is then only info (a busy machine may shrink it).
         assert "no CPU to run on" in f["recommendation"]
         assert "cpu-contention" in [x["id"] for x in findings]
 
