@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.conftest import run_td
@@ -72,10 +74,13 @@ def test_bad_spec_form(estimate_cli):
     _one_error_line(estimate_cli("just_a_name"), "cannot read model spec 'just_a_name'")
 
 
-def test_optional_backends_missing_say_what_to_install(estimate_cli):
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        _one_error_line(estimate_cli("hf:gpt2", "--tokens", "16"), "pip install transformers")
-    else:
-        pytest.skip("transformers is installed here")
+def test_optional_backends_missing_say_what_to_install(estimate_cli, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import now raises ImportError
+    _one_error_line(estimate_cli("hf:gpt2", "--tokens", "16"), "pip install transformers")
+
+
+def test_unknown_hf_model_type_names_examples(estimate_cli):
+    pytest.importorskip("transformers")
+    _one_error_line(
+        estimate_cli("hf:no_such_arch", "--tokens", "16"), "no model type 'no_such_arch'", "gpt2"
+    )
