@@ -16,7 +16,7 @@ from torchdoctor.tune.result import FAILED
 
 
 class SlowReads(Dataset):
-    """Each sample waits 2 ms like a read from slow storage; the CPU stays free."""
+    """Each sample waits 5 ms like a read from slow storage; the CPU stays free."""
 
     def __init__(self, fail_with_workers: int | None = None) -> None:
         self.fail_with_workers = fail_with_workers
@@ -28,7 +28,7 @@ class SlowReads(Dataset):
         info = get_worker_info()
         if info is not None and info.num_workers == self.fail_with_workers:
             raise OSError(f"cannot open shard {i} from {info.num_workers} workers")
-        time.sleep(0.002)
+        time.sleep(0.005)
         return torch.full((16,), float(i % 7)), i % 4
 
 
