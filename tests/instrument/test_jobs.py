@@ -48,7 +48,10 @@ def test_data_wait_fraction_matches_what_the_loop_measured(tmp_path):
     wait = sum(m[0] for m in measured[skip:])
     wall = sum(m[1] for m in measured[skip:])
     stats = step_stats(run.rows["steps"], run.rows["dataloaders"], run.rows["settings"])
-    assert 0.3 < wait / wall < 0.7  # the job is really half data-bound
+    # The job waits for data a good part of each step, but not all of it, so the agreement
+    # below means something. Not a tight band: on a loaded machine every 3 ms sleep of the
+    # dataset oversleeps by the scheduling delay, while the compute is timed by the clock.
+    assert 0.15 < wait / wall < 0.85
     assert stats.data_wait_fraction == pytest.approx(wait / wall, abs=0.03)
     assert stats.median_step_s == pytest.approx(sorted(m[1] for m in measured[skip:])[5], rel=0.2)
     assert stats.samples_per_s == pytest.approx(8 * stats.steps_per_s, rel=0.01)
