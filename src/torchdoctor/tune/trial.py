@@ -42,6 +42,7 @@ UNCHANGED_PURPOSES = ("original", "verify-original")
 POLL_S = 0.1
 TEARDOWN_S = 2.0  # stopping a trial and reading its recording: kept inside the budget
 KILL_GRACE_S = 3.0
+EXIT_GRACE_S = 60.0  # from the job's "stopped after steps" to its exit: a busy machine is slow
 MIN_MEASURED_STEPS = 5
 CALIBRATION_MIN_STEPS = 10
 CALIBRATION_MAX_STEPS = 2000
@@ -60,6 +61,7 @@ class TrialWriter(RecordingWriter):
         self.warm_at: float | None = None  # arrival of the step that ends the warm-up
         self.warmup = 0
         self.violation: str | None = None
+        self.stopping_at: float | None = None  # arrival of the job's "stopped-after-steps"
 
     def add_steps(self, records) -> None:
         records = list(records)
@@ -73,6 +75,12 @@ class TrialWriter(RecordingWriter):
         self.last_step_at = now
         if self.warm_at is None and self.steps_seen >= self.warmup:
             self.warm_at = now
+
+    def add_events(self, records) -> None:
+        records = list(records)
+        super().add_events(records)
+        if self.stopping_at is None and any(r.kind == "stopped-after-steps" for r in records):
+            self.stopping_at = time.monotonic()
 
     def write_snapshot(self, snap) -> None:
         super().write_snapshot(snap)
@@ -236,6 +244,12 @@ class TrialRunner:
             if writer.last_step_at is None:
                 if now - started > self.limits.startup_s:
                     return FAILED, f"hung: no training step within {self.limits.startup_s:.0f} s"
+                continue
+            if writer.stopping_at is not None:
+                # Every step asked for is taken and the job is exiting, which on a busy machine
+                # can take longer than a step ever did: no hang, and the steps are measured.
+                if now - writer.stopping_at > EXIT_GRACE_S:
+                    return OK, f"still running {EXIT_GRACE_S:.0f} s after its last step"
                 continue
             if now - writer.last_step_at > self.limits.stall_s:
                 return FAILED, f"hung: no training step for {self.limits.stall_s:.0f} s"
