@@ -66,10 +66,11 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     out = tmp_path / "out"
     budget = 180
     # 3 workers make the job crash and 4 make it hang: the search must record both as
-    # failed and still find and verify 2 workers.
+    # failed and still find and verify 2 workers. Samples wait 5 ms: long enough that on a
+    # loaded machine handing a batch over from a worker costs little beside the wait.
     proc = tune(
         "--budget", f"{budget}s", "--trial-steps", "12", "--trial-timeout", "8", "--json",
-        "--out", str(out), "--", sys.executable, JOB,
+        "--out", str(out), "--", sys.executable, JOB, "--sample-ms", "5",
         "--crash-with-workers", "3", "--hang-with-workers", "4",
         cwd=tmp_path,
     )  # fmt: skip
@@ -181,6 +182,25 @@ def test_trial_runner_records_crash_and_hang_as_failed(tmp_path):
     assert fine.status == OK, fine.reason
     assert fine.steps >= 10 and fine.throughput > 0
     assert fine.data_wait_share > 0.5  # the job is data-bound as written
+
+
+def test_a_trial_that_exits_slowly_after_its_steps_is_measured_not_hung(tmp_path):
+    # A busy machine can take longer to end the interpreter than a step ever took.
+    runner = TrialRunner(
+        executable=sys.executable,
+        argv=[sys.executable, JOB, "--exit-s", "4"],
+        folder=tmp_path,
+        env=quiet_env(),
+        measured_steps=10,
+        limits=TrialLimits(startup_s=120, stall_s=2),
+    )
+    try:
+        m = runner(Config(0, 1), "search", None)
+    finally:
+        runner.close()
+    assert m.status == OK, m.reason
+    assert m.steps >= 10 and m.throughput > 0
+    assert m.duration_s >= 4
 
 
 @pytest.mark.parametrize(

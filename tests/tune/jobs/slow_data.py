@@ -1,7 +1,7 @@
 """A tiny data-bound training job for tune's tests: each sample waits like a slow disk read.
 
     python slow_data.py [--workers N] [--sample-ms MS] [--step-ms MS] [--crash-with-workers N]
-                        [--hang-with-workers N] [--steps N] [--ready FILE]
+                        [--hang-with-workers N] [--steps N] [--ready FILE] [--exit-s S]
 
 --step-ms adds a wait to every training step that no setting can shorten (a GPU kernel's
 time, seen from the CPU): with --sample-ms 0 it makes a healthy job.
@@ -9,11 +9,13 @@ time, seen from the CPU): with --sample-ms 0 it makes a healthy job.
 --crash-with-workers / --hang-with-workers make the job fail or hang when its DataLoader runs
 with exactly that many workers (as a tuned setting would make it), so the tests can watch
 tune record the failure and go on. --ready writes the trainer's PID to FILE at its first step.
+--exit-s makes the process take that long to exit once it stops (a slow interpreter exit).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import time
 
@@ -46,7 +48,10 @@ def main() -> None:
     parser.add_argument("--crash-with-workers", type=int, default=None)
     parser.add_argument("--hang-with-workers", type=int, default=None)
     parser.add_argument("--ready", default=None)
+    parser.add_argument("--exit-s", type=float, default=0.0)
     args = parser.parse_args()
+    if args.exit_s:
+        atexit.register(time.sleep, args.exit_s)
 
     torch.manual_seed(0)
     data = SlowSamples(100000, args.sample_ms)
