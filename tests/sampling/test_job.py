@@ -88,6 +88,35 @@ def test_a_job_beyond_the_descriptor_budget_is_still_followed_whole(jobtree):
     job.close()
 
 
+def test_a_reader_out_of_descriptors_follows_the_job_by_path(jobtree):
+    import resource
+
+    tree = jobtree()
+    kids = [tree.fork() for _ in range(5)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    # The process already holds more descriptors than the reader's budget assumes: only a few
+    # are left, so keeping three per process runs out part-way through the job.
+    hoard = []
+    try:
+        while len(os.listdir("/proc/self/fd")) < 294:
+            hoard.append(os.open("/dev/null", os.O_RDONLY))
+        job = JobReader(tree.pid)
+        samples, new, _ = job.read()
+        assert set(by_pid(samples)) == {tree.pid, *kids}
+        assert {i.pid for i in new} == {tree.pid, *kids}
+        assert tree.ask("exit", kids[-1]) == "gone"
+        samples, _, ended = job.read()
+        assert ended == [kids[-1]]
+        assert set(by_pid(samples)) == {tree.pid, *kids[:-1]}
+        assert all(s.cpu_percent is not None and s.rss > 0 for s in samples)
+        job.close()
+    finally:
+        for fd in hoard:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_zombie_children_count_as_ended(jobtree):
     tree = jobtree()
     child = tree.fork()

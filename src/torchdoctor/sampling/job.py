@@ -20,6 +20,7 @@ has been reused, so rates never mix two processes. Zombies count as gone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import time
@@ -359,7 +360,18 @@ class JobReader:
                     p.close()
                     return None
                 p.status_fd = procfs.open_ro(f"/proc/{pid}/status")
-            except (OSError, ValueError, IndexError):
+            except OSError as e:
+                p.close()
+                if e.errno not in (errno.EMFILE, errno.ENFILE):
+                    return None
+                # Out of descriptors (the process holds more than the budget assumed): keep
+                # no more open, give one process's back so reading by path has room, and
+                # follow this process by path like those beyond the budget.
+                self._release_one()
+                self._fd_budget = self._fds_kept
+                self._exec_changed(p, st)
+                return p
+            except (ValueError, IndexError):
                 p.close()
                 return None
             try:
@@ -370,6 +382,13 @@ class JobReader:
             self._fds_kept += 3
         self._exec_changed(p, st)
         return p
+
+    def _release_one(self) -> None:
+        for q in self._procs.values():
+            if q.kept:
+                self._drop(q)
+                q.kept = False
+                return
 
     def _drop(self, p: _Proc) -> None:
         if p.kept:
