@@ -14,13 +14,34 @@ from torchdoctor import open_recording
 from torchdoctor.errors import NotARecordingError, UserError
 
 PY = sys.executable
-JOB = "import time\nx = [bytearray(1 << 20) for _ in range(30)]\ntime.sleep(0.6)\n"
+# Holds 30 MiB for at least 0.6 s, and until the recording (its path is argv[1]) holds 3
+# samples of it doing so: a loaded machine may delay the recorder, never starve the test.
+JOB = """\
+import os, sqlite3, sys, time
+x = [bytearray(1 << 20) for _ in range(30)]
+time.sleep(0.6)
+query = "SELECT COUNT(*) FROM process_samples WHERE pid = ? AND rss > ?"
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    try:
+        db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+        try:
+            if db.execute(query, (os.getpid(), 30 << 20)).fetchone()[0] >= 3:
+                break
+        finally:
+            db.close()
+    except sqlite3.Error:
+        pass  # not created or flushed yet
+    time.sleep(0.05)
+"""
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("rec") / "job.sqlite"
-    res = run_td("run", "--quiet", "--interval", "0.1", "--out", str(path), "--", PY, "-c", JOB)
+    res = run_td(
+        "run", "--quiet", "--interval", "0.1", "--out", str(path), "--", PY, "-c", JOB, str(path)
+    )
     assert res.returncode == 0, res.stderr
     return path
 
@@ -29,7 +50,7 @@ def test_show_json_summarizes_the_job(recording: Path) -> None:
     res = run_td("show", "--json", str(recording))
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
-    assert summary["command"][-1] == JOB
+    assert summary["command"] == [PY, "-c", JOB, str(recording)]
     assert summary["exit_status"] == 0 and summary["complete"] is True
     assert 0.5 < summary["duration_s"] < 60
     assert summary["samples"] >= 3
