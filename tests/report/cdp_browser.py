@@ -67,7 +67,9 @@ class BrowserError(RuntimeError):
 class Chromium:
     """One headless Chromium with one page; records console, exceptions and requests."""
 
-    def __init__(self, executable: str, timeout: float = 30.0) -> None:
+    # A hang detector, not a speed requirement: Chromium's first answer on a loaded 2-core
+    # machine can take tens of seconds.
+    def __init__(self, executable: str, timeout: float = 120.0) -> None:
         self.timeout = timeout
         self.profile = tempfile.mkdtemp(prefix="td-chromium-")
         self.log_path = Path(self.profile) / "stderr.log"
