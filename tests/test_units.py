@@ -37,6 +37,8 @@ def test_durations_read_as_a_person_says_them():
     assert fmt_duration(0) == "0 s"
     assert fmt_duration(350e-6) == "350 µs"
     assert fmt_duration(0.0421) == "42.1 ms"
+    assert fmt_duration(0.5) == "500 ms"
+    assert fmt_duration(1.2449) == "1.24 s"  # three significant figures, as sizes have
     assert fmt_duration(42.14) == "42.1 s"
     assert fmt_duration(59.97) == "1 min 00 s"  # never "60.0 s"
     assert fmt_duration(185) == "3 min 05 s"

