@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 
 import pytest
 
@@ -24,6 +26,27 @@ def _fit(steps=10):
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+def _open_descriptors() -> dict[int, str]:
+    names = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used is gone
+            names[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+    return names
+
+
+def test_repeated_watches_leave_no_descriptors_open(tmp_path):
+    # A notebook watches one fit after another in the same kernel: each must give back what
+    # it opened (host, job and recording files), or the kernel runs out after a few hundred.
+    with torchdoctor.watch(tmp_path / "warm.sqlite", interval=0.05, gpus=False):
+        _fit(2)
+    before = _open_descriptors()
+    for i in range(3):
+        with torchdoctor.watch(tmp_path / f"w{i}.sqlite", interval=0.05, gpus=False):
+            _fit(2)
+    after = _open_descriptors()
+    assert {fd: after[fd] for fd in after.keys() - before.keys()} == {}
 
 
 def test_watch_records_samples_and_steps_then_restores_torch(tmp_path):

@@ -39,6 +39,8 @@ class Recorder:
         if final_sample and self.error is None:
             self._sample_once()
         self.writer.flush()
+        if not self._thread.is_alive():  # a sampler stuck past the timeout keeps its readers
+            self.sampler.close()
 
     def _loop(self) -> None:
         next_at = time.monotonic()

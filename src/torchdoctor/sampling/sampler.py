@@ -20,6 +20,13 @@ class Sampler:
         self.job = job
         self.gpus = gpus
 
+    def close(self) -> None:
+        """Release the descriptors the host and job readers keep. The GPU reader is the
+        caller's: NVML start-up is costly, so one reader serves many recordings."""
+        for reader in (self.host, self.job):
+            if reader is not None:
+                reader.close()
+
     def snapshot(self) -> Snapshot:
         t = time.time()
         host = self.host.read() if self.host is not None else None
