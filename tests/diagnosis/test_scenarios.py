@@ -16,6 +16,9 @@ from tests.conftest import REPO, run_td
 
 SCENARIOS = REPO / "examples" / "scenarios"
 pytest.importorskip("torch")
+# A quiet 2-CPU machine runs each scenario in seconds; a loaded one took up to 220 s, close
+# to pytest's default 300 s: the limit here is the same as the job's own (run_scenario).
+pytestmark = pytest.mark.timeout(660)
 
 
 def run_scenario(tmp_path, script: str, *args: str, interval: str = "0.2") -> list[dict]:
