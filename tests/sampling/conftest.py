@@ -62,3 +62,24 @@ def jobtree():
     yield start
     for tree in trees:
         tree.close()
+
+
+@pytest.fixture(autouse=True)
+def _readers_closed(monkeypatch):
+    """Close every reader a test made: each keeps descriptors open, and a pytest process that
+    accumulates hundreds of them makes the descriptor-budget tests meaningless."""
+    from torchdoctor.sampling.host import HostReader
+    from torchdoctor.sampling.job import JobReader
+
+    made = []
+    for cls in (HostReader, JobReader):
+        init = cls.__init__
+
+        def tracked(self, *args, _init=init, **kwargs):
+            _init(self, *args, **kwargs)
+            made.append(self)
+
+        monkeypatch.setattr(cls, "__init__", tracked)
+    yield
+    for reader in made:
+        reader.close()
