@@ -96,7 +96,7 @@ class Watch:
         from torchdoctor.sampling.job import JobReader
         from torchdoctor.sampling.sampler import Sampler
 
-        prepare_output(self.path)
+        prepare_output(self.path, option="the out argument")
         gpus = None
         if self.gpus:
             from torchdoctor.sampling.gpus import GpuReader

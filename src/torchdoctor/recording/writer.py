@@ -24,30 +24,33 @@ from torchdoctor.recording.schema import APPLICATION_ID, META_SQL, SCHEMA_VERSIO
 from torchdoctor.sampling.types import Snapshot
 
 
-def prepare_output(path: str | os.PathLike[str]) -> Path:
-    """Check that a recording can be created at ``path`` before anything is started."""
+def prepare_output(path: str | os.PathLike[str], option: str = "--out") -> Path:
+    """Check that a recording can be created at ``path`` before anything is started.
+
+    ``option`` is how the user named the path (the CLI's --out, an API argument), for the
+    message that says what to change."""
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UserError(
             f"cannot create the output folder {str(folder)!r}: {str(blocker)!r} is a file, "
-            "not a folder; choose another place with --out"
+            f"not a folder; choose another place with {option}"
         )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(
             f"cannot create the output folder {str(folder)!r}: {exc.strerror}; "
-            "choose another place with --out"
+            f"choose another place with {option}"
         ) from None
     if target.exists() and target.is_dir():
-        raise UserError(f"{str(target)!r} is a folder; give --out a file name ending in .sqlite")
+        raise UserError(f"{str(target)!r} is a folder; give {option} a file name ending in .sqlite")
     if target.exists():
-        raise UserError(f"{str(target)!r} already exists; choose a new name with --out")
+        raise UserError(f"{str(target)!r} already exists; choose a new name with {option}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(
-            f"the output folder {str(folder)!r} is not writable; choose another place with --out"
+            f"the output folder {str(folder)!r} is not writable; choose another place with {option}"
         )
     return target
 
