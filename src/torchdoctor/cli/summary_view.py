@@ -62,6 +62,16 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         elif steps.get("steps_per_s"):
             line += f", {steps['steps_per_s']:.2f} steps/s"
         console.print(line)
+    evaluation = summary.evaluation
+    if evaluation and evaluation.get("passes"):
+        passes = evaluation["passes"]
+        line = (
+            f"evaluation: {passes} pass{'es' if passes != 1 else ''},"
+            f" {fmt_duration(evaluation.get('seconds'))}"
+        )
+        if evaluation.get("samples") is not None:
+            line += f", {evaluation['samples']} samples"
+        console.print(line + ", left out of step figures")
     console.print(f"recording: {summary.path}")
 
 

@@ -19,6 +19,16 @@ Safety: every hook body runs under ``try``; the first exception switches the age
 process (patches restored), is recorded once as an ``instrumentation-disabled`` event and never
 reaches the user's code. The agent never writes to stdout or stderr.
 
+Evaluation between training steps (a validation pass) is not part of any step: batches
+fetched while autograd is off (``torch.no_grad()``, ``inference_mode()``: Lightning's loops and
+the usual hand-written ones), and a loader's whole pass that no optimizer step interrupted (the
+Hugging Face Trainer fetches its evaluation batches with autograd on) are evaluation. Their
+samples, batches and waits stay out of the steps; the time from the evaluation's first
+DataLoader call to the next training data request is taken out of the wall time of the step it
+falls in and recorded as an ``evaluation`` event. An evaluation that no training data request
+follows before the next optimizer step was that step's own data (a loop that fetches its batches
+under ``no_grad``): it is counted into the step as before.
+
 Records leave the process in batches (at most every :data:`FLUSH_INTERVAL_S` seconds or
 :data:`FLUSH_MAX_STEPS` steps, from the step hook: no thread) as JSON messages over a Unix
 ``SOCK_SEQPACKET`` connection to the collector, or to in-process sinks (``watch``).
@@ -286,6 +296,18 @@ class Agent:
         self.oom_recorded_step: int | None = None
         self.threads_override_pending = False
         self.stopping = False
+        # The evaluation under way (perf_counter_ns of its first DataLoader call), its figures,
+        # and evaluation time already taken out of the current step.
+        self.eval_start: int | None = None
+        self.eval_detected_by = ""
+        self.eval_last = 0  # perf_counter_ns at the end of its last DataLoader call
+        self.eval_batches = 0
+        self.eval_samples = 0
+        self.eval_samples_known = True
+        self.eval_wait = 0
+        self.eval_last_size: int | None = None
+        self.eval_ns = 0
+        self.prev_step_fed: bool | None = None  # did the last step take DataLoader batches
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -377,6 +399,7 @@ class Agent:
         self.armed = False
         self._restore_patches()
         if was_active:
+            self._end_open_evaluation()
             self._emit_pending_loaders()
             self.flush(final=True)
 
@@ -435,6 +458,7 @@ class Agent:
         _MAPPING = Mapping
         self.torch = torch
         self.tensor_type = torch.Tensor
+        self.grad_enabled = torch.is_grad_enabled
         self.cuda_is_initialized = torch.cuda.is_initialized
         self.start_ns = _perf_ns()
         self.role = _guess_role()
@@ -501,8 +525,8 @@ class Agent:
 
     # -- records ------------------------------------------------------------------------------
 
-    def event(self, kind: str, detail: dict) -> None:
-        self.events.append([_now(), kind, _dumps(detail)])
+    def event(self, kind: str, detail: dict, t: float | None = None) -> None:
+        self.events.append([_now() if t is None else t, kind, _dumps(detail)])
 
     def setting(self, key: str, value) -> None:
         encoded = _dumps(value)
@@ -512,9 +536,15 @@ class Agent:
         self.settings.append([_now(), key, encoded])
 
     def on_batch(self, it, batch, t0: int, dt: int) -> None:
+        # Only the thread that steps the optimizer waits for data in the step's time (a loader
+        # drained by a background prefetch thread hides its waits from the step), and only its
+        # autograd mode tells evaluation from training (the mode is per thread).
         if self.step_thread is None or _get_ident() == self.step_thread:
-            # Only the thread that steps the optimizer waits for data in the step's time; a
-            # loader drained by a background prefetch thread hides its waits from the step.
+            if not self.grad_enabled():
+                self._on_evaluation_batch(it, batch, t0, dt)
+                return
+            if self.eval_start is not None:
+                self._end_evaluation(t0, "training-data")
             self.data_wait += dt
         self.batches += 1
         self.loader_seen = True
@@ -527,18 +557,121 @@ class Agent:
             self.samples += n
             self.last_batch_size = n
         if self.awaiting_first_batch:
-            first = it.__dict__.pop("_torchdoctor_first", None)
-            if first is not None:
-                self.awaiting_first_batch -= 1
-                info, t_iter = first
-                info.record["first_batch_s"] = (t0 + dt - t_iter) / 1e9
-                self._emit_loader(info)
+            self._first_batch(it, t0 + dt)
+
+    def _first_batch(self, it, t_end: int) -> None:
+        first = it.__dict__.pop("_torchdoctor_first", None)
+        if first is not None:
+            self.awaiting_first_batch -= 1
+            info, t_iter = first
+            info.record["first_batch_s"] = (t_end - t_iter) / 1e9
+            self._emit_loader(info)
+
+    def on_exhausted(self, it, t0: int, dt: int) -> None:
+        """``next()`` raised (StopIteration at the end of a pass, or the loader's own error)."""
+        if self.step_thread is not None and _get_ident() != self.step_thread:
+            return
+        if self.eval_start is not None or not self.grad_enabled():
+            if self.eval_start is None:
+                self._begin_evaluation(t0, "grad-disabled")
+            self.eval_wait += dt
+            self.eval_last = t0 + dt
+            return
+        self.data_wait += dt
+        started = it.__dict__.pop("_torchdoctor_pass", None)
+        if started is not None and started[0] == self.step and self.batches > started[3]:
+            self._evaluation_pass(started, t0 + dt)
+
+    def _evaluation_pass(self, started: tuple, t_end: int) -> None:
+        """A loader's whole pass went by without an optimizer step: it trained nothing, so it
+        was an evaluation (the Hugging Face Trainer's, fetched with autograd on). Its batches
+        were counted into the step: move them out, back to the figures at its start."""
+        _, t_iter, samples, batches, wait, boundary, last_size, loader_size = started
+        self._begin_evaluation(t_iter, "loader-pass")
+        self.eval_batches = self.batches - batches
+        self.eval_samples = self.samples - samples
+        self.eval_wait = self.data_wait - wait
+        self.eval_last_size = self.last_batch_size
+        self.eval_last = t_end
+        self.batches, self.samples, self.data_wait = batches, samples, wait
+        self.boundary = boundary
+        self.last_batch_size = last_size
+        self.loader_batch_size = loader_size
+
+    def _on_evaluation_batch(self, it, batch, t0: int, dt: int) -> None:
+        if self.eval_start is None:
+            self._begin_evaluation(t0, "grad-disabled")
+        self.eval_batches += 1
+        self.eval_wait += dt
+        self.eval_last = t0 + dt
+        n = _batch_len(batch, self.tensor_type)
+        if n is None:
+            n = it.__dict__.get("_torchdoctor_batch_size")
+        if n is None:
+            self.eval_samples_known = False
+        else:
+            self.eval_samples += n
+            self.eval_last_size = n
+        if self.awaiting_first_batch:
+            self._first_batch(it, t0 + dt)
+
+    def _begin_evaluation(self, t: int, detected_by: str) -> None:
+        self.eval_start = t
+        self.eval_detected_by = detected_by
+        self.eval_batches = self.eval_samples = self.eval_wait = 0
+        self.eval_samples_known = True
+        self.eval_last_size = None
+        self.eval_last = t
+
+    def _end_evaluation(self, t_end: int, ended_by: str) -> None:
+        """Record the evaluation under way as ending at ``t_end`` (perf_counter_ns); the part
+        of it after the last step boundary leaves the wall time of the step under way."""
+        start = self.eval_start
+        self.eval_start = None
+        if self.boundary is not None and ended_by != "process-end":
+            self.eval_ns += max(0, t_end - max(start, self.boundary))
+        ago_s = (_perf_ns() - start) / 1e9
+        self.event(
+            "evaluation",
+            {
+                "step": self.step,  # the training step it came before
+                "seconds": max(0, t_end - start) / 1e9,
+                "batches": self.eval_batches,
+                "samples": self.eval_samples if self.eval_samples_known else None,
+                "data_wait_s": self.eval_wait / 1e9,
+                "detected_by": self.eval_detected_by,
+                "ended_by": ended_by,
+            },
+            t=_now() - ago_s,
+        )
+
+    def _settle_evaluation_at_step(self) -> None:
+        """An evaluation is still open at an optimizer step: no training data came after it."""
+        if self.prev_step_fed is False:
+            # The job trains without a DataLoader and evaluates with one: the evaluation ended
+            # somewhere before this step; its last batch is the last thing seen of it.
+            self._end_evaluation(self.eval_last, "last-evaluation-batch")
+            return
+        # Otherwise its batches were this step's own (fetched under no_grad, or an extra
+        # loader's complete pass inside the step): count them in as any batch.
+        if self.boundary is None:
+            self.boundary = self.eval_start
+        self.eval_start = None
+        self.batches += self.eval_batches
+        self.samples += self.eval_samples
+        self.data_wait += self.eval_wait
+        if self.eval_last_size is not None:
+            self.last_batch_size = self.eval_last_size
+        if self.eval_batches:
+            self.loader_seen = True
 
     def on_step(self, optimizer) -> None:
         now = _perf_ns()
         t_end = _now_ns()
         if self.role == "dataloader-worker":
             return
+        if self.eval_start is not None:
+            self._settle_evaluation_at_step()
         last = self.last_optimizer() if self.last_optimizer is not None else None
         if last is not optimizer:
             if last is not None and self.loader_seen and not self.batches:
@@ -554,7 +687,7 @@ class Agent:
         row = [
             self.step,
             t_end,
-            now - boundary,
+            now - boundary - self.eval_ns,
             self.data_wait,
             self.last_batch_size,
             self.samples or None,
@@ -568,9 +701,11 @@ class Agent:
         self.steps.append(row)
         self.step += 1
         self.boundary = now
+        self.prev_step_fed = self.batches > 0
         self.data_wait = 0
         self.samples = 0
         self.batches = 0
+        self.eval_ns = 0
         self.autocast_dtype = None
         self.scaler_used = False
         if len(self.steps) >= FLUSH_MAX_STEPS or now - self.last_flush >= _FLUSH_INTERVAL_NS:
@@ -694,10 +829,32 @@ class Agent:
             # Built before the agent was installed (watch() started after the DataLoader).
             self.on_loader_created(loader)
             info = loader.__dict__["_torchdoctor_info"]
-        self.loader_batch_size = info.batch_size
-        self.event(
-            "epoch-start", {"loader_id": info.loader_id, "epoch": info.epochs, "step": self.step}
-        )
+        detail = {"loader_id": info.loader_id, "epoch": info.epochs, "step": self.step}
+        if self.step_thread is None or _get_ident() == self.step_thread:
+            if not self.grad_enabled():
+                if self.eval_start is None:
+                    self._begin_evaluation(t_iter, "grad-disabled")
+                it.__dict__["_torchdoctor_batch_size"] = info.batch_size
+                detail["evaluation"] = True
+            else:
+                if self.eval_start is not None:
+                    self._end_evaluation(t_iter, "training-data")
+                self.loader_batch_size = info.batch_size
+                # Where the figures stood when this pass began: should it end before the next
+                # optimizer step, it trained nothing (see _evaluation_pass).
+                it.__dict__["_torchdoctor_pass"] = (
+                    self.step,
+                    t_iter,
+                    self.samples,
+                    self.batches,
+                    self.data_wait,
+                    self.boundary,
+                    self.last_batch_size,
+                    self.loader_batch_size,
+                )
+        else:
+            self.loader_batch_size = info.batch_size
+        self.event("epoch-start", detail)
         info.epochs += 1
         if not info.sent and "_torchdoctor_first" not in it.__dict__:
             it.__dict__["_torchdoctor_first"] = (info, t_iter)
@@ -875,6 +1032,11 @@ class Agent:
             if final:
                 _close_sink(sink)
 
+    def _end_open_evaluation(self) -> None:
+        """The process ends after an evaluation (the one after the last step): record it."""
+        if self.eval_start is not None and self.role != "dataloader-worker":
+            self._end_evaluation(self.eval_last, "process-end")
+
     def _after_fork(self) -> None:
         # The child must never resend what the parent buffered, nor write on its connection.
         self._reset_process()
@@ -883,6 +1045,7 @@ class Agent:
     def _at_exit(self) -> None:
         try:
             if self.active or self.events:
+                self._end_open_evaluation()
                 self._emit_pending_loaders()
                 self.flush(final=True)
         except Exception:
@@ -973,7 +1136,11 @@ def _make_iterator_next(agent: Agent, original):
         try:
             batch = original(self)
         except BaseException:
-            agent.data_wait += _perf_ns() - t0
+            if agent.active:
+                try:
+                    agent.on_exhausted(self, t0, _perf_ns() - t0)
+                except Exception as exc:
+                    agent.disable("dataloader-next", exc)
             raise
         dt = _perf_ns() - t0
         if agent.active:

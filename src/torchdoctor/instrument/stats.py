@@ -7,6 +7,11 @@ Warm-up rule: in every process, the first ``warmup_steps(n)`` of its ``n`` steps
 of the figures: ``max(1, min(5, n // 10))`` steps, i.e. at least the first step (it carries
 worker start-up, lazy initialisation and the first allocations) and up to 10 % of the steps,
 at most 5. A process with a single step keeps it. ``step_count`` still counts every step.
+
+Evaluation between steps is not in the step records (the agent takes it out of the step it falls
+in and records it as ``evaluation`` events), so the rates are over the steps' own wall time:
+time spent evaluating makes training look neither slower nor faster. :func:`evaluation_stats`
+sums up those events.
 """
 
 from __future__ import annotations
@@ -100,8 +105,9 @@ def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> Ra
     walls = sorted(float(r["wall_s"]) for r in measured)
     total_wall = sum(walls)
     total_wait = sum(float(r["data_wait_s"] or 0.0) for r in measured)
-    span = max(r["t_end"] for r in measured) - min(r["t_start"] for r in measured)
-    steps_per_s = len(measured) / span if span > 0 else None
+    # Steps follow each other: their walls add up to the time from the first one's start to
+    # the last one's end, less the evaluations between them (not training).
+    steps_per_s = len(measured) / total_wall if total_wall > 0 else None
     samples = 0
     known = True
     for r in measured:
@@ -110,7 +116,7 @@ def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> Ra
             known = False
             break
         samples += n
-    samples_per_s = samples / span if known and span > 0 else None
+    samples_per_s = samples / total_wall if known and total_wall > 0 else None
     return RankStats(
         pid=pid,
         rank=rows[0].get("rank"),
@@ -179,6 +185,54 @@ def step_stats(
         per_rank=per_rank,
         settings=settings,
         dataloaders=dataloaders,
+    )
+
+
+@dataclass(slots=True)
+class EvaluationStats:
+    """The evaluation passes between training steps (the agent's ``evaluation`` events).
+
+    Ranks evaluate side by side: ``passes`` and ``seconds`` are those of the process that spent
+    the longest evaluating, ``batches`` and ``samples`` are all processes' together.
+    """
+
+    passes: int
+    seconds: float
+    batches: int
+    samples: int | None  # None when a batch's size was not known
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluation_stats(event_rows: list[dict[str, Any]]) -> EvaluationStats | None:
+    """Sum up the ``evaluation`` events of a recording; None when there was no evaluation."""
+    seconds: dict[int, float] = defaultdict(float)
+    passes: dict[int, int] = defaultdict(int)
+    batches = samples = 0
+    samples_known = True
+    for row in event_rows:
+        if row["kind"] != "evaluation":
+            continue
+        detail = decode_json(row["detail"])
+        if not isinstance(detail, dict):
+            continue
+        pid = row["pid"]
+        passes[pid] += 1
+        seconds[pid] += float(detail.get("seconds") or 0.0)
+        batches += int(detail.get("batches") or 0)
+        if detail.get("samples") is None:
+            samples_known = False
+        else:
+            samples += int(detail["samples"])
+    if not passes:
+        return None
+    slowest = max(passes, key=lambda pid: seconds[pid])
+    return EvaluationStats(
+        passes=passes[slowest],
+        seconds=seconds[slowest],
+        batches=batches,
+        samples=samples if samples_known else None,
     )
 
 

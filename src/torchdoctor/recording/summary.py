@@ -56,6 +56,8 @@ class RunSummary:
     gpus: list[GpuSummary]
     gpu_unavailable: str | None
     steps: dict[str, Any] | None = None  # instrument.stats.step_stats as a dict, when recorded
+    # instrument.stats.evaluation_stats as a dict: evaluation between steps, left out of steps
+    evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +101,7 @@ def summarize(rec: Recording) -> RunSummary:
         gpus=_gpus(rec),
         gpu_unavailable=_gpu_unavailable(meta.get("gpus")),
         steps=_steps(rec),
+        evaluation=_evaluation(rec),
         settings=_settings(rec),
     )
 
@@ -165,6 +168,18 @@ def _steps(rec: Recording) -> dict[str, Any] | None:
 
     stats = step_stats(rec.rows("steps"), rec.rows("dataloaders"), rec.rows("settings"))
     return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+
+
+def _evaluation(rec: Recording) -> dict[str, Any] | None:
+    rows = rec.query("SELECT pid, kind, detail FROM events WHERE kind = 'evaluation'")
+    if not rows:
+        return None
+    try:
+        from torchdoctor.instrument.stats import evaluation_stats
+    except ImportError:
+        return None
+    stats = evaluation_stats(rows)
+    return stats.to_dict() if stats is not None else None
 
 
 def _settings(rec: Recording) -> dict[str, Any]:
