@@ -16,11 +16,12 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {
+_LAZY: dict[str, tuple[str, str | None]] = {
     "open_recording": ("torchdoctor.recording", "open_recording"),
     "Recording": ("torchdoctor.recording", "Recording"),
     "watch": ("torchdoctor.instrument.watch", "watch"),
-    "estimate": ("torchdoctor.estimate.api", "estimate"),
+    # The callable package: torchdoctor.estimate(...) and torchdoctor.estimate.max_batch(...)
+    "estimate": ("torchdoctor.estimate", None),
     "tune_dataloader": ("torchdoctor.tune.notebook", "tune_dataloader"),
 }
 
@@ -32,4 +33,5 @@ def __getattr__(name: str) -> Any:
         module_name, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'torchdoctor' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module_name), attr)
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)
