@@ -70,7 +70,8 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     out = tmp_path / "out"
     budget = 360
     # 1 worker makes the job crash and 3 make it hang: the search must record both as
-    # failed, look past the crash and still find and verify 2 workers. Both lie on the
+    # failed, look past the crash and still find and verify 2 or more workers (4 are faster
+    # still - the samples sleep, so workers need no CPU - if the budget lets it go past 3). Both lie on the
     # search's first path (0, 1, 2, 3 workers), so they are tried even when a loaded machine
     # slows every trial down and the budget ends the search early. Samples wait 5 ms: long
     # enough that on a loaded machine handing a batch over from a worker costs little beside
@@ -86,7 +87,7 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     trials = result["trials"]
     assert result["original"]["num_workers"] == 0
     assert result["changed"] is True
-    assert result["recommended"]["num_workers"] == 2
+    assert result["recommended"]["num_workers"] in (2, 4, 5, 6, 7, 8)  # never 1 or 3
     assert result["verification"]["confirmed"] is True
     assert result["gain"] > 1.3
     assert min(result["verification"]["ratios"]) > 1.0
