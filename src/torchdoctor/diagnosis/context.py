@@ -8,7 +8,6 @@ recording without GPUs or without steps costs nothing for the rules that stay si
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -17,7 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
-from torchdoctor.instrument.stats import warmup_steps
+from torchdoctor.instrument.stats import decode_json, warmup_steps
 from torchdoctor.recording.reader import Recording
 from torchdoctor.thresholds import Thresholds
 
@@ -275,7 +274,7 @@ class DiagnosisContext:
         """The latest value of each setting per process, JSON-decoded."""
         out: dict[int, dict[str, Any]] = defaultdict(dict)
         for row in self.recording.rows("settings"):
-            out[row["pid"]][row["key"]] = _decode(row["value"])
+            out[row["pid"]][row["key"]] = decode_json(row["value"])
         return dict(out)
 
     def setting(self, key: str, pid: int | None = None) -> Any:
@@ -292,7 +291,7 @@ class DiagnosisContext:
     def events(self) -> list[dict[str, Any]]:
         rows = self.recording.rows("events")
         for r in rows:
-            r["detail"] = _decode(r["detail"]) if isinstance(r["detail"], str) else r["detail"]
+            r["detail"] = decode_json(r["detail"])
         return rows
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
@@ -454,15 +453,6 @@ def _quantile(values: list[float], q: float) -> float:
     lo = math.floor(pos)
     hi = math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def _decode(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 def _num(x: float) -> str:

@@ -35,6 +35,7 @@ from torchdoctor.tune.measure import (
 )
 from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement
 from torchdoctor.tune.space import Config
+from torchdoctor.units import fmt_bytes
 
 # Runs of the original settings start the script exactly as written (no overrides at all), so
 # a loader the first DataLoader does not represent (a validation loader) keeps its own values.
@@ -89,15 +90,11 @@ class TrialWriter(RecordingWriter):
         used = snapshot_memory(snap.processes)
         if self.memory_budget is not None and used > self.memory_budget:
             self.violation = (
-                f"memory {_gib(used)} above the budget {_gib(self.memory_budget)} "
+                f"memory {fmt_bytes(used)} above the budget {fmt_bytes(self.memory_budget)} "
                 "(half of the RAM available when tune started)"
             )
         elif snap.host is not None and (snap.host.swap_out_per_s or 0) > 0:
             self.violation = f"the host swapped out {snap.host.swap_out_per_s / 1e6:.1f} MB/s"
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 @dataclass(slots=True)
@@ -321,7 +318,7 @@ class TrialRunner:
         if status == OK:
             if m.peak_memory is not None and budget is not None and m.peak_memory > budget:
                 status = REJECTED
-                reason = f"memory {_gib(m.peak_memory)} above the budget {_gib(budget)}"
+                reason = f"memory {fmt_bytes(m.peak_memory)} above the budget {fmt_bytes(budget)}"
             if status == OK and swapped:
                 status = REJECTED
                 reason = f"the host swapped out {max(swapped) / 1e6:.1f} MB/s"
