@@ -54,7 +54,7 @@ class SlowValidation(Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
-        hashlib.pbkdf2_hmac("sha256", b"sample", b"fixed work", 10_000)
+        hashlib.pbkdf2_hmac("sha256", b"sample", b"fixed work", 20_000)
         return self.x[i], self.y[i]
 
 
@@ -138,7 +138,8 @@ def test_validation_between_steps_is_left_out_of_the_steps_and_reported(tmp_path
     stats = step_stats(steps, loaders, settings)
     skip = STEPS - stats.measured_steps
     own_mean = sum(own.steps[skip:]) / stats.measured_steps
-    assert 1 / stats.steps_per_s == pytest.approx(own_mean, abs=0.25 * shortest_pass)
+    # Three passes over 15 measured steps would add a fifth of a pass to the mean.
+    assert 1 / stats.steps_per_s == pytest.approx(own_mean, abs=0.05 * shortest_pass)
     assert stats.samples_per_s == pytest.approx(BATCH * stats.steps_per_s)
 
     # Every pass is reported: the step it came before, its batches, samples and duration.
@@ -146,10 +147,11 @@ def test_validation_between_steps_is_left_out_of_the_steps_and_reported(tmp_path
     assert [p["step"] for p in passes] == [4, 8, 12, 16]
     assert [(p["batches"], p["samples"]) for p in passes] == [(2, VAL_SAMPLES)] * 4
     assert {p["detected_by"] for p in passes} == {"grad-disabled" if no_grad else "loader-pass"}
-    # The last pass came after the last step: only its DataLoader calls are seen of it.
-    assert [p["ended_by"] for p in passes] == ["training-data"] * 3 + ["process-end"]
+    # The last pass came after the last step; the loop's next() on its training data, which
+    # ran out, still tells where it ended.
+    assert [p["ended_by"] for p in passes] == ["training-data"] * 4
     for reported, measured in zip(passes, own.evaluations, strict=True):
-        assert reported["seconds"] == pytest.approx(measured, rel=0.25)
+        assert reported["seconds"] == pytest.approx(measured, abs=0.5 * shortest_pass)
     total = evaluation_stats(events)
     assert (total.passes, total.batches, total.samples) == (4, 8, 4 * VAL_SAMPLES)
 
@@ -163,7 +165,7 @@ def test_show_mentions_the_evaluation(tmp_path):
     assert summary["steps"]["step_count"] == STEPS
     evaluation = summary["evaluation"]
     assert (evaluation["passes"], evaluation["samples"]) == (4, 4 * VAL_SAMPLES)
-    assert evaluation["seconds"] == pytest.approx(sum(own.evaluations), rel=0.25)
+    assert evaluation["seconds"] == pytest.approx(sum(own.evaluations), rel=0.5)
     text = run_td("show", str(w.path)).stdout
     assert f"steps: {STEPS}, median" in text
     assert "evaluation: 4 passes, " in text
@@ -282,6 +284,9 @@ def test_a_lightning_fit_with_validation_records_training_batches_only(tmp_path)
         (6, 3, 3 * BATCH),
     ]
     assert {p["detected_by"] for p in passes} == {"grad-disabled"}
+    # Lightning asks for no more training data after the last step: the last pass ends with
+    # the fit, at its last batch.
+    assert [p["ended_by"] for p in passes] == ["training-data"] * 2 + ["process-end"]
 
 
 class PairDataset(Dataset):
@@ -325,17 +330,24 @@ def test_a_hugging_face_fit_with_evaluation_records_training_batches_only(tmp_pa
     trainer = transformers.Trainer(
         model=PlainRegression(),
         args=args,
-        train_dataset=PairDataset(24),
+        train_dataset=PairDataset(7 * BATCH),
         eval_dataset=PairDataset(20),
         callbacks=[callback],
     )
     trainer.train()
     steps, _, _, events = _rows(callback.path)
-    assert [s["step"] for s in steps] == list(range(6))
-    # accelerate fetches one batch ahead: samples land one step early, and none is evaluation.
-    assert sum(s["samples"] or 0 for s in steps) == 24
+    assert [s["step"] for s in steps] == list(range(7))
+    # accelerate fetches one batch ahead: samples land one step early, and none is evaluation
+    # (the last step asks only for the end of the training data, after the second pass).
+    assert sum(s["samples"] or 0 for s in steps) == 7 * BATCH
     assert all((s["samples"] or 0) <= 2 * BATCH for s in steps)
     # The Trainer fetches its evaluation batches with autograd on: whole passes, no step.
     passes = _evaluations(events)
-    assert [(p["step"], p["batches"], p["samples"]) for p in passes] == [(3, 5, 20), (6, 5, 20)]
+    # Every 3 steps, and once more at the end of training.
+    assert [(p["step"], p["batches"], p["samples"]) for p in passes] == [
+        (3, 5, 20),
+        (6, 5, 20),
+        (7, 5, 20),
+    ]
     assert {p["detected_by"] for p in passes} == {"loader-pass"}
+    assert [p["ended_by"] for p in passes] == ["training-data"] * 2 + ["process-end"]

@@ -571,12 +571,16 @@ class Agent:
         """``next()`` raised (StopIteration at the end of a pass, or the loader's own error)."""
         if self.step_thread is not None and _get_ident() != self.step_thread:
             return
-        if self.eval_start is not None or not self.grad_enabled():
+        if not self.grad_enabled():
             if self.eval_start is None:
                 self._begin_evaluation(t0, "grad-disabled")
             self.eval_wait += dt
             self.eval_last = t0 + dt
             return
+        if self.eval_start is not None:
+            # Training code ran out of data (accelerate finds the end of the training loader
+            # one batch ahead, so this may be all a step asks of it after an evaluation).
+            self._end_evaluation(t0, "training-data")
         self.data_wait += dt
         started = it.__dict__.pop("_torchdoctor_pass", None)
         if started is not None and started[0] == self.step and self.batches > started[3]:
