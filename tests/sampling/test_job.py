@@ -223,10 +223,26 @@ def test_pss_is_carried_over_between_slow_refreshes(jobtree):
     child = tree.fork()
     job = JobReader(tree.pid, slow_refresh_s=3600.0)
     before = by_pid(job.read()[0])[child]
-    assert tree.ask("alloc", child, 32) == "done"
+    assert tree.ask("alloc", child, 8) == "done"
     after = by_pid(job.read()[0])[child]
-    assert after.rss - before.rss >= 28 << 20  # fast tier: fresh
+    assert after.rss - before.rss >= 6 << 20  # fast tier: fresh
     assert after.pss == before.pss  # slow tier: the last value, not a None or a zero
+
+
+def test_pss_of_a_process_that_grew_is_withheld_until_refreshed(jobtree):
+    # A trainer importing torch grows by hundreds of MiB within seconds: its start-up PSS
+    # must not stand for it until the next slow refresh.
+    tree = jobtree()
+    child = tree.fork()
+    job = JobReader(tree.pid, slow_refresh_s=3600.0, slow_budget=None)
+    before = by_pid(job.read()[0])[child]
+    assert before.pss is not None
+    assert tree.ask("alloc", child, 64) == "done"
+    grown = by_pid(job.read()[0])[child]
+    assert grown.pss is None and grown.uss is None
+    assert "stale" in grown.unavailable["pss"]
+    refreshed = by_pid(job.read()[0])[child]  # first in line at the next read
+    assert refreshed.pss - before.pss >= 56 << 20
 
 
 def test_pss_waits_for_the_cpu_budget_and_says_so(jobtree, monkeypatch):

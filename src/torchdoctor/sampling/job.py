@@ -33,6 +33,10 @@ _DEAD_STATES = ("Z", "X", "x")
 _FULL_RESCAN_S = 60.0
 _SLOW_BURST_S = 0.05
 _NOT_YET = "not read yet: PSS/USS are refreshed on a slower tier"
+# A carried PSS/USS reading stands for the process only while its RSS stays near what it was
+# when they were read; past this change they are withheld until the next refresh.
+_STALE_SHARE = 0.25
+_STALE_MIN_BYTES = 16 << 20
 
 
 class _Proc:
@@ -62,6 +66,7 @@ class _Proc:
         "prev_read",
         "prev_write",
         "pss",
+        "pss_rss",
         "uss",
         "smaps_error",
         "slow_due",
@@ -348,6 +353,7 @@ class JobReader:
         p.prev_mono = None
         p.prev_cpu = p.prev_vol = p.prev_invol = p.prev_read = p.prev_write = None
         p.pss = p.uss = None
+        p.pss_rss = 0
         p.smaps_error = None
         p.slow_due = -1.0
         if self._fds_kept + 3 <= self._fd_budget:
@@ -486,6 +492,7 @@ class JobReader:
                 p.pss, p.uss = procfs.parse_smaps_rollup(
                     procfs.read_path(f"/proc/{p.pid}/smaps_rollup", 2048)
                 )
+                p.pss_rss = p.stat.rss_pages * procfs.PAGE_SIZE
                 p.smaps_error = None
             except ProcessLookupError:
                 gone.append(p.pid)
@@ -524,10 +531,20 @@ class JobReader:
                     p.io_fd = None
         if p.io_error is not None:
             unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = p.io_error
+        rss = st.rss_pages * procfs.PAGE_SIZE
+        pss, uss = p.pss, p.uss
         if p.smaps_error is not None:
             unavailable["pss"] = unavailable["uss"] = p.smaps_error
-        elif p.pss is None:
+        elif pss is None:
             unavailable["pss"] = unavailable["uss"] = _NOT_YET
+        elif abs(rss - p.pss_rss) > max(_STALE_SHARE * p.pss_rss, _STALE_MIN_BYTES):
+            # A process that grew (a trainer importing torch) would show its start-up PSS for
+            # up to a refresh period: withhold it, and refresh it first when the budget allows.
+            pss = uss = None
+            unavailable["pss"] = unavailable["uss"] = (
+                "stale: RSS changed since the last PSS reading (slower tier)"
+            )
+            p.slow_due = min(p.slow_due, mono)
         if swap is None:
             unavailable["swap"] = "no VmSwap in /proc/<pid>/status"
 
@@ -560,9 +577,9 @@ class JobReader:
             cpu_percent=cpu_pct,
             cpu_user_s=st.utime / procfs.CLK_TCK,
             cpu_system_s=st.stime / procfs.CLK_TCK,
-            rss=st.rss_pages * procfs.PAGE_SIZE,
-            pss=p.pss,
-            uss=p.uss,
+            rss=rss,
+            pss=pss,
+            uss=uss,
             swap=swap,
             threads=st.threads,
             ctx_voluntary_per_s=vol_s,
