@@ -54,14 +54,16 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     samples = ctx.samples_by_pid.get(pid, [])
     if len(samples) < 5:
         return None
-    label, series = memory_series(samples)
     step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
     if len(step_ends) >= 10:
         # Growth with steps is measured while the process steps: the torch import before the
-        # first step and the teardown after the last are not the training loop's doing.
-        series = [(t, v) for t, v in series if step_ends[0] <= t <= step_ends[-1]]
-        if len(series) < 5:
+        # first step and the teardown after the last are not the training loop's doing. USS
+        # or RSS is chosen on these samples: USS refreshed often during the import may have
+        # only a few fresh readings left here (a slow machine steps for longer between them).
+        samples = [s for s in samples if step_ends[0] <= s["t"] <= step_ends[-1]]
+        if len(samples) < 5:
             return None
+    label, series = memory_series(samples)
     t_first, t_last = series[0][0], series[-1][0]
     cut = t_first + WARMUP_SHARE * (t_last - t_first)
     series = [(t, v) for t, v in series if t >= cut]
