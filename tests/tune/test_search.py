@@ -254,3 +254,19 @@ def test_calm_finalists_are_told_apart_with_their_own_noise():
     assert len(confirms) >= 2
     assert result.recommended.num_workers == 4
     assert result.gain is not None
+
+
+def test_later_trials_get_at_least_the_start_up_floor_however_short_the_timeout():
+    from torchdoctor.tune.tuner import STARTUP_FLOOR_S, limits_after
+
+    first = Measurement(0, ORIGINAL, "original", OK, throughput=20.0, duration_s=6.0)
+    first.first_step_s = 3.0
+    short = limits_after(first, timeout=8.0)
+    # A hang after the first step is still called after --trial-timeout; before it, a busier
+    # machine's slower start-up is not taken for one.
+    assert short.stall_s == 8.0
+    assert short.startup_s == STARTUP_FLOOR_S
+    slow_start = Measurement(0, ORIGINAL, "original", OK, throughput=20.0, duration_s=40.0)
+    slow_start.first_step_s = 25.0
+    assert limits_after(slow_start, timeout=8.0).startup_s == 50.0
+    assert limits_after(first, timeout=90.0).startup_s == 90.0

@@ -233,12 +233,17 @@ def space_for(observed: ObservedJob, cpus: int) -> Space:
     return space
 
 
+STARTUP_FLOOR_S = 30.0
+
+
 def limits_after(first: Measurement, timeout: float | None = None) -> TrialLimits:
     """Limits for every later trial, scaled on the first one."""
     step_s = 1 / first.throughput if first.throughput else 1.0
     to_first = first.first_step_s or first.duration_s
     return TrialLimits(
-        startup_s=max(timeout or 30.0, 2 * to_first),
+        # Start-up (interpreter, imports, workers) slows more than steps do when the machine
+        # gets busier mid-tune: never call a trial hung before STARTUP_FLOOR_S.
+        startup_s=max(timeout or 0.0, STARTUP_FLOOR_S, 2 * to_first),
         stall_s=timeout or max(20.0, 30 * step_s),
         # A configuration 3x slower than the job as written is no candidate: measure what
         # it did by then and move on.
