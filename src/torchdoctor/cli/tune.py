@@ -81,8 +81,8 @@ _PURPOSE = {
     type=float,
     default=None,
     metavar="S",
-    help="Stop a trial as hung after S seconds without a training step "
-    "(default: from the first trial's pace).",
+    help="Stop a trial as hung after S seconds without a training step; before its first "
+    "step it gets at least 30 s (default: from the first trial's pace).",
 )
 @click.option(
     "--out",
