@@ -26,6 +26,12 @@ from torchdoctor.instrument.stats import evaluation_stats, step_stats
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
+from tests.instrument.fits import (  # noqa: E402
+    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture: HF seeds the global RNGs)
+    hf_trainer,
+    lightning_fit,
+)
+
 pytestmark = pytest.mark.filterwarnings(
     # Lightning's own use of torch's pytree and its hints about this small setup.
     "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated",
@@ -237,42 +243,11 @@ def test_training_without_a_dataloader_keeps_its_validation_out_of_its_steps(tmp
 
 def test_a_lightning_fit_with_validation_records_training_batches_only(tmp_path):
     lightning = pytest.importorskip("lightning")
-
-    class Regression(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     callback = torchdoctor_lightning_callback(tmp_path / "fit.sqlite", **WATCH)
-    trainer = lightning.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        callbacks=[callback],
-        val_check_interval=3,
-        limit_val_batches=3,
-        num_sanity_val_steps=2,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        enable_checkpointing=False,
-    )
-    train = TensorDataset(torch.randn(24, 4), torch.randn(24, 1))
-    val = TensorDataset(torch.randn(20, 4), torch.randn(20, 1))
-    trainer.fit(
-        Regression(), DataLoader(train, batch_size=BATCH), DataLoader(val, batch_size=BATCH)
-    )
+    lightning_fit(
+        lightning, callback, samples=24, batch_size=BATCH, val_samples=20,
+        val_check_interval=3, limit_val_batches=3, num_sanity_val_steps=2,
+    )  # fmt: skip
     steps, _, _, events = _rows(callback.path)
     assert [(s["step"], s["samples"]) for s in steps] == [(i, BATCH) for i in range(6)]
     assert {s["batch_size"] for s in steps} == {BATCH}
@@ -289,51 +264,14 @@ def test_a_lightning_fit_with_validation_records_training_batches_only(tmp_path)
     assert [p["ended_by"] for p in passes] == ["training-data"] * 2 + ["process-end"]
 
 
-class PairDataset(Dataset):
-    def __init__(self, n: int) -> None:
-        self.x = torch.randn(n, 4)
-        self.y = torch.randn(n, 1)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class PlainRegression(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def forward(self, x, labels):
-        return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
-
-
 def test_a_hugging_face_fit_with_evaluation_records_training_batches_only(tmp_path):
     pytest.importorskip("accelerate")
     transformers = pytest.importorskip("transformers")
     callback = torchdoctor_hf_callback(tmp_path / "hf.sqlite", **WATCH)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf-out"),
-        per_device_train_batch_size=BATCH,
-        per_device_eval_batch_size=BATCH,
-        num_train_epochs=1,
-        eval_strategy="steps",
-        eval_steps=3,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    trainer = transformers.Trainer(
-        model=PlainRegression(),
-        args=args,
-        train_dataset=PairDataset(7 * BATCH),
-        eval_dataset=PairDataset(20),
-        callbacks=[callback],
-    )
+    trainer = hf_trainer(
+        transformers, tmp_path, callback, samples=7 * BATCH, batch_size=BATCH, eval_samples=20,
+        eval_strategy="steps", eval_steps=3,
+    )  # fmt: skip
     trainer.train()
     steps, _, _, events = _rows(callback.path)
     assert [s["step"] for s in steps] == list(range(7))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import pickle
-import random
 import sys
 
 import pytest
@@ -21,7 +19,13 @@ from torchdoctor.instrument.integrations import (
 torch = pytest.importorskip("torch")
 # Lightning's own use of torch's pytree; nothing these tests do.
 pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from tests.instrument.fits import (  # noqa: E402
+    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture for this module)
+    hf_trainer,
+    lightning_fit,
+)
 
 BATCHES = 6
 BATCH_SIZE = 4
@@ -30,25 +34,7 @@ WATCH = {"gpus": False, "interval": 0.05}
 
 
 class Failure(RuntimeError):
-    """Raised by the models below at their third step."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_the_process_as_found():
-    """The libraries seed the global RNGs (HF's set_seed) and set variables on import: undo
-    that, so later tests in this process see what they would have seen without these."""
-    environ = dict(os.environ)
-    states = random.getstate(), torch.random.get_rng_state()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    yield
-    for name in set(os.environ) - set(environ):
-        del os.environ[name]
-    os.environ.update(environ)
-    random.setstate(states[0])
-    torch.random.set_rng_state(states[1])
-    if numpy_state is not None:
-        numpy.random.set_state(numpy_state)
+    """Raised by the models of tests/instrument/fits.py at their third step."""
 
 
 def _recording(path):
@@ -70,38 +56,17 @@ def lightning():
     return pytest.importorskip("lightning")
 
 
-def _lightning_module(lightning, fail_with=None):
-    class Regression(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            if fail_with is not None and batch_idx == 2:
-                raise fail_with
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    return Regression()
-
-
 def _lightning_fit(lightning, callback, fail_with=None):
-    trainer = lightning.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        callbacks=[callback],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        logger=False,
-        enable_checkpointing=False,
+    return lightning_fit(
+        lightning, callback, samples=SAMPLES, batch_size=BATCH_SIZE, fail_with=fail_with
     )
-    data = TensorDataset(torch.randn(SAMPLES, 4), torch.randn(SAMPLES, 1))
-    trainer.fit(_lightning_module(lightning, fail_with), DataLoader(data, batch_size=BATCH_SIZE))
-    return trainer
+
+
+def _hf_trainer(transformers, tmp_path, callback, fail_with=None):
+    return hf_trainer(
+        transformers, tmp_path, callback, samples=SAMPLES, batch_size=BATCH_SIZE,
+        fail_with=fail_with,
+    )  # fmt: skip
 
 
 def test_a_lightning_fit_is_recorded_and_a_second_fit_gets_its_own_file(lightning, tmp_path):
@@ -161,53 +126,6 @@ def test_the_lightning_callback_pickles_for_spawned_ranks(lightning, tmp_path):
 def transformers():
     pytest.importorskip("accelerate")
     return pytest.importorskip("transformers")
-
-
-class PairDataset(Dataset):
-    def __init__(self):
-        self.x = torch.randn(SAMPLES, 4)
-        self.y = torch.randn(SAMPLES, 1)
-
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class PlainRegression(torch.nn.Module):
-    """A plain nn.Module: the Trainer needs only a dict with the loss."""
-
-    def __init__(self, fail_with=None):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.fail_with = fail_with
-        self.calls = 0
-
-    def forward(self, x, labels):
-        self.calls += 1
-        if self.fail_with is not None and self.calls == 3:
-            raise self.fail_with
-        return {"loss": torch.nn.functional.mse_loss(self.layer(x), labels)}
-
-
-def _hf_trainer(transformers, tmp_path, callback, fail_with=None):
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf-out"),
-        per_device_train_batch_size=BATCH_SIZE,
-        num_train_epochs=1,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    return transformers.Trainer(
-        model=PlainRegression(fail_with),
-        args=args,
-        train_dataset=PairDataset(),
-        callbacks=[callback],
-    )
 
 
 def _hf_steps_are_the_fit(steps):
