@@ -242,6 +242,26 @@ class _LoaderInfo:
         self.batch_size = batch_size
 
 
+class _PassStart:
+    """Where a step's figures stood when a training loader's pass began: should the pass end
+    before the next optimizer step, it trained nothing and these figures are restored."""
+
+    __slots__ = (
+        "step", "t_iter", "samples", "batches", "data_wait", "boundary", "last_batch_size",
+        "loader_batch_size",
+    )  # fmt: skip
+
+    def __init__(self, agent: Agent, t_iter: int) -> None:
+        self.step = agent.step
+        self.t_iter = t_iter
+        self.samples = agent.samples
+        self.batches = agent.batches
+        self.data_wait = agent.data_wait
+        self.boundary = agent.boundary
+        self.last_batch_size = agent.last_batch_size
+        self.loader_batch_size = agent.loader_batch_size
+
+
 class Agent:
     """Per-process state of the instrumentation. One instance: :data:`AGENT`."""
 
@@ -583,24 +603,25 @@ class Agent:
             self._end_evaluation(t0, "training-data")
         self.data_wait += dt
         started = it.__dict__.pop("_torchdoctor_pass", None)
-        if started is not None and started[0] == self.step and self.batches > started[3]:
+        if started is not None and started.step == self.step and self.batches > started.batches:
             self._evaluation_pass(started, t0 + dt)
 
-    def _evaluation_pass(self, started: tuple, t_end: int) -> None:
+    def _evaluation_pass(self, started: _PassStart, t_end: int) -> None:
         """A loader's whole pass went by without an optimizer step: it trained nothing, so it
         was an evaluation (the Hugging Face Trainer's, fetched with autograd on). Its batches
         were counted into the step: move them out, back to the figures at its start."""
-        _, t_iter, samples, batches, wait, boundary, last_size, loader_size = started
-        self._begin_evaluation(t_iter, "loader-pass")
-        self.eval_batches = self.batches - batches
-        self.eval_samples = self.samples - samples
-        self.eval_wait = self.data_wait - wait
+        self._begin_evaluation(started.t_iter, "loader-pass")
+        self.eval_batches = self.batches - started.batches
+        self.eval_samples = self.samples - started.samples
+        self.eval_wait = self.data_wait - started.data_wait
         self.eval_last_size = self.last_batch_size
         self.eval_last = t_end
-        self.batches, self.samples, self.data_wait = batches, samples, wait
-        self.boundary = boundary
-        self.last_batch_size = last_size
-        self.loader_batch_size = loader_size
+        self.batches = started.batches
+        self.samples = started.samples
+        self.data_wait = started.data_wait
+        self.boundary = started.boundary
+        self.last_batch_size = started.last_batch_size
+        self.loader_batch_size = started.loader_batch_size
 
     def _on_evaluation_batch(self, it, batch, t0: int, dt: int) -> None:
         if self.eval_start is None:
@@ -844,18 +865,7 @@ class Agent:
                 if self.eval_start is not None:
                     self._end_evaluation(t_iter, "training-data")
                 self.loader_batch_size = info.batch_size
-                # Where the figures stood when this pass began: should it end before the next
-                # optimizer step, it trained nothing (see _evaluation_pass).
-                it.__dict__["_torchdoctor_pass"] = (
-                    self.step,
-                    t_iter,
-                    self.samples,
-                    self.batches,
-                    self.data_wait,
-                    self.boundary,
-                    self.last_batch_size,
-                    self.loader_batch_size,
-                )
+                it.__dict__["_torchdoctor_pass"] = _PassStart(self, t_iter)  # _evaluation_pass
         else:
             self.loader_batch_size = info.batch_size
         self.event("epoch-start", detail)
