@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # The CPU build of torch; an unpinned torch would pull a CUDA build of several GB.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup browser demo test lint bench clean
+.PHONY: setup system demo test lint bench clean
 
 $(STAMP):
 	$(PY) -m venv $(VENV)
@@ -18,11 +18,18 @@ $(STAMP):
 
 setup: $(STAMP)
 
-# Debian packages the tests drive for real: headless Chromium (HTML report) and tmux (top at 80x24).
-browser:
-	@if ! command -v chromium >/dev/null 2>&1 || ! command -v tmux >/dev/null 2>&1; then \
+# Debian packages the tests drive for real: headless Chromium (HTML report), tmux (top at 80x24),
+# Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
+# (network namespaces and tc for two-node tests). Each is checked by the program it provides.
+SYSTEM_PACKAGES := chromium:chromium tmux:tmux slurmctld:slurm-wlm munged:munge \
+	prometheus:prometheus ip:iproute2 tc:iproute2
+system:
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair##*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium tmux >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 demo: setup
@@ -32,7 +39,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 
-test: setup browser lint
+test: setup system lint
 	$(BIN)/pytest -q --durations=15
 
 bench: setup

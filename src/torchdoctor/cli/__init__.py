@@ -27,6 +27,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "estimate": ("torchdoctor.cli.estimate", "Estimate VRAM of a training step without a GPU."),
     "tune": ("torchdoctor.cli.tune", "Find the fastest DataLoader and thread settings."),
     "top": ("torchdoctor.cli.top", "Live view of the machine and its PyTorch jobs."),
+    # coordination: several jobs on one machine, distributed runs, hand-off to Slurm
+    "submit": ("torchdoctor.cli.submit", "Queue a job; it starts when its GPUs, cores and memory are free."),
+    "queue": ("torchdoctor.cli.queue", "List, inspect, cancel, pause and wait for queued jobs."),
+    "doctor": ("torchdoctor.cli.doctor", "Check the machine and network before a distributed run."),
+    "bench": ("torchdoctor.cli.bench", "Measure all-reduce bandwidth and multi-rank scaling."),
+    "launch": ("torchdoctor.cli.launch", "Start a torchrun job with every rank recorded."),
+    "sbatch": ("torchdoctor.cli.sbatch", "Write (and submit) a Slurm script sized from a recording."),
+    "slurm": ("torchdoctor.cli.slurm", "Show a Slurm job: state, asked vs used, findings."),
+    # fleets: where people already watch
+    "exporter": ("torchdoctor.cli.exporter", "Serve Prometheus metrics for this machine and its jobs."),
 }
 
 
@@ -36,7 +46,7 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         entry = COMMANDS.get(cmd_name)
-        if entry is None:
+        if entry is None or not _module_exists(entry[0]):
             return None
         module = importlib.import_module(entry[0])
         return module.command
