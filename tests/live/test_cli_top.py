@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from tests import fake_nvml
+from tests.helpers.machine_gpus import assert_gpu_status_matches, machine_gpus
 from torchdoctor import cli
 from torchdoctor.live.app import decode_keys, deliver
 from torchdoctor.live.collect import TopCollector
@@ -45,8 +46,8 @@ def test_once_json_describes_the_job_and_its_workers(td, torch_job):
     host = data["host"]
     assert len(host["per_core"]) >= 1 and host["cpu"]["iowait"] >= 0
     assert host["levels"]["cpu_load_pct"] in ("ok", "warn", "alert")
-    assert data["gpu"]["available"] is False and data["gpu"]["reason"]
-    assert data["gpus"] == [] and data["thresholds"]["gpu_memory_alert_pct"] == 90.0
+    assert_gpu_status_matches(data["gpu"]["available"], data["gpu"]["reason"], len(data["gpus"]))
+    assert data["thresholds"]["gpu_memory_alert_pct"] == 90.0
 
 
 def test_once_prints_the_screen_without_key_hints(torch_job, capsys, monkeypatch):
@@ -56,7 +57,11 @@ def test_once_prints_the_screen_without_key_hints(torch_job, capsys, monkeypatch
     assert exit_info.value.code == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].strip().startswith("torchdoctor top")
-    assert any(line.startswith("GPUs: none shown: ") for line in lines)
+    if machine_gpus().available:  # one row per device, under the GPU header
+        assert not any(line.startswith("GPUs: none shown: ") for line in lines)
+        assert sum(gpu.name in line for gpu in machine_gpus().gpus for line in lines) >= 1
+    else:
+        assert any(line.startswith("GPUs: none shown: ") for line in lines)
     assert any(f"job {torch_job.pid} 2 workers" in line for line in lines)
     assert all(len(line) <= 80 for line in lines)
     assert not any("q quit" in line for line in lines)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
+from tests.helpers.machine_gpus import machine_gpus
 from torchdoctor import open_recording
 from torchdoctor.errors import NotARecordingError, UserError
 
@@ -57,7 +58,13 @@ def test_show_json_summarizes_the_job(recording: Path) -> None:
     # the job held 30 MiB of its own on top of the interpreter
     assert summary["job_rss"]["peak"] > 30 * 2**20
     assert summary["roles"] == {"trainer": 1}
-    assert summary["gpu_unavailable"]
+    # what the machine has: "unavailable, why" here; every device NVML sees on a GPU machine
+    if machine_gpus().available:
+        assert summary["gpu_unavailable"] is None and len(summary["gpus"]) == len(
+            machine_gpus().gpus
+        )
+    else:
+        assert summary["gpu_unavailable"] and summary["gpus"] == []
 
 
 def test_show_prints_a_readable_summary(recording: Path) -> None:
