@@ -48,7 +48,8 @@ def test_status_is_128_plus_signal_when_a_signal_ends_the_command(tmp_path: Path
 SIGNAL_CHILD = textwrap.dedent(
     """
     import signal, sys
-    wanted = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    wanted = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+              signal.SIGUSR1, signal.SIGUSR2}
     signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
     print("ready", flush=True)
     signum = signal.sigwait(wanted)
@@ -58,7 +59,10 @@ SIGNAL_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2],
+)
 def test_signals_sent_to_torchdoctor_reach_the_command(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
         [
