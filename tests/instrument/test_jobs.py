@@ -232,10 +232,19 @@ def test_existing_sitecustomize_still_runs(tmp_path):
     assert len(run.events("process-start")) == 1
 
 
-def test_non_python_command_gets_nothing_injected(tmp_path):
-    run = run_job(["sh", "-c", "echo plain shell"], tmp_path / "r.sqlite")
-    assert run.stdout == "plain shell\n" and run.stderr == ""
-    assert all(rows == [] for rows in run.rows.values())
+def test_non_python_command_runs_untouched_and_its_python_children_are_instrumented(tmp_path):
+    # The shell itself gets nothing but an environment it ignores: its output is its own. The
+    # Python it starts is the one that imports torch, and the agent must reach it through the
+    # shell (a broken or missing bootstrap records no process at all).
+    script = (
+        f"echo plain shell; {PY} -c 'import os, torch; print(\"child\", os.getpid())'; echo done"
+    )
+    run = run_job(["sh", "-c", script], tmp_path / "r.sqlite")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    first, child, last = run.stdout.splitlines()
+    assert (first, last) == ("plain shell", "done") and child.startswith("child ")
+    (start,) = run.events("process-start")
+    assert start["pid"] == int(child.split()[1])
 
 
 def test_overrides_and_stop_after_steps_for_tune(tmp_path):
