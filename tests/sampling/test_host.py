@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -189,3 +190,68 @@ def test_memory_and_load_agree_with_psutil_and_os():
     assert s.swap_total == sw.total
     for ours, before, after in zip((s.load1, s.load5, s.load15), load0, load1, strict=True):
         assert min(before, after) - 0.01 <= ours <= max(before, after) + 0.01
+
+
+def _make_cpu_cgroup(name: str, cpus: float) -> tuple[Path, str]:
+    """A cgroup of our own with a CFS quota of ``cpus`` (root only); (its dir, procs file)."""
+    paths = procfs.cgroup_paths()
+    if paths.cpu_version == 1:
+        mount = next(
+            (p for fs, _, p, opts in procfs._mounts() if fs == "cgroup" and "cpu" in opts), None
+        )
+        if mount is None:
+            pytest.skip("no cgroup v1 cpu mount")
+        d = Path(mount, name)
+        d.mkdir()
+        (d / "cpu.cfs_period_us").write_text("100000")
+        (d / "cpu.cfs_quota_us").write_text(str(int(cpus * 100000)))
+        return d, "cgroup.procs"
+    if paths.cpu_version == 2:
+        d = Path(paths.cpu_dirs[0]).parent / name if paths.cpu_dirs else None
+        if d is None:
+            pytest.skip("no cgroup v2 cpu directory")
+        d.mkdir()
+        (d / "cpu.max").write_text(f"{int(cpus * 100000)} 100000")
+        return d, "cgroup.procs"
+    pytest.skip("no cgroup cpu controller visible on this machine")
+
+
+def test_a_cpu_quota_made_here_is_read_and_its_throttling_measured():
+    """Make the condition instead of taking the weak branch: a 0.2-CPU cgroup and a busy loop
+    in it. The host reader following that process must report the quota and real throttling."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a cgroup needs root (CI runs as root)")
+    name = f"torchdoctor-test-{os.getpid()}"
+    try:
+        cg, procs = _make_cpu_cgroup(name, 0.2)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cpu cgroup here: {exc}")
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        (cg / procs).write_text(str(burner.pid))
+        info = read_host_info(burner.pid)
+        assert info.cgroup_cpu_quota == pytest.approx(0.2)
+        assert info.usable_cpus == pytest.approx(0.2)
+        host = HostReader(pid=burner.pid)
+        host.read()
+        # CFS throttles a 0.2-CPU group in every 100 ms period the loop runs through: wait
+        # for the counter to move (an event), not for a fixed time
+        deadline = time.monotonic() + 30
+        throttled = 0
+        while time.monotonic() < deadline and throttled < 3:
+            s = host.read()
+            assert "cgroup_throttled_per_s" not in s.unavailable, s.unavailable
+            throttled += s.cgroup_nr_throttled or 0
+            time.sleep(0.3)  # the sampling interval of the reader, not a synchronisation
+        assert throttled >= 3 and s.cgroup_throttled_per_s is not None
+        host.close()
+    finally:
+        burner.kill()
+        burner.wait()
+        # the group empties once the burner is reaped; then it can go
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
