@@ -1,16 +1,24 @@
-"""`make bench`: run every CPU benchmark in turn and print what each measured.
+"""`make bench`: run every CPU benchmark in turn, then print one table of figures vs targets.
 
-Each benchmark compares against a baseline run side by side in the same run and prints
-ratios; none asserts a time. GPU-only checks (gpu_check.sh, estimate_cuda_check.py) run on a
-GPU machine by hand and are skipped here.
+Each benchmark compares against a baseline run side by side in the same run and reports its
+figures through scorecard.Scorecard; none asserts a time. The closing table (figure, value,
+target, met/MISSED) is what the README's benchmark table is made from; the exit status is 1
+when a benchmark failed or any target was missed. GPU-only checks (gpu_check.sh,
+estimate_cuda_check.py) run on a GPU machine by hand and are skipped here.
+
+    python benchmarks/run_all.py [NAME...] [--markdown]
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from scorecard import RESULTS_ENV, Figure, read_results
 
 HERE = Path(__file__).resolve().parent
 ORDER = [
@@ -22,27 +30,57 @@ ORDER = [
     "advice_works.py",
     "tune_vs_grid.py",
     "top_overhead.py",
+    "soak.py",
+    "queue_contention.py",
+    "scrape_cost.py",
 ]
 
 
-def main() -> int:
-    only = set(sys.argv[1:])
-    failed = []
-    for name in ORDER:
-        script = HERE / name
-        if not script.exists() or (only and name not in only and script.stem not in only):
-            continue
-        print(f"\n=== {name} ===", flush=True)
-        start = time.monotonic()
-        code = subprocess.call([sys.executable, str(script)], cwd=HERE.parent)
-        print(f"--- {name}: exit {code}, {time.monotonic() - start:.0f} s", flush=True)
-        if code != 0:
-            failed.append(name)
-    if failed:
-        print(f"\nbenchmarks that failed: {', '.join(failed)}")
+def main(argv: list[str]) -> int:
+    markdown = "--markdown" in argv
+    only = {a for a in argv if not a.startswith("--")}
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "figures.jsonl")
+        env = {**os.environ, RESULTS_ENV: results}
+        for name in ORDER:
+            script = HERE / name
+            if not script.exists() or (only and name not in only and script.stem not in only):
+                continue
+            print(f"\n=== {name} ===", flush=True)
+            start = time.monotonic()
+            code = subprocess.call([sys.executable, str(script)], cwd=HERE.parent, env=env)
+            print(f"--- {name}: exit {code}, {time.monotonic() - start:.0f} s", flush=True)
+            if code != 0:
+                failed.append(name)
+        figures = read_results(results)
+    print()
+    print(table(figures, markdown))
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    missed = [f for f in figures if f.met is False]
+    if failed or missed:
+        if missed:
+            print("targets missed: " + "; ".join(f"{f.benchmark}: {f.figure}" for f in missed))
+        if failed:
+            print("benchmarks that exited non-zero: " + ", ".join(failed))
         return 1
     return 0
 
 
+def table(figures: list[Figure], markdown: bool) -> str:
+    header = ("benchmark", "figure", "value", "target", "")
+    rows = [(f.benchmark, f.figure, f.value, f.target or "-", f.verdict) for f in figures]
+    if markdown:
+        lines = ["| " + " | ".join(header[:-1]) + " | met |", "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    )
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
