@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from scorecard import Scorecard
 from torchdoctor.tune.result import Measurement
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.trial import TrialLimits, TrialRunner
@@ -172,7 +173,7 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenarios", default="data_bound,thread_oversubscribed,healthy")
     p.add_argument("--budget", default="5m", help="tune's budget per scenario")
@@ -211,7 +212,42 @@ def main() -> None:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    card = Scorecard("tune_vs_grid")
+    for r in rows:
+        name = r["scenario"]
+        if name == "healthy":
+            # nothing to gain: tune must keep the script's own settings
+            card.verdict(
+                "tune on the healthy scenario",
+                "kept the script's settings" if not r["tune_changed"] else r["tune_recommended"],
+                not r["tune_changed"],
+                "no change",
+            )
+            continue
+        card.check(
+            f"tune's pick vs an exhaustive grid's best, {name}",
+            100 * r["pick_vs_grid_best"],
+            f"{r['pick_vs_grid_best']:.0%}",
+            at_least=95,
+            target=">= 95 %",
+        )
+        # The time the user waits is the whole of tune, verification included; the search
+        # alone is the kinder figure, shown beside it.
+        card.check(
+            f"tune's whole time (search + verification) vs the grid's, {name}",
+            r["total_time_vs_grid"],
+            f"{r['total_time_vs_grid']:.2f} ({r['tune_total_s']:.0f} s vs {r['grid_s']:.0f} s;"
+            f" search alone {r['search_time_vs_grid']:.2f})",
+            at_most=1 / 3,
+            target="<= 0.33",
+        )
+        if r["verified_gain"]:
+            card.info(
+                f"tune's verified gain, {name}",
+                f"{r['verified_gain']:.2f}x ± {r['gain_spread'] or 0:.2f} ({r['tune_recommended']})",
+            )
+    return card.exit_code()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
