@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.sampling.types import (
     CpuSplit,

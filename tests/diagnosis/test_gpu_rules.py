@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.diagnosis.builders import T0, GiB, Gpu, Job, Proc, const, loader, make_steps
 from tests.diagnosis.conftest import by_id, evidence, serious
-from torchdoctor.instrument.events import JobEvent
+from torchdoctor.recording.records import JobEvent
 
 
 def ids(findings):

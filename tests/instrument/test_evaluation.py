@@ -21,7 +21,7 @@ from torchdoctor.instrument.integrations import (
     torchdoctor_hf_callback,
     torchdoctor_lightning_callback,
 )
-from torchdoctor.instrument.stats import evaluation_stats, step_stats
+from torchdoctor.recording.steps import evaluation_stats, step_stats
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from tests.instrument.runjob import JOBS, PY, TRAIN, child_env, run_job, run_plain
 from torchdoctor.instrument.agent import STOPPED_EXIT_STATUS
-from torchdoctor.instrument.stats import step_stats, warmup_steps
+from torchdoctor.recording.steps import step_stats, warmup_steps
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ import pytest
 import torchdoctor
 from torchdoctor.errors import UserError
 from torchdoctor.instrument.integrations import WatchSession
-from torchdoctor.instrument.stats import step_stats
+from torchdoctor.recording.steps import step_stats
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402

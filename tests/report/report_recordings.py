@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.sampling.types import (
     CpuSplit,

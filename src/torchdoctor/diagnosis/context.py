@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
-from torchdoctor.instrument.stats import decode_json, warmup_steps
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.steps import decode_json, warmup_steps
 from torchdoctor.thresholds import Thresholds
 
 COMPUTE_ROLES = ("trainer", "rank")  # processes that run the model (not workers, launchers)

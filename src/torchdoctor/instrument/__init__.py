@@ -6,8 +6,11 @@
   ``torchdoctor run`` (it never imports torch itself);
 - :mod:`~torchdoctor.instrument.collector` is the recorder's end of the socket;
 - :mod:`~torchdoctor.instrument.wire` turns messages into the records of
-  :mod:`~torchdoctor.instrument.events`;
+  :mod:`~torchdoctor.recording.records`;
 - :mod:`~torchdoctor.instrument.watch` is ``torchdoctor.watch()``, the in-process API, and
-  :mod:`~torchdoctor.instrument.integrations` its Lightning and Hugging Face callbacks;
-- :mod:`~torchdoctor.instrument.stats` summarises a recording's steps.
+  :mod:`~torchdoctor.instrument.integrations` its Lightning and Hugging Face callbacks.
+
+The records themselves and the step figures computed from them belong to the recording
+(:mod:`~torchdoctor.recording.records`, :mod:`~torchdoctor.recording.steps`): instrumentation
+produces them, and the recording, diagnosis, report and top read them without instrument/.
 """

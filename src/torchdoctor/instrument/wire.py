@@ -1,5 +1,5 @@
 """Turns the agent's messages (JSON objects, see :mod:`torchdoctor.instrument.agent`) into the
-records of :mod:`torchdoctor.instrument.events`.
+records of :mod:`torchdoctor.recording.records`.
 
 Every message names the order of its step values, so a recorder reads a job whose agent comes
 from another torchdoctor version; unknown step fields are ignored, missing ones default.
@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 
 _STEP_NAMES = {f.name for f in dataclasses.fields(StepRecord)}
 # Integer-nanosecond wire fields -> the record's seconds fields.

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchdoctor.instrument.stats import step_stats
 from torchdoctor.live.model import FindingBrief, RecordingStatus
+from torchdoctor.recording.steps import step_stats
 from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window

@@ -9,7 +9,7 @@
 Tables: ``host_samples``, ``processes``, ``process_samples``, ``gpu_samples``,
 ``gpu_process_samples``, ``steps``, ``dataloaders``, ``settings``, ``events``. Columns are the
 fields of the dataclasses in :mod:`torchdoctor.sampling.types` and
-:mod:`torchdoctor.instrument.events` (nested ``cpu`` split flattened as ``cpu_user``...);
+:mod:`torchdoctor.recording.records` (nested ``cpu`` split flattened as ``cpu_user``...);
 JSON columns (``per_core``, ``unavailable``, ``cmdline``...) come back decoded; ``per_core``
 holds one list per core: [user, nice, system, idle, iowait, irq, softirq, steal] in percent.
 """

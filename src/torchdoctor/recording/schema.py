@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.sampling.types import (
     CpuSplit,
     GpuProcessSample,

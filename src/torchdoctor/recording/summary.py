@@ -55,8 +55,8 @@ class RunSummary:
     roles: dict[str, int]  # distinct processes seen per role
     gpus: list[GpuSummary]
     gpu_unavailable: str | None
-    steps: dict[str, Any] | None = None  # instrument.stats.step_stats as a dict, when recorded
-    # instrument.stats.evaluation_stats as a dict: evaluation between steps, left out of steps
+    steps: dict[str, Any] | None = None  # recording.steps.step_stats as a dict, when recorded
+    # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -161,7 +161,7 @@ def _steps(rec: Recording) -> dict[str, Any] | None:
     if rec.count("steps") == 0:
         return None
     try:
-        from torchdoctor.instrument.stats import step_stats
+        from torchdoctor.recording.steps import step_stats
     except ImportError:
         return None
     import dataclasses
@@ -175,7 +175,7 @@ def _evaluation(rec: Recording) -> dict[str, Any] | None:
     if not rows:
         return None
     try:
-        from torchdoctor.instrument.stats import evaluation_stats
+        from torchdoctor.recording.steps import evaluation_stats
     except ImportError:
         return None
     stats = evaluation_stats(rows)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
-from torchdoctor.instrument.events import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.recording.schema import APPLICATION_ID, META_SQL, SCHEMA_VERSION, TABLES, to_row
 from torchdoctor.sampling.types import Snapshot
 

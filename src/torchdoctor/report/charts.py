@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torchdoctor.diagnosis.context import sustained_span
-from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.downsample import Point, downsample_minmax
 from torchdoctor.report.model import (
     AlertSpan,

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
-from torchdoctor.instrument.stats import step_stats
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.steps import step_stats
 from torchdoctor.report.charts import (
     MAX_POINTS,
     ChartContext,

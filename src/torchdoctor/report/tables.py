@@ -9,8 +9,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.model import (
     EventRow,
     MetaSection,

@@ -9,8 +9,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor.instrument.stats import decode_json
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.steps import decode_json
 from torchdoctor.tune.space import Config
 
 BLOCKS = 4  # the measured window is cut into this many blocks to see the spread within a run

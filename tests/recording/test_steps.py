@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torchdoctor.instrument.stats import step_stats, warmup_steps
+from torchdoctor.recording.steps import step_stats, warmup_steps
 
 
 def _steps(pid, rank, n, wall, wait, batch=None, first_wall=5.0):
