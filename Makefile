@@ -35,9 +35,12 @@ system:
 demo: setup
 	$(BIN)/torchdoctor run -- $(BIN)/python examples/train.py
 
+# ruff also guards the NVML choke point and keeps torch out of module-level imports; the
+# import-linter contracts in pyproject.toml guard the package layers.
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports --no-cache
 
 test: setup system lint
 	$(BIN)/pytest -q --durations=15
