@@ -39,6 +39,18 @@ from torchdoctor.sampling.sampler import Sampler
     help="Do not inject the in-process instrumentation (no steps, data wait or settings).",
 )
 @thresholds_option
+@click.option(
+    "--prometheus",
+    metavar="[ADDR:]PORT",
+    default=None,
+    help="Serve the job's metrics for Prometheus on ADDR:PORT (ADDR defaults to 127.0.0.1).",
+)
+@click.option(
+    "--tensorboard",
+    metavar="DIR",
+    default=None,
+    help="Write TensorBoard scalars during the run into DIR/<recording name>/.",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -48,6 +60,8 @@ def command(
     quiet: bool,
     no_instrument: bool,
     thresholds: str | None,
+    prometheus: str | None,
+    tensorboard: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -57,18 +71,28 @@ def command(
     on stderr.
     """
     check_interval(interval)
+    outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
     path = prepare_output(out or default_recording_path(job_name(args)))
     console = stderr_console()
-    status = record_command(executable, args, path, interval, instrument=not no_instrument)
+    status = record_command(
+        executable, args, path, interval, instrument=not no_instrument, outputs=outputs, quiet=quiet
+    )
     if not quiet:
         print_end_report(path, console, thresholds)
     ctx.exit(status)
 
 
 def record_command(
-    executable: str, argv: list[str], path: Path, interval: float, *, instrument: bool
+    executable: str,
+    argv: list[str],
+    path: Path,
+    interval: float,
+    *,
+    instrument: bool,
+    outputs=None,
+    quiet: bool = False,
 ) -> int:
     """Start the command, sample it until it exits, close the recording; its exit status."""
     from torchdoctor.sampling.gpus import GpuReader
@@ -87,9 +111,12 @@ def record_command(
         elif not instrument:
             # An outer `torchdoctor run` may have left its bootstrap on PYTHONPATH.
             env["TORCHDOCTOR_NO_INSTRUMENT"] = "1"
+        served = _start_outputs(path, outputs, quiet)
         try:
             child = ChildProcess(executable, argv, env)
         except BaseException:
+            if served is not None:
+                _safely(served.close)
             writer.close({"ended_at": time.time(), "exit_status": None, "start_error": True})
             path.unlink(missing_ok=True)
             raise
@@ -102,6 +129,9 @@ def record_command(
             _safely(recorder.stop)
         if collector is not None:
             _safely(lambda: collector.close(timeout=2.0))
+        if served is not None:
+            _safely(writer.flush)
+            _safely(served.close)
         if registered:
             _safely(lambda: unregister_recording(child.pid))
         _safely(lambda: writer.close({"ended_at": time.time(), "exit_status": status}))
@@ -109,6 +139,24 @@ def record_command(
         return status
     finally:
         release_signals(held)
+
+
+def _output_options(prometheus: str | None, tensorboard: str | None):
+    """--prometheus / --tensorboard checked before anything starts; None when neither is set."""
+    if prometheus is None and tensorboard is None:
+        return None
+    from torchdoctor.exporters.run_outputs import check_options
+
+    return check_options(prometheus, tensorboard)
+
+
+def _start_outputs(path: Path, outputs, quiet: bool):
+    """The Prometheus endpoint and TensorBoard writer, in this (the recorder) process."""
+    if outputs is None:
+        return None
+    from torchdoctor.exporters.run_outputs import RunOutputs
+
+    return _safely(lambda: RunOutputs(path, outputs, quiet=quiet))
 
 
 def _start_recorder(pid: int, gpus, writer: RecordingWriter, interval: float) -> Recorder:

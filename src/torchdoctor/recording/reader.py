@@ -37,6 +37,7 @@ class Recording:
         self.meta: dict[str, Any] = {
             key: json.loads(value) for key, value in db.execute("SELECT key, value FROM meta")
         }
+        self._stored: dict[str, set[str]] = {}
 
     # -- generic access ----------------------------------------------------------------
     def tables(self) -> list[str]:
@@ -61,7 +62,7 @@ class Recording:
         unknown = set(cols) - set(spec.column_names)
         if unknown:
             raise UserError(f"table {table!r} has no column {sorted(unknown)[0]!r}")
-        sql = f"SELECT {', '.join(quote(c) for c in cols)} FROM {table}"
+        sql = f"SELECT {self._select_list(table, cols)} FROM {table}"
         params: list[Any] = []
         if where:
             bad = set(where) - set(spec.column_names)
@@ -77,7 +78,7 @@ class Recording:
     def iter_rows(self, table: str):
         """Stream every row of ``table`` (for exports of long recordings)."""
         spec = TABLES[self._check(table)]
-        cols = ", ".join(quote(c) for c in spec.column_names)
+        cols = self._select_list(table, spec.column_names)
         order = _default_order(table)
         sql = f"SELECT {cols} FROM {table}" + (f" ORDER BY {order}" if order else "")
         for r in self._db.execute(sql):
@@ -130,6 +131,15 @@ class Recording:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _select_list(self, table: str, columns: list[str]) -> str:
+        """The SELECT list for ``columns``: a column added to the schema after this recording
+        was written (columns are only ever added) reads as NULL, i.e. not measured."""
+        stored = self._stored.get(table)
+        if stored is None:
+            stored = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            self._stored[table] = stored
+        return ", ".join(quote(c) if c in stored else f"NULL AS {quote(c)}" for c in columns)
 
     def _check(self, table: str) -> str:
         if table not in TABLES:

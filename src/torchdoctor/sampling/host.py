@@ -6,7 +6,7 @@ import os
 import time
 
 from torchdoctor.sampling import procfs
-from torchdoctor.sampling.types import CpuSplit, HostSample
+from torchdoctor.sampling.types import CpuSplit, CpuTimes, HostSample
 
 _VMSTAT_KEYS = (b"pswpin", b"pswpout", b"pgmajfault")
 _PSI = ("cpu", "memory", "io")
@@ -138,23 +138,30 @@ class HostReader:
                 self._classify_disks(names)
                 sectors_r, sectors_w, _ = procfs.parse_diskstats(disk, self._disks)
         else:
-            unavailable["disk_read_per_s"] = unavailable["disk_write_per_s"] = (
-                self._diskstats.error or "no /proc/diskstats"
-            )
+            why = self._diskstats.error or "no /proc/diskstats"
+            for f in (
+                "disk_read_per_s",
+                "disk_write_per_s",
+                "disk_read_bytes",
+                "disk_written_bytes",
+            ):
+                unavailable[f] = why
 
         psi: dict[str, tuple[float | None, float | None]] = {}
+        psi_s: dict[str, tuple[float | None, float | None]] = {}
         for name, src in self._psi.items():
             data = src.read()
             if data is None:
-                psi[name] = (None, None)
+                psi[name] = psi_s[name] = (None, None)
                 reason = src.error or "not available"
                 fields = (
                     ["psi_cpu_some"] if name == "cpu" else [f"psi_{name}_some", f"psi_{name}_full"]
                 )
                 for f in fields:
-                    unavailable[f] = reason
+                    unavailable[f] = unavailable[f"{f}_s"] = reason
             else:
                 psi[name] = procfs.parse_pressure(data)
+                psi_s[name] = procfs.parse_pressure_totals(data)
 
         nr_throttled = throttled_s = None
         cg_reason = self._cg_error
@@ -167,7 +174,13 @@ class HostReader:
             else:
                 cg_reason = self._cg_stat.error or cg_reason
         if nr_throttled is None:
-            unavailable["cgroup_throttled_per_s"] = unavailable["cgroup_nr_throttled"] = cg_reason
+            for f in (
+                "cgroup_throttled_per_s",
+                "cgroup_nr_throttled",
+                "cgroup_throttled_s",
+                "cgroup_throttled_periods",
+            ):
+                unavailable[f] = cg_reason
 
         now = (
             mono,
@@ -208,15 +221,22 @@ class HostReader:
                     thr_rate = max(0.0, (throttled_s - prev[10]) / dt)
             if nr_throttled is not None and prev[9] is not None:
                 nr_delta = max(0, nr_throttled - prev[9])
-        for name, value, why in (
-            ("ctx_switches_per_s", stat.ctxt, "no ctxt line in /proc/stat"),
-            ("swap_in_per_s", pswpin, "no pswpin in /proc/vmstat"),
-            ("swap_out_per_s", pswpout, "no pswpout in /proc/vmstat"),
-            ("major_faults_per_s", majflt, "no pgmajfault in /proc/vmstat"),
+        for names, value, why in (
+            (("ctx_switches_per_s", "ctx_switches"), stat.ctxt, "no ctxt line in /proc/stat"),
+            (("swap_in_per_s", "swap_in_bytes"), pswpin, "no pswpin in /proc/vmstat"),
+            (("swap_out_per_s", "swap_out_bytes"), pswpout, "no pswpout in /proc/vmstat"),
+            (("major_faults_per_s", "major_faults"), majflt, "no pgmajfault in /proc/vmstat"),
         ):
             if value is None:
-                unavailable[name] = why
+                for name in names:
+                    unavailable[name] = why
 
+        # The machine's own counters (all CPUs, not only the job's), as node_exporter reads them.
+        cpu_seconds = (
+            CpuTimes(*(ticks / procfs.CLK_TCK for ticks in stat.total))
+            if stat.total is not None
+            else None
+        )
         mem_total = mem_total or 0
         mem_avail = mem_avail if mem_avail is not None else mem_total
         return HostSample(
@@ -248,8 +268,26 @@ class HostReader:
             cgroup_throttled_per_s=thr_rate,
             cgroup_nr_throttled=nr_delta,
             per_core_ids=list(self.allowed_cpus),
+            cpu_seconds=cpu_seconds,
+            ctx_switches=stat.ctxt,
+            swap_in_bytes=_scaled(pswpin, procfs.PAGE_SIZE),
+            swap_out_bytes=_scaled(pswpout, procfs.PAGE_SIZE),
+            major_faults=majflt,
+            disk_read_bytes=_scaled(sectors_r, procfs.SECTOR_SIZE),
+            disk_written_bytes=_scaled(sectors_w, procfs.SECTOR_SIZE),
+            psi_cpu_some_s=psi_s["cpu"][0],
+            psi_memory_some_s=psi_s["memory"][0],
+            psi_memory_full_s=psi_s["memory"][1],
+            psi_io_some_s=psi_s["io"][0],
+            psi_io_full_s=psi_s["io"][1],
+            cgroup_throttled_s=throttled_s,
+            cgroup_throttled_periods=nr_throttled,
             unavailable=unavailable,
         )
+
+
+def _scaled(count: int | None, scale: int) -> int | None:
+    return None if count is None else count * scale
 
 
 def _rate(now: float | None, before: float | None, dt: float, scale: int = 1) -> float | None:

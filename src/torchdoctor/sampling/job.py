@@ -530,7 +530,8 @@ class JobReader:
                     os.close(p.io_fd)
                     p.io_fd = None
         if p.io_error is not None:
-            unavailable["read_bytes_per_s"] = unavailable["write_bytes_per_s"] = p.io_error
+            for name in ("read_bytes_per_s", "write_bytes_per_s", "read_bytes", "write_bytes"):
+                unavailable[name] = p.io_error
         rss = st.rss_pages * procfs.PAGE_SIZE
         pss, uss = p.pss, p.uss
         if p.smaps_error is not None:
@@ -586,6 +587,8 @@ class JobReader:
             ctx_involuntary_per_s=invol_s,
             read_bytes_per_s=read_s,
             write_bytes_per_s=write_s,
+            read_bytes=read_b,
+            write_bytes=write_b,
             unavailable=unavailable,
         )
 

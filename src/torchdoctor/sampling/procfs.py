@@ -212,6 +212,21 @@ def parse_pressure(data: bytes) -> tuple[float | None, float | None]:
     return some, full
 
 
+def parse_pressure_totals(data: bytes) -> tuple[float | None, float | None]:
+    """Cumulative stall seconds (``total=``, microseconds in the file) of ``some`` and ``full``."""
+    some = full = None
+    for line in data.split(b"\n"):
+        i = line.find(b"total=")
+        if i < 0:
+            continue
+        value = int(line[i + 6 :].split(None, 1)[0]) / 1e6
+        if line.startswith(b"some "):
+            some = value
+        elif line.startswith(b"full "):
+            full = value
+    return some, full
+
+
 def _avg10(line: bytes) -> float | None:
     i = line.find(b"avg10=")
     if i < 0:

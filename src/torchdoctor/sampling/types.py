@@ -2,6 +2,9 @@
 
 Conventions, relied on by the recording and the diagnosis:
 - times are UNIX seconds (float); sizes are bytes (int); rates are per second;
+- counters that the kernel keeps (CPU seconds, bytes read, stall time) are also kept raw, as
+  the cumulative value read (fields without ``_per_s``), for consumers that compute their own
+  rates (Prometheus); they only go forward while their process or the machine lives;
 - percentages are 0-100 of the whole (``HostSample.cpu_busy`` is the share of all allowed
   CPUs, ``ProcessSample.cpu_percent`` is psutil-style: 100 = one full core);
 - a value that could not be read is ``None`` and the reason is kept in ``unavailable``
@@ -29,6 +32,20 @@ class CpuSplit:
     @property
     def busy(self) -> float:
         return 100.0 - self.idle - self.iowait
+
+
+@dataclass(slots=True)
+class CpuTimes:
+    """Cumulative CPU seconds since boot in each state, summed over every CPU of the machine."""
+
+    user: float
+    nice: float
+    system: float
+    idle: float
+    iowait: float
+    irq: float
+    softirq: float
+    steal: float
 
 
 @dataclass(slots=True)
@@ -63,6 +80,21 @@ class HostSample:
     cgroup_throttled_per_s: float | None = None  # share of wall time throttled (0-1 per s)
     cgroup_nr_throttled: int | None = None  # periods throttled since the previous sample
     per_core_ids: list[int] | None = None  # CPU number of each ``per_core`` entry (allowed CPUs)
+    # The raw counters behind the rates above, cumulative since boot (whole machine).
+    cpu_seconds: CpuTimes | None = None
+    ctx_switches: int | None = None
+    swap_in_bytes: int | None = None
+    swap_out_bytes: int | None = None
+    major_faults: int | None = None
+    disk_read_bytes: int | None = None  # whole disks, as disk_read_per_s
+    disk_written_bytes: int | None = None
+    psi_cpu_some_s: float | None = None  # total stall seconds (PSI ``total=``)
+    psi_memory_some_s: float | None = None
+    psi_memory_full_s: float | None = None
+    psi_io_some_s: float | None = None
+    psi_io_full_s: float | None = None
+    cgroup_throttled_s: float | None = None  # cumulative, the job's cgroup
+    cgroup_throttled_periods: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 
@@ -90,6 +122,8 @@ class ProcessSample:
     read_bytes_per_s: float | None
     write_bytes_per_s: float | None
     gpu_memory: int | None = None  # bytes on all GPUs, joined from NVML; None: unknown
+    read_bytes: int | None = None  # cumulative /proc/<pid>/io, behind read_bytes_per_s
+    write_bytes: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 

@@ -1,0 +1,230 @@
+"""One recorded job as Prometheus sees it: counters that only go forward, the latest gauges.
+
+Fed with the rows a :class:`~torchdoctor.exporters.tail.RecordingTail` returns, so the
+per-job endpoint of ``torchdoctor run --prometheus`` and the host-wide exporter compute the
+same numbers from the same file.
+
+Counters stay monotonic when processes come and go. Each process's cumulative CPU seconds and
+I/O bytes are followed per (PID, start time); what a process added since its previous sample
+is credited to the role it had then. A DataLoader worker that exits therefore keeps what it
+used in the job's total (Prometheus would read a drop as a counter reset), and a process that
+changes role (classified again once its children appear) moves no past usage between roles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchdoctor.exporters.tail import RecordingTail
+
+PROCESS_COLUMNS = [
+    "t",
+    "pid",
+    "create_time",
+    "role",
+    "rank",
+    "cpu_user_s",
+    "cpu_system_s",
+    "rss",
+    "pss",
+    "uss",
+    "swap",
+    "threads",
+    "read_bytes",
+    "write_bytes",
+]
+STEP_COLUMNS = [
+    "pid",
+    "rank",
+    "t_end",
+    "wall_s",
+    "data_wait_s",
+    "batch_size",
+    "samples",
+    "cuda_allocated",
+    "cuda_reserved",
+    "cuda_max_allocated",
+    "cuda_alloc_retries",
+    "cuda_ooms",
+]
+GPU_PROCESS_COLUMNS = ["t", "gpu_index", "used_memory", "in_job"]
+_COUNTED = ("cpu_user_s", "cpu_system_s", "read_bytes", "write_bytes")
+
+
+@dataclass(slots=True)
+class RoleTotals:
+    """Cumulative usage of every process that ever had this role in the job."""
+
+    cpu_user_s: float = 0.0
+    cpu_system_s: float = 0.0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    io_known: bool = False  # some process of the role had readable /proc/<pid>/io
+
+
+@dataclass(slots=True)
+class RoleNow:
+    """The role's processes in the latest sample."""
+
+    processes: int = 0
+    threads: int = 0
+    rss: int = 0
+    pss: int = 0
+    uss: int = 0
+    swap: int = 0
+    pss_known: bool = False
+
+
+@dataclass(slots=True)
+class RankSteps:
+    """Steps of one rank ("" when the job is not distributed), from its step records."""
+
+    steps: int = 0
+    wall_s: float = 0.0
+    data_wait_s: float = 0.0
+    samples: int = 0
+    samples_known: bool = False
+    last_t_end: float = 0.0
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+    cuda_max_allocated: int | None = None
+    # cumulative per process (torch counts per process): summed over the rank's processes
+    cuda_alloc_retries: dict[int, int] = field(default_factory=dict)
+    cuda_ooms: dict[int, int] = field(default_factory=dict)
+
+
+class JobState:
+    """The aggregates of one recording, brought up to date by :meth:`update`."""
+
+    def __init__(self, tail: RecordingTail) -> None:
+        self.tail = tail
+        self.run_id = tail.run_id
+        self.totals: dict[str, RoleTotals] = {}
+        self.now: dict[str, RoleNow] = {}
+        self.sample_t: float | None = None
+        self.steps: dict[str, RankSteps] = {}
+        self.events: dict[str, int] = {}
+        self.host: dict[str, Any] | None = None  # the latest host sample (flattened row)
+        self.gpus: dict[int, dict[str, Any]] = {}  # latest sample per device index
+        self.gpu_memory: dict[int, int] = {}  # the job's memory per device, latest sample
+        self._last: dict[tuple[int, float], tuple[Any, ...]] = {}
+        self._pss: dict[tuple[int, float], tuple[int | None, int | None]] = {}
+        self._gpu_t: float | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.tail.meta
+
+    def update(self) -> None:
+        self.add_process_rows(self.tail.new_rows("process_samples", PROCESS_COLUMNS))
+        self._steps(self.tail.new_rows("steps", STEP_COLUMNS))
+        for row in self.tail.new_rows("events", ["kind"]):
+            self.events[row["kind"]] = self.events.get(row["kind"], 0) + 1
+        hosts = self.tail.new_rows("host_samples")
+        if hosts:
+            self.host = hosts[-1]
+        gpu_rows = self.tail.new_rows("gpu_samples")
+        for row in gpu_rows:
+            self.gpus[row["index"]] = row
+        gpu_procs = self.tail.new_rows("gpu_process_samples", GPU_PROCESS_COLUMNS)
+        if gpu_rows or gpu_procs:
+            self._gpu_processes(gpu_procs)
+        if "ended_at" not in self.meta:
+            self.tail.refresh_meta()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def add_process_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Credit the counters; the gauges become those of the latest sample in ``rows``."""
+        if not rows:
+            return
+        last = self._last
+        totals = self.totals
+        for row in rows:
+            key = (row["pid"], row["create_time"])
+            role = row["role"]
+            tot = totals.get(role)
+            if tot is None:
+                tot = totals[role] = RoleTotals()
+            values = tuple(row[c] for c in _COUNTED)
+            before = last.get(key)
+            for i, name in enumerate(_COUNTED):
+                v = values[i]
+                if v is None:
+                    continue
+                if name in ("read_bytes", "write_bytes"):
+                    tot.io_known = True
+                b = before[i] if before is not None else None
+                # The first sample of a process brings everything it used so far; a counter
+                # read lower than before (never expected) adds nothing.
+                delta = v if b is None else max(v - b, 0)
+                setattr(tot, name, getattr(tot, name) + delta)
+            if before is not None:
+                values = tuple(b if v is None else v for v, b in zip(values, before, strict=True))
+            last[key] = values
+            if row["pss"] is not None:
+                self._pss[key] = (row["pss"], row["uss"])
+        # The gauges describe the latest sample: the rows sharing the largest time.
+        t = rows[-1]["t"]
+        latest = [r for r in rows if r["t"] == t]
+        now: dict[str, RoleNow] = {}
+        alive = set()
+        for row in latest:
+            key = (row["pid"], row["create_time"])
+            alive.add(key)
+            g = now.get(row["role"])
+            if g is None:
+                g = now[row["role"]] = RoleNow()
+            g.processes += 1
+            g.threads += row["threads"] or 0
+            g.rss += row["rss"] or 0
+            g.swap += row["swap"] or 0
+            # PSS is refreshed on a slower tier: a process between two readings counts with
+            # its last one rather than as zero.
+            pss, uss = self._pss.get(key, (None, None))
+            if pss is not None:
+                g.pss += pss
+                g.uss += uss or 0
+                g.pss_known = True
+        self.now = now
+        self.sample_t = t
+        # Forget what ended processes carry per process (their usage stays in the totals).
+        for key in [k for k in self._pss if k not in alive]:
+            del self._pss[key]
+        if len(last) > 4 * max(len(alive), 64):
+            for key in [k for k in last if k not in alive]:
+                del last[key]
+
+    def _steps(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            rank = "" if row["rank"] is None else str(row["rank"])
+            s = self.steps.get(rank)
+            if s is None:
+                s = self.steps[rank] = RankSteps()
+            s.steps += 1
+            s.wall_s += row["wall_s"] or 0.0
+            s.data_wait_s += row["data_wait_s"] or 0.0
+            n = row["samples"] if row["samples"] is not None else row["batch_size"]
+            if n is not None:
+                s.samples += n
+                s.samples_known = True
+            s.last_t_end = max(s.last_t_end, row["t_end"])
+            if row["cuda_allocated"] is not None:
+                s.cuda_allocated = row["cuda_allocated"]
+                s.cuda_reserved = row["cuda_reserved"]
+                s.cuda_max_allocated = row["cuda_max_allocated"]
+            if row["cuda_alloc_retries"] is not None:
+                s.cuda_alloc_retries[row["pid"]] = row["cuda_alloc_retries"]
+            if row["cuda_ooms"] is not None:
+                s.cuda_ooms[row["pid"]] = row["cuda_ooms"]
+
+    def _gpu_processes(self, rows: list[dict[str, Any]]) -> None:
+        t = rows[-1]["t"] if rows else None
+        used: dict[int, int] = {}
+        for row in rows:
+            if row["t"] != t or not row["in_job"] or row["used_memory"] is None:
+                continue
+            used[row["gpu_index"]] = used.get(row["gpu_index"], 0) + row["used_memory"]
+        # A device with no job process in the latest sample holds none of the job's memory.
+        self.gpu_memory = {index: used.get(index, 0) for index in self.gpus} | used

@@ -1,0 +1,260 @@
+"""Serving the series over HTTP: one collector built at scrape time, a private registry.
+
+Nothing updates metrics in the background. Each scrape reads what was recorded since the
+previous one (the recording is the single source: the endpoint of ``torchdoctor run`` and the
+host-wide exporter give the same numbers for a job) and builds fresh families, so a job or a
+process that is gone leaves no stale series behind. Scrapes are serialised by a lock: the
+HTTP server answers each in its own thread.
+
+Endpoints bind 127.0.0.1 unless an address is given: metrics name what runs on the machine,
+and Prometheus' own advice is never to face public networks with them.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from torchdoctor.errors import UserError
+from torchdoctor.exporters.jobstate import JobState
+from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
+from torchdoctor.exporters.tail import RecordingTail
+from torchdoctor.recording.schema import TABLES, to_row
+
+DEFAULT_ADDRESS = "127.0.0.1"
+# Not taken in Prometheus' default port allocations list (9100 node, 9400 dcgm, 8000 nvitop).
+DEFAULT_EXPORTER_PORT = 9842
+
+
+def parse_listen(text: str, option: str) -> tuple[str, int]:
+    """``[ADDR:]PORT`` (``[::1]:PORT`` for IPv6) -> (address, port); 127.0.0.1 by default."""
+    addr, sep, port_text = text.rpartition(":")
+    if not sep:
+        addr = DEFAULT_ADDRESS
+    addr = addr.strip("[]") or DEFAULT_ADDRESS
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise UserError(f"{option} {text!r}: give [ADDR:]PORT with a port from 0 to 65535")
+    return addr, port
+
+
+class _JobSource:
+    """One recording followed by a collector: its state and its findings, kept between scrapes."""
+
+    def __init__(self, path: Path, watcher) -> None:
+        self.path = path
+        self.run_id = path.stem
+        self._watcher = watcher
+        self.state: JobState | None = None
+        self.error: str | None = None
+
+    def update(self) -> JobState | None:
+        import sqlite3
+
+        try:
+            if self.state is None:
+                if not self.path.exists():
+                    self.error = "recording not created yet"
+                    return None
+                self.state = JobState(RecordingTail(self.path))
+            self.state.update()
+            self.error = None
+        except sqlite3.Error as exc:
+            # The file is being created (no tables yet) or is unreadable: say so, retry next
+            # scrape from the start.
+            self.error = str(exc)
+            self.close()
+            return None
+        return self.state
+
+    def findings(self) -> dict[str, bool] | None:
+        if self._watcher is None:
+            return None
+        status = self._watcher.status(self.path)
+        if "findings" in status.unavailable and not status.findings:
+            return None
+        active = {f.id for f in status.findings}
+        return {rule: rule in active for rule in rule_ids()}
+
+    def close(self) -> None:
+        if self.state is not None:
+            self.state.tail.close()
+            self.state = None
+
+
+_RULE_IDS: list[str] | None = None
+
+
+def rule_ids() -> list[str]:
+    """Every finding id the diagnosis can report: each gets a 0/1 series."""
+    global _RULE_IDS
+    if _RULE_IDS is None:
+        from torchdoctor.diagnosis.engine import rules
+
+        _RULE_IDS = sorted({m.ID for m in rules()})
+    return _RULE_IDS
+
+
+def _findings_watcher(enabled: bool):
+    if not enabled:
+        return None
+    from torchdoctor.live.recordings import RecordingWatcher
+    from torchdoctor.thresholds import Thresholds
+
+    return RecordingWatcher(Thresholds())
+
+
+def _jobs_up(f: Families, sources: Iterable[_JobSource]) -> None:
+    for src in sources:
+        if src.state is None:
+            f.gauge("job_recording_up", "1 when the job's recording could be read.",
+                    {"run_id": src.run_id}, 0)  # fmt: skip
+
+
+class JobCollector:
+    """The series of one job (``torchdoctor run --prometheus``), from its recording.
+
+    The host and GPU series are the recording's latest host and GPU samples: the recorder
+    already reads them for the job, so the endpoint adds no reading of its own.
+    """
+
+    def __init__(self, recording: str | Path, *, findings: bool = True) -> None:
+        self._source = _JobSource(Path(recording), _findings_watcher(findings))
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            f = Families()
+            job = self._source.update()
+            if job is None:
+                _jobs_up(f, [self._source])
+                return iter(f)
+            add_job(f, job, self._source.findings())
+            if job.host is not None:
+                add_host(f, job.host)
+            gpus_meta = job.meta.get("gpus") or {}
+            add_gpus(f, bool(gpus_meta.get("available")), job.gpus.values(), gpus_meta)
+            return iter(f)
+
+    def close(self) -> None:
+        with self._lock:
+            self._source.close()
+
+
+class HostCollector:
+    """The machine, read at each scrape, plus every job announced in the registry.
+
+    ``host`` and ``gpus`` are a HostReader and a GpuReader (or None to leave them out);
+    ``jobs`` returns the recordings of the jobs running now (the registry ``top`` uses).
+    """
+
+    def __init__(
+        self,
+        host,
+        gpus,
+        jobs: Callable[[], list[Path]],
+        *,
+        findings: bool = True,
+    ) -> None:
+        self._host = host
+        self._gpus = gpus
+        self._jobs = jobs
+        self._watcher = _findings_watcher(findings)
+        self._sources: dict[Path, _JobSource] = {}
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            return iter(self._build())
+
+    def _build(self) -> Families:
+        f = Families()
+        t0 = time.thread_time()
+        if self._host is not None:
+            add_host(f, _flat("host_samples", self._host.read()))
+        if self._gpus is not None:
+            samples, _ = self._gpus.read(set())
+            status = self._gpus.status
+            add_gpus(
+                f,
+                status.available,
+                [_flat("gpu_samples", g) for g in samples],
+                {
+                    "driver_version": status.driver_version,
+                    "gpus": [{"index": g.index, "name": g.name} for g in status.gpus],
+                },
+            )
+        paths = self._jobs()
+        for path in paths:
+            if path not in self._sources:
+                self._sources[path] = _JobSource(path, self._watcher)
+        for path in [p for p in self._sources if p not in set(paths)]:
+            self._sources.pop(path).close()
+        if self._watcher is not None:
+            self._watcher.forget_except(set(paths))
+        for src in self._sources.values():
+            job = src.update()
+            if job is not None:
+                add_job(f, job, src.findings())
+        _jobs_up(f, self._sources.values())
+        f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
+        f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},
+                time.thread_time() - t0)  # fmt: skip
+        return f
+
+    def close(self) -> None:
+        with self._lock:
+            for src in self._sources.values():
+                src.close()
+            self._sources.clear()
+            if self._watcher is not None:
+                self._watcher.close()
+
+
+def _flat(table: str, record: Any) -> dict[str, Any]:
+    """A sample as the flattened row the recording would store (what the builders read)."""
+    spec = TABLES[table]
+    return dict(zip(spec.column_names, to_row(spec, record), strict=True))
+
+
+def registry_for(collector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def serve(collector, address: str, port: int):
+    """Start serving ``collector`` on ``address:port`` in a daemon thread; the server.
+
+    Raises OSError (``errno.EADDRINUSE`` when the port is taken); :func:`bind_error` words it.
+    """
+    server, _thread = start_http_server(port, addr=address, registry=registry_for(collector))
+    return server
+
+
+def bind_error(exc: OSError, address: str, port: int) -> str:
+    """One line saying why ``address:port`` cannot be served."""
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "no interface of this machine has that address"
+    elif exc.errno == errno.EACCES:
+        why = "permission denied (ports below 1024 need privileges)"
+    else:
+        why = exc.strerror or str(exc)
+    return f"cannot serve Prometheus metrics on {address}:{port}: {why}"
+
+
+def stop(server) -> None:
+    server.shutdown()
+    server.server_close()

@@ -1,0 +1,63 @@
+"""Following a recording while it is written: the rows added since the previous read.
+
+Rows are only ever appended to a recording, so each table's largest rowid seen is the whole
+position; a read costs one indexed query per table, however long the recording is. The
+connection is read-only: the recorder keeps writing (WAL mode lets readers in beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.recording.schema import TABLES, from_row, quote
+
+
+class RecordingTail:
+    """New rows of a recording's tables, table by table; ``meta`` is re-read on demand."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # The run id every series of this job carries: the recording's file name, unique on
+        # the machine and the same on every endpoint that reads it.
+        self.run_id = self.path.stem
+        self._db = sqlite3.connect(
+            f"file:{self.path.resolve()}?mode=ro", uri=True, check_same_thread=False
+        )
+        self._last: dict[str, int] = {}
+        self._stored: dict[str, set[str]] = {}
+        self.meta: dict[str, Any] = {}
+        self.refresh_meta()
+
+    def refresh_meta(self) -> dict[str, Any]:
+        self.meta = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        return self.meta
+
+    def new_rows(self, table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        """Rows added to ``table`` since the previous call (all rows at the first), in order.
+
+        Columns the recording lacks (added to the schema after it was written) read as None.
+        """
+        spec = TABLES[table]
+        cols = columns or spec.column_names
+        stored = self._stored.get(table)
+        if not stored:
+            stored = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            self._stored[table] = stored
+        select = ", ".join(quote(c) if c in stored else f"NULL AS {quote(c)}" for c in cols)
+        last = self._last.get(table, 0)
+        cursor = self._db.execute(
+            f"SELECT rowid, {select} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        self._last[table] = rows[-1][0]
+        if any(c.kind == "json" for c in spec.columns if c.name in cols):
+            return [from_row(spec, dict(zip(cols, r[1:], strict=True))) for r in rows]
+        return [dict(zip(cols, r[1:], strict=True)) for r in rows]
+
+    def close(self) -> None:
+        self._db.close()
