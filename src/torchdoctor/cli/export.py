@@ -1,4 +1,4 @@
-"""`torchdoctor export FILE --format csv|parquet|jsonl [--to DIR]`."""
+"""`torchdoctor export FILE --format csv|parquet|jsonl|tensorboard [--to DIR]`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ import click
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.export import FORMATS, export_recording
 
+TENSORBOARD = "tensorboard"
+
 
 @click.command("export")
 @click.argument("file", type=click.Path(dir_okay=True))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice((*FORMATS, TENSORBOARD)),
+    required=True,
+    help="Output format.",
+)
 @click.option(
     "--to",
     "folder",
@@ -22,9 +30,18 @@ from torchdoctor.recording.export import FORMATS, export_recording
     help="Folder for the exported files (default: <recording>-<format>/ beside it).",
 )
 def command(file: str, fmt: str, folder: str | None) -> None:
-    """Export every table of the recording FILE, one file per table, plus meta.json."""
+    """Export every table of the recording FILE, one file per table, plus meta.json.
+
+    With --format tensorboard: the recording's scalars (step time, data wait, samples/s, job
+    CPU and PSS, GPU and host figures) as a TensorBoard run, DIR/<recording name>/.
+    """
     with open_recording(file) as rec:
         target = Path(folder) if folder else rec.path.with_name(f"{rec.path.stem}-{fmt}")
-        written = export_recording(rec, fmt, target)
+        if fmt == TENSORBOARD:
+            from torchdoctor.exporters.tensorboard import export_tensorboard
+
+            written = sorted(export_tensorboard(rec.path, target).glob("*tfevents*"))[-1:]
+        else:
+            written = export_recording(rec, fmt, target)
     for path in written:
         click.echo(str(path))

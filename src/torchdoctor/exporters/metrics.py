@@ -91,6 +91,7 @@ def add_job(f: Families, job: JobState, findings: dict[str, bool] | None) -> Non
         run,
         job.sample_t,
     )
+    job_io_known = any(t.io_known for t in job.totals.values())
     for role in ROLES:
         labels = {**run, "role": role}
         now = job.now.get(role)
@@ -138,7 +139,9 @@ def add_job(f: Families, job: JobState, findings: dict[str, bool] | None) -> Non
             ("system", tot.cpu_system_s if tot else 0.0),
         ):
             f.counter("job_cpu_seconds_total", cpu, {**labels, "mode": mode}, value)
-        io_known = tot is None or tot.io_known
+        # /proc/<pid>/io needs ptrace rights: when no process of the job could be read, the
+        # series are left out rather than shown as zero.
+        io_known = job_io_known and (tot is None or tot.io_known)
         f.counter(
             "job_read_bytes_total",
             "Bytes the processes read from storage (/proc/<pid>/io), ended processes included.",

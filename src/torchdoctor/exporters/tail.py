@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.recording.schema import TABLES, from_row, quote
+from torchdoctor.recording.schema import TABLES, from_row, select_list, stored_columns
 
 
 class RecordingTail:
@@ -43,10 +43,9 @@ class RecordingTail:
         spec = TABLES[table]
         cols = columns or spec.column_names
         stored = self._stored.get(table)
-        if not stored:
-            stored = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            self._stored[table] = stored
-        select = ", ".join(quote(c) if c in stored else f"NULL AS {quote(c)}" for c in cols)
+        if not stored:  # empty until the recorder has created its tables
+            stored = self._stored[table] = stored_columns(self._db, table)
+        select = select_list(cols, stored)
         last = self._last.get(table, 0)
         cursor = self._db.execute(
             f"SELECT rowid, {select} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)

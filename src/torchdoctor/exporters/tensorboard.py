@@ -71,10 +71,17 @@ class ScalarWriter:
         self.logdir = Path(folder) / self._tail.run_id
         try:
             self.logdir.mkdir(parents=True, exist_ok=True)
+            written_before = any(self.logdir.glob("*tfevents*"))
         except OSError as exc:
             raise UserError(
                 f"cannot create {str(self.logdir)!r}: {exc.strerror}; choose another folder"
             ) from None
+        if written_before:
+            # A second event file in the same run would show every point twice.
+            raise UserError(
+                f"{str(self.logdir)!r} already holds TensorBoard events of this recording; "
+                "choose another folder or remove it"
+            )
         # flush_secs is a backstop; write() flushes after each pass.
         self._writer = writer_class(logdir=str(self.logdir), flush_secs=10, max_queue=1000)
         self._t0 = self._tail.meta.get("started_at")

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
-from torchdoctor.recording.schema import APPLICATION_ID, SCHEMA_VERSION, TABLES, from_row, quote
+from torchdoctor.recording.schema import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    TABLES,
+    from_row,
+    quote,
+    select_list,
+    stored_columns,
+)
 
 
 class Recording:
@@ -133,13 +141,10 @@ class Recording:
         self.close()
 
     def _select_list(self, table: str, columns: list[str]) -> str:
-        """The SELECT list for ``columns``: a column added to the schema after this recording
-        was written (columns are only ever added) reads as NULL, i.e. not measured."""
         stored = self._stored.get(table)
         if stored is None:
-            stored = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            self._stored[table] = stored
-        return ", ".join(quote(c) if c in stored else f"NULL AS {quote(c)}" for c in columns)
+            stored = self._stored[table] = stored_columns(self._db, table)
+        return select_list(columns, stored)
 
     def _check(self, table: str) -> str:
         if table not in TABLES:

@@ -154,6 +154,18 @@ def quote(name: str) -> str:
     return f'"{name}"'
 
 
+def stored_columns(db: Any, table: str) -> set[str]:
+    """The columns ``table`` has in the recording open on ``db`` (a sqlite3 connection)."""
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def select_list(columns: list[str], stored: set[str]) -> str:
+    """A SELECT list for ``columns``. Columns are only ever added to the schema, never
+    removed or changed: one that a recording written before it lacks reads as NULL (not
+    measured), so every recording reads with the current column set."""
+    return ", ".join(quote(c) if c in stored else f"NULL AS {quote(c)}" for c in columns)
+
+
 __all__ = [
     "APPLICATION_ID",
     "META_SQL",
@@ -163,5 +175,7 @@ __all__ = [
     "CpuSplit",
     "Table",
     "from_row",
+    "select_list",
+    "stored_columns",
     "to_row",
 ]
