@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from torchdoctor.errors import UserError
+from torchdoctor.exporters.findings import FindingsCache
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
 from torchdoctor.exporters.tail import RecordingTail
@@ -51,10 +52,10 @@ def parse_listen(text: str, option: str) -> tuple[str, int]:
 class _JobSource:
     """One recording followed by a collector: its state and its findings, kept between scrapes."""
 
-    def __init__(self, path: Path, watcher) -> None:
+    def __init__(self, path: Path, findings: FindingsCache | None) -> None:
         self.path = path
         self.run_id = path.stem
-        self._watcher = watcher
+        self._findings = findings
         self.state: JobState | None = None
         self.error: str | None = None
 
@@ -77,41 +78,15 @@ class _JobSource:
             return None
         return self.state
 
-    def findings(self) -> dict[str, bool] | None:
-        if self._watcher is None:
+    def findings(self, jobs: int = 1) -> dict[str, bool] | None:
+        if self._findings is None:
             return None
-        status = self._watcher.status(self.path)
-        if "findings" in status.unavailable and not status.findings:
-            return None
-        active = {f.id for f in status.findings}
-        return {rule: rule in active for rule in rule_ids()}
+        return self._findings.active(self.path, jobs)
 
     def close(self) -> None:
         if self.state is not None:
             self.state.tail.close()
             self.state = None
-
-
-_RULE_IDS: list[str] | None = None
-
-
-def rule_ids() -> list[str]:
-    """Every finding id the diagnosis can report: each gets a 0/1 series."""
-    global _RULE_IDS
-    if _RULE_IDS is None:
-        from torchdoctor.diagnosis.engine import rules
-
-        _RULE_IDS = sorted({m.ID for m in rules()})
-    return _RULE_IDS
-
-
-def _findings_watcher(enabled: bool):
-    if not enabled:
-        return None
-    from torchdoctor.live.recordings import RecordingWatcher
-    from torchdoctor.thresholds import Thresholds
-
-    return RecordingWatcher(Thresholds())
 
 
 def _jobs_up(f: Families, sources: Iterable[_JobSource]) -> None:
@@ -129,7 +104,7 @@ class JobCollector:
     """
 
     def __init__(self, recording: str | Path, *, findings: bool = True) -> None:
-        self._source = _JobSource(Path(recording), _findings_watcher(findings))
+        self._source = _JobSource(Path(recording), FindingsCache() if findings else None)
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -169,7 +144,7 @@ class HostCollector:
         self._host = host
         self._gpus = gpus
         self._jobs = jobs
-        self._watcher = _findings_watcher(findings)
+        self._findings = FindingsCache() if findings else None
         self._sources: dict[Path, _JobSource] = {}
         self._lock = threading.Lock()
 
@@ -197,15 +172,15 @@ class HostCollector:
         paths = self._jobs()
         for path in paths:
             if path not in self._sources:
-                self._sources[path] = _JobSource(path, self._watcher)
+                self._sources[path] = _JobSource(path, self._findings)
         for path in [p for p in self._sources if p not in set(paths)]:
             self._sources.pop(path).close()
-        if self._watcher is not None:
-            self._watcher.forget_except(set(paths))
+        if self._findings is not None:
+            self._findings.forget_except(set(paths))
         for src in self._sources.values():
             job = src.update()
             if job is not None:
-                add_job(f, job, src.findings())
+                add_job(f, job, src.findings(len(self._sources)))
         _jobs_up(f, self._sources.values())
         f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
         f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},
@@ -217,8 +192,6 @@ class HostCollector:
             for src in self._sources.values():
                 src.close()
             self._sources.clear()
-            if self._watcher is not None:
-                self._watcher.close()
 
 
 def _flat(table: str, record: Any) -> dict[str, Any]:
