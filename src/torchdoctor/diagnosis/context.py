@@ -18,6 +18,7 @@ from typing import Any
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import decode_json, warmup_steps
+from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
 
 COMPUTE_ROLES = ("trainer", "rank")  # processes that run the model (not workers, launchers)
@@ -81,11 +82,7 @@ class DiagnosisContext:
     @cached_property
     def usable_cpus(self) -> float:
         """CPUs the job can really use: its affinity, capped by a cgroup CPU quota."""
-        n = float(self.allowed_cpus)
-        quota = self.host.get("cgroup_cpu_quota")
-        if quota:
-            n = min(n, float(quota))
-        return max(n, 1.0)
+        return usable_cpus(self.allowed_cpus, self.host.get("cgroup_cpu_quota"), None)
 
     @cached_property
     def cpu_limit_text(self) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
+from torchdoctor.sampling.types import usable_cpus_of
 
 
 @dataclass(slots=True)
@@ -86,7 +87,7 @@ def summarize(rec: Recording) -> RunSummary:
         exit_status=meta.get("exit_status"),
         complete=rec.complete,
         samples=len(host) or len(job),
-        usable_cpus=_usable_cpus(host_info),
+        usable_cpus=usable_cpus_of(host_info),
         host_cpu_busy_pct=Stat.of([r["cpu_busy"] for r in host]),
         host_iowait_pct=Stat.of([r["cpu_iowait"] for r in host]),
         host_mem_used=Stat.of([r["mem_used"] for r in host]),
@@ -108,15 +109,6 @@ def summarize(rec: Recording) -> RunSummary:
 
 def _add(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
-
-
-def _usable_cpus(host: dict[str, Any]) -> float | None:
-    cpus = host.get("allowed_cpus")
-    if not cpus:
-        return None
-    n = float(len(cpus))
-    quota = host.get("cgroup_cpu_quota")
-    return min(n, quota) if quota else n
 
 
 def _gpu_unavailable(status: dict[str, Any] | None) -> str | None:

@@ -525,19 +525,6 @@ def event_markers(events: list[dict], ctx: ChartContext) -> list[Marker]:
     return out
 
 
-def usable_cpus(meta: dict) -> float | None:
-    """CPUs the job could use: affinity capped by the cgroup quota (see HostInfo.usable_cpus)."""
-    info = meta.get("host") or {}
-    allowed = info.get("allowed_cpus")
-    n: float | None = float(len(allowed)) if allowed else None
-    if n is None and info.get("logical_cpus"):
-        n = float(info["logical_cpus"])
-    quota = info.get("cgroup_cpu_quota")
-    if n is not None and quota:
-        n = min(n, float(quota))
-    return n
-
-
 def gpu_unavailable_reason(meta: dict, gpus: list[dict]) -> str | None:
     """Why there is no GPU chart, in words, or None when there is GPU data."""
     status = meta.get("gpus")

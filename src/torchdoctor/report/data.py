@@ -32,7 +32,6 @@ from torchdoctor.report.charts import (
     sustained_level,
     swap_chart,
     swap_traffic,
-    usable_cpus,
     vram_chart,
 )
 from torchdoctor.report.model import (
@@ -56,6 +55,7 @@ from torchdoctor.report.tables import (
     settings_rows,
     threshold_rows,
 )
+from torchdoctor.sampling.types import usable_cpus_of
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
 
@@ -132,7 +132,7 @@ def build_report_data(
     t0 = _origin(meta, host, procs, steps)
     end = rec.ended_at
     span = max(0.0, (end - t0) if end is not None else 0.0)
-    cpus = usable_cpus(meta)
+    cpus = usable_cpus_of(meta.get("host"))
     ctx = ChartContext(t0=t0, max_points=max_points, thresholds=thresholds)
 
     findings, note = _run_diagnosis(rec, thresholds, diagnose)

@@ -13,7 +13,10 @@ Conventions, relied on by the recording and the diagnosis:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -234,8 +237,35 @@ class HostInfo:
 
     @property
     def usable_cpus(self) -> float:
-        """CPUs the job can really use: affinity, capped by the cgroup quota."""
-        n = float(len(self.allowed_cpus))
-        if self.cgroup_cpu_quota is not None:
-            n = min(n, self.cgroup_cpu_quota)
-        return n
+        """CPUs the job can really use (see :func:`usable_cpus`)."""
+        return usable_cpus(len(self.allowed_cpus), self.cgroup_cpu_quota, self.logical_cpus)
+
+
+# The one rule for "how many CPUs can the job use", applied to the live machine (HostInfo) and
+# to a recording's metadata (its "host" dict) alike: diagnosis, summary, report and tune all
+# size their advice and their percentages with it.
+def usable_cpus(allowed: int, cgroup_cpu_quota: float | None, logical_cpus: int | None) -> float:
+    """CPUs a job can really use: the CPUs its affinity allows, capped by a cgroup CPU quota.
+
+    A fractional quota stays fractional (0.5 CPU of quota is half a CPU: a job using half a
+    CPU is saturated). Without a readable affinity the machine's logical CPUs count, and
+    without either, one CPU.
+    """
+    n = float(allowed if allowed > 0 else logical_cpus or 1)
+    if cgroup_cpu_quota:
+        n = min(n, float(cgroup_cpu_quota))
+    return n
+
+
+def usable_cpus_of(host: Mapping[str, Any] | None) -> float | None:
+    """:func:`usable_cpus` of a recording's ``meta["host"]``; None when the host was not recorded."""
+    if not host:
+        return None
+    return usable_cpus(
+        len(host.get("allowed_cpus") or []), host.get("cgroup_cpu_quota"), host.get("logical_cpus")
+    )
+
+
+def cpu_slots(usable: float) -> int:
+    """Whole CPUs to place threads and workers on: a partial CPU of quota still runs a thread."""
+    return max(1, math.ceil(usable - 1e-9))

@@ -43,14 +43,11 @@ def parse_duration(text: str) -> float:
 
 
 def allowed_cpus() -> int:
-    """CPUs this process may use: its affinity, capped by a cgroup CPU quota."""
+    """Whole CPUs this process may place threads and workers on (the usable-CPU rule)."""
     from torchdoctor.sampling.hostinfo import read_host_info
+    from torchdoctor.sampling.types import cpu_slots
 
-    info = read_host_info()
-    cpus = len(info.allowed_cpus) or os.cpu_count() or 1
-    if info.cgroup_cpu_quota:
-        cpus = min(cpus, max(1, math.ceil(info.cgroup_cpu_quota)))
-    return cpus
+    return cpu_slots(read_host_info().usable_cpus)
 
 
 def available_memory() -> int:
