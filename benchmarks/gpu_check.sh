@@ -8,7 +8,12 @@
 # 2. GpuReader on the real NVML: status, two reads, and the per-read cost (nvml_read_cost.py);
 # 3. `torchdoctor run` on a small CUDA training loop with DataLoader workers, then prints the
 #    NVML readings the recording holds, beside what PyTorch says it holds on the GPU;
-# 4. benchmarks/estimate_cuda_check.py, when it exists.
+# 4. the instrumentation's CUDA path on that recording: per-step cuda_* columns against what
+#    the loop's torch reported; then a provoked CUDA OOM under `torchdoctor run` (the job's
+#    exit status kept, the OOM recorded as an event);
+# 5. benchmarks/estimate_cuda_check.py, when it exists;
+# 6. with GPU_CHECK_TESTS=1, the test modules that read GPUs or NVML, on the real GPU (they
+#    assert what NVML really reports, so they hold on a GPU machine as they do here).
 # Logs and the recording go to $OUT (or a temporary folder). Each step has its own time limit
 # and a failing step does not stop the others; the exit status is the number of failed steps.
 set -uo pipefail
@@ -158,10 +163,77 @@ if loop:
 EOF
 fi
 
+if [ "$CUDA" = 1 ]; then
+step "instrumentation's CUDA path: per-step memory figures"
+timeout 60 "$PY" - "$REC" "$OUT/train.log" <<'EOF' || fail "per-step CUDA figures"
+import json, sys
+from torchdoctor import open_recording
+
+path, log = sys.argv[1], sys.argv[2]
+loop = {}
+for line in open(log, errors="replace"):
+    if line.startswith("gpu_train_loop:"):
+        loop = json.loads(line.split(":", 1)[1])
+rec = open_recording(path)
+steps = [s for s in rec.steps() if s["pid"] == loop.get("pid")]
+cols = ("cuda_allocated", "cuda_reserved", "cuda_max_allocated", "cuda_alloc_retries", "cuda_ooms")
+filled = {c: sum(1 for s in steps if s[c] is not None) for c in cols}
+print(f"{len(steps)} steps of the trainer; steps with each CUDA figure: {filled}")
+events = [e["kind"] for e in rec.rows("events")]
+print("events:", sorted(set(events)))
+if not steps or min(filled.values()) < len(steps) // 2:
+    raise SystemExit("the agent recorded no CUDA memory figures for most steps")
+peak = max(s["cuda_max_allocated"] for s in steps if s["cuda_max_allocated"] is not None)
+reserved = max(s["cuda_reserved"] for s in steps if s["cuda_reserved"] is not None)
+print(f"recorded peak allocated {peak / 2**20:.1f} MiB, reserved {reserved / 2**20:.1f} MiB; "
+      f"the loop's torch said reserved {loop.get('torch_memory_reserved', 0) / 2**20:.1f} MiB")
+if loop and reserved > loop["torch_memory_reserved"] * 1.01 + 2**21:
+    raise SystemExit("recorded reserved memory above what torch itself reported at the end")
+if "cuda-oom-observer-unavailable" in events:
+    raise SystemExit("the OOM observer could not be attached")
+EOF
+
+step "a provoked CUDA out-of-memory under torchdoctor run"
+OOM="$OUT/gpu-oom.sqlite"
+rm -f "$OOM"
+timeout 120 "$PY" -m torchdoctor run --quiet --out "$OOM" -- "$PY" -c '
+import sys, torch
+model = torch.nn.Linear(1024, 1024).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    opt.zero_grad(); model(torch.randn(64, 1024, device="cuda")).sum().backward(); opt.step()
+free, total = torch.cuda.mem_get_info()
+try:
+    torch.empty(int(total * 2), dtype=torch.uint8, device="cuda")
+except torch.cuda.OutOfMemoryError as exc:
+    print("provoked:", str(exc).splitlines()[0][:120])
+    sys.exit(3)
+'
+code=$?
+echo "job exit status under torchdoctor run: $code (the job exits 3)"
+[ "$code" = 3 ] || fail "the job's exit status was not kept through an OOM"
+timeout 60 "$PY" - "$OOM" <<'EOF' || fail "OOM recorded"
+import json, sys
+from torchdoctor import open_recording
+rec = open_recording(sys.argv[1])
+ooms = [e for e in rec.rows("events") if e["kind"] == "cuda-oom"]
+print(f"cuda-oom events: {len(ooms)}", [json.loads(e["detail"]) for e in ooms][:2])
+if not ooms:
+    raise SystemExit("no cuda-oom event recorded")
+EOF
+fi
+
 if [ -f benchmarks/estimate_cuda_check.py ] && [ "$CUDA" = 1 ]; then
   step "estimate_cuda_check.py"
   timeout 200 "$PY" benchmarks/estimate_cuda_check.py 2>&1 | tee "$OUT/estimate.log" \
     || fail "estimate_cuda_check"
+fi
+
+if [ -n "${GPU_CHECK_TESTS:-}" ]; then
+  step "the GPU-touching test modules, on this GPU"
+  timeout 420 "$PY" -m pytest -q -x -p no:cacheprovider tests/sampling tests/cli/test_run.py \
+    tests/recording tests/live/test_cli_top.py tests/instrument/test_jobs.py 2>&1 \
+    | tee "$OUT/tests.log" | tail -15 || fail "tests on the GPU machine"
 fi
 
 step "done: $FAILED failed step(s); files in $OUT"
