@@ -1,0 +1,188 @@
+"""`torchdoctor sbatch --from REC -- CMD`: a Slurm script sized from a recording; --submit."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from torchdoctor.cli.common import job_name
+from torchdoctor.coordination.slurm import client
+from torchdoctor.coordination.slurm.notation import require_duration
+from torchdoctor.coordination.slurm.recorded import read_recorded_job
+from torchdoctor.coordination.slurm.script import ScriptOptions, job_folder, render_script
+from torchdoctor.coordination.slurm.sizing import JobRequest, size_job
+from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import RUNS_FOLDER
+from torchdoctor.units import fmt_duration
+
+
+@click.command(
+    "sbatch",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--from",
+    "recording",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="RECORDING",
+    help="Recording of this job (from `torchdoctor run`) to size the request from.",
+)
+@click.option("--nodes", type=int, default=1, show_default=True, metavar="N")
+@click.option(
+    "--gpus-per-node",
+    type=int,
+    default=None,
+    metavar="G",
+    help="GPUs (and ranks) per node (default: the GPUs the recorded run used).",
+)
+@click.option(
+    "--ranks-per-node",
+    type=int,
+    default=None,
+    metavar="R",
+    help="Ranks per node for CPU jobs (default: one per GPU, else as recorded).",
+)
+@click.option("--gpu-type", default=None, metavar="TYPE", help="GPU gres type, e.g. a100.")
+@click.option(
+    "--time",
+    "time_text",
+    default="auto",
+    show_default=True,
+    metavar="auto|HH:MM:SS",
+    help="Time limit; auto: measured step time x steps, plus margin.",
+)
+@click.option(
+    "--steps",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Steps the job will run, for --time auto (default: as many as recorded).",
+)
+@click.option("--partition", default=None, metavar="P")
+@click.option("--account", default=None, metavar="A")
+@click.option("--job-name", default=None, metavar="NAME", help="Default: from the command.")
+@click.option(
+    "--signal-checkpoint",
+    is_flag=True,
+    help="Have Slurm send SIGUSR1 to every rank 90 s before the time limit (--signal=USR1@90).",
+)
+@click.option(
+    "--recordings",
+    type=click.Path(file_okay=False),
+    default=str(RUNS_FOLDER),
+    show_default=True,
+    metavar="DIR",
+    help="Folder (shared by the nodes) for the job's output and its slurm-<id>/ recordings.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Write the script here (default: stdout; with --submit, DIR/<name>.sbatch).",
+)
+@click.option("--submit", is_flag=True, help="Submit with `sbatch --parsable`; print the job id.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def command(
+    recording: str | None,
+    nodes: int,
+    gpus_per_node: int | None,
+    ranks_per_node: int | None,
+    gpu_type: str | None,
+    time_text: str,
+    steps: int | None,
+    partition: str | None,
+    account: str | None,
+    job_name: str | None,
+    signal_checkpoint: bool,
+    recordings: str,
+    out: str | None,
+    submit: bool,
+    argv: tuple[str, ...],
+) -> None:
+    """Write an sbatch script for CMD, sized from its recording: memory, CPUs, GPUs, time.
+
+    Each figure is commented in the script with where it came from. Every node runs its
+    torchrun under torchdoctor's recorder, one recording per node in DIR/slurm-<job id>/,
+    which `torchdoctor diagnose` and `torchdoctor slurm status JOBID` read afterwards.
+    """
+    args = list(argv)
+    if recording is None:
+        raise UserError(
+            "no recording to size the job from: give --from RECORDING "
+            f"(record it first with `torchdoctor run -- {' '.join(args)}`)"
+        )
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps {steps}: give the number of steps the job runs (1 or more)")
+    request = JobRequest(
+        command=args,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        ranks_per_node=ranks_per_node,
+        time_limit_s=None if time_text == "auto" else require_duration(time_text, "--time"),
+        steps=steps,
+        gpu_type=gpu_type,
+    )
+    recorded = read_recorded_job(recording)
+    size = size_job(recorded, request)
+    name = _job_name(job_name, args)
+    folder = Path(recordings).resolve()
+    opts = ScriptOptions(
+        command=args,
+        job_name=name,
+        recordings=folder,
+        torchdoctor=_torchdoctor_executable(),
+        source=_source_line(recorded),
+        partition=partition,
+        account=account,
+        signal_checkpoint=signal_checkpoint,
+        cluster_gpu_types=client.cluster_gpu_types() if size.gpus_per_node.value else (),
+    )
+    text = render_script(size, opts)
+    for note in size.notes:
+        click.echo(f"torchdoctor: warning: {note}", err=True)
+    if out is None and not submit:
+        click.echo(text, nl=False)
+        return
+    folder.mkdir(parents=True, exist_ok=True)  # sbatch writes the job's output there
+    path = Path(out) if out else folder / f"{name}.sbatch"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    click.echo(f"torchdoctor: wrote {path}", err=True)
+    if submit:
+        job_id = client.submit(path)
+        click.echo(job_id)
+        click.echo(
+            f"torchdoctor: submitted job {job_id}; recordings go to {job_folder(folder, job_id)}; "
+            f"follow it with `torchdoctor slurm status {job_id}`",
+            err=True,
+        )
+
+
+def _job_name(given: str | None, argv: list[str]) -> str:
+    name = given or job_name(argv)
+    if not name or any(c.isspace() for c in name):
+        raise UserError(f"--job-name {name!r}: give a name without spaces")
+    return name
+
+
+def _torchdoctor_executable() -> str:
+    """This torchdoctor, by absolute path: the nodes run the same one (on a shared file system)."""
+    beside = Path(sys.executable).parent / "torchdoctor"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("torchdoctor") or "torchdoctor"
+
+
+def _source_line(job) -> str:
+    status = "" if job.exit_status is None else f", exit {job.exit_status}"
+    where = f" on {job.hostname}" if job.hostname else ""
+    return (
+        f"recording {job.path} (`{' '.join(job.command)}`{where}, "
+        f"{fmt_duration(job.duration_s)}{status})"
+    )

@@ -1,0 +1,73 @@
+"""`torchdoctor slurm status JOBID`: a Slurm job's state, asked vs used, summary and findings."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from torchdoctor.coordination.slurm.status import JobReport, job_report
+from torchdoctor.units import fmt_duration
+
+
+@click.group("slurm")
+def command() -> None:
+    """Slurm jobs written by `torchdoctor sbatch`."""
+
+
+@command.command("status")
+@click.argument("job_id", metavar="JOBID")
+@click.option(
+    "--recordings",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="The folder given to `sbatch --recordings` (default: the one the job's script names "
+    "while Slurm knows the job, else ./torchdoctor-runs).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def status(job_id: str, recordings: str | None, as_json: bool) -> None:
+    """State, elapsed time and nodes of JOBID; what it asked for against what it used; and,
+    once the nodes' recordings exist, their summary and findings."""
+    report = job_report(job_id, Path(recordings) if recordings else None)
+    if as_json:
+        click.echo(json.dumps(_to_json(report), indent=2))
+        return
+    render_report(report, Console(highlight=False, soft_wrap=True))
+
+
+def render_report(report: JobReport, console: Console) -> None:
+    from torchdoctor.cli.summary_view import render_summary
+    from torchdoctor.diagnosis.render import render_findings
+
+    s = report.state
+    head = f"[bold]job {s.job_id}[/bold]" + (f" ({s.name})" if s.name else "")
+    exit_code = f", exit {s.exit_code}" if s.exit_code else ""
+    console.print(f"{head}: {s.state}{exit_code} - from {s.source}")
+    if s.reason:
+        console.print(f"reason: {s.reason}")
+    nodes = s.node_list or "not yet allocated"
+    count = f"{s.num_nodes} node{'s' if s.num_nodes != 1 else ''}: " if s.num_nodes else ""
+    console.print(f"nodes: {count}{nodes}; elapsed {fmt_duration(s.elapsed_s)}")
+    for note in report.notes:
+        console.print(f"note: {note}")
+    console.print(f"asked vs used (asked: {report.asked.source}):")
+    width = max(len(row.figure) for row in report.asked_used)
+    for row in report.asked_used:
+        console.print(f"  {row.figure:<{width}}  {row.text()}")
+    console.print(f"recordings: {report.folder}")
+    for node in report.recordings:
+        console.print("")
+        console.print(f"[bold]node {node.hostname or '?'}[/bold]")
+        render_summary(node.summary, console)
+        render_findings(node.findings, console)
+
+
+def _to_json(report: JobReport) -> dict:
+    data = dataclasses.asdict(report)
+    for row, plain in zip(report.asked_used, data["asked_used"], strict=True):
+        plain["share"] = row.share
+    return data

@@ -1,0 +1,1 @@
+"""Coordination: several jobs on one machine, distributed runs, hand-off to Slurm."""
