@@ -123,7 +123,7 @@ def _gpus_per_node(job: RecordedJob, request: JobRequest) -> Figure:
             raise UserError(f"--gpus-per-node {request.gpus_per_node}: give 0 or more")
         return Figure(request.gpus_per_node, "asked with --gpus-per-node")
     if job.gpus_used:
-        return Figure(job.gpus_used, f"GPUs holding the job's memory in the recording")
+        return Figure(job.gpus_used, "GPUs holding the job's memory in the recording")
     return Figure(0, "the recorded run used no GPU")
 
 
