@@ -123,10 +123,13 @@ def _gpu_hint(size: JobSize, opts: ScriptOptions) -> str:
     need = size.gpu_memory_per_gpu
     if need is None or need.value is None:
         return f" {need.source}." if need is not None else ""
-    text = f" Each GPU needs {fmt_bytes(need.value)} ({need.source}): pick a GPU type with more"
+    text = (
+        f" Each GPU needs {fmt_bytes(need.value)}, {need.source}: pick a GPU type with more"
+        " (--gpus-per-node=TYPE:N, or --constraint=FEATURE where the cluster has one)"
+    )
     if opts.cluster_gpu_types:
         text += f"; this cluster names {', '.join(opts.cluster_gpu_types)}"
-    return text + " (--gpus-per-node=TYPE:N, or --constraint=FEATURE where the cluster has one)."
+    return text + "."
 
 
 def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
@@ -174,6 +177,7 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(size.network_env.items())]
     lines += [
         "",
+        f"# {ranks} rank{'s' if ranks != 1 else ''} per node: {size.ranks_per_node.source}",
         "# -c again on srun: since 22.05 srun does not inherit --cpus-per-task",
         'srun --ntasks-per-node=1 -c "$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
         f"  bash -c {shlex.quote(node_shell)} node \\",

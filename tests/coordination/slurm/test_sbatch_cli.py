@@ -1,0 +1,90 @@
+"""`torchdoctor sbatch` on a real recording, without a cluster: the script and bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import run_td
+from tests.coordination.slurm.conftest import TRAIN
+from torchdoctor.coordination.slurm.notation import MIB, parse_memory
+from torchdoctor.recording import open_recording
+from torchdoctor.recording.summary import summarize
+
+
+def test_script_is_sized_from_the_recording(train_recording: Path) -> None:
+    res = run_td(
+        "sbatch", "--from", str(train_recording), "--steps", "500",
+        "--", sys.executable, str(TRAIN), "--steps", "500",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    with open_recording(train_recording) as rec:
+        summary = summarize(rec)
+    mem = parse_memory(re.search(r"^#SBATCH --mem=(\S+)$", text, re.M).group(1))
+    assert summary.job_pss.peak < mem <= summary.job_pss.peak * 1.25 + 1024 * MIB
+    assert f"peak PSS of the whole job {_fmt(summary.job_pss.peak)}" in text
+    assert re.search(r"^# time: 500 steps x .* per step", text, re.M)
+    assert "--gpus-per-node" not in text.replace("# ", "")  # a CPU run asks for no GPU
+    assert f"Sized from recording {train_recording}" in text
+
+
+def test_no_recording_says_how_to_make_one() -> None:
+    res = run_td("sbatch", "--", sys.executable, "train.py")
+    assert res.returncode == 2
+    assert res.stderr.startswith("torchdoctor: error: no recording to size the job from")
+    assert "torchdoctor run --" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_submit_without_sbatch_keeps_the_script_and_says_what_to_do(
+    train_recording: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = tmp_path / "job.sbatch"
+    env = dict(os.environ, PATH=str(empty))
+    res = run_td(
+        "sbatch", "--from", str(train_recording), "--submit", "--out", str(out),
+        "--recordings", str(tmp_path / "runs"), "--", sys.executable, str(TRAIN), env=env,
+    )  # fmt: skip
+    assert res.returncode == 2
+    error = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(error) == 1
+    assert "`sbatch` is not on PATH" in error[0] and "install Slurm's client" in error[0]
+    assert str(out) in error[0]  # the script is kept, and where it is is said
+    assert out.read_text().startswith("#!/bin/bash")
+
+
+def test_a_recording_of_another_command_is_warned_about(train_recording: Path) -> None:
+    res = run_td("sbatch", "--from", str(train_recording), "--", sys.executable, "eval.py")
+    assert res.returncode == 0
+    warning = next(line for line in res.stderr.splitlines() if "recording is of" in line)
+    assert warning.startswith("torchdoctor: warning:")
+    assert str(Path(TRAIN)).lstrip("/") in warning or "examples/train.py" in warning
+    assert "not of `eval.py`" in warning
+
+
+def test_more_ranks_than_recorded_are_sized_per_rank_and_said(train_recording: Path) -> None:
+    res = run_td(
+        "sbatch", "--from", str(train_recording), "--nodes", "4", "--gpus-per-node", "8",
+        "--", sys.executable, str(TRAIN),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "per-node sizes are the recording's per-rank figures x ranks per node" in res.stderr
+    assert "#SBATCH --gpus-per-node=8" in res.stdout
+    assert "the recorded run used no GPU: its GPU memory need is unknown" in res.stdout
+    with open_recording(train_recording) as rec:
+        pss = summarize(rec).job_pss.peak
+    mem = parse_memory(re.search(r"^#SBATCH --mem=(\S+)$", res.stdout, re.M).group(1))
+    assert mem >= 8 * pss  # eight ranks' worth per node
+
+
+def _fmt(n: float) -> str:
+    from torchdoctor.units import fmt_bytes
+
+    return fmt_bytes(n)
