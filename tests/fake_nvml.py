@@ -270,6 +270,7 @@ class FakeGpu:
     # pynvml function name -> NVML_ERROR_* code it raises on this device, while present
     errors: dict[str, int] = field(default_factory=dict)
     lost_after_calls: int | None = None  # GPU falls off the bus after this many calls
+    numa_node: int | None = None  # None: NotSupported (one-node machines, older drivers)
     calls: Counter = field(default_factory=Counter)
 
 
@@ -384,6 +385,12 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetPowerManagementLimit(self, handle):
         return self._gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
+
+    def nvmlDeviceGetNumaNodeId(self, handle):
+        gpu = self._gpu(handle, "nvmlDeviceGetNumaNodeId")
+        if gpu.numa_node is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.numa_node
 
     # -- fast tier --------------------------------------------------------------------------
 
@@ -553,3 +560,128 @@ def _two_a100s() -> list[FakeGpu]:
         FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0000"),
         FakeGpu(uuid="GPU-3b1f6c52-0d7e-4b8e-9a51-8f6a3a1c0001"),
     ]
+
+
+# -- one simulated machine shared by several processes ----------------------------------------
+#
+# The queue's scheduler, each job's recorder and the jobs themselves are separate processes.
+# They share one simulated machine through a JSON file: the devices, and the memory each
+# process holds on them. As with the real driver, a process's memory is freed when it exits
+# (its PID is gone or a zombie), whoever reads next; an allocation that does not fit fails.
+# Processes load it as ``pynvml`` through tests/helpers/fake_pynvml/ on PYTHONPATH, with
+# FAKE_NVML_STATE naming the file.
+
+STATE_ENV = "FAKE_NVML_STATE"
+
+
+def write_machine(path: str, gpus: list[dict]) -> None:
+    """Create the shared machine: one dict per device with ``uuid``, ``memory_total`` and
+    optionally ``name``, ``memory_reserved``, ``numa_node``, ``processes`` ([pid, bytes])."""
+    with _locked(path):
+        _save(path, {"gpus": [{"processes": [], **gpu} for gpu in gpus]})
+
+
+def allocate(path: str, uuid: str, nbytes: int, pid: int | None = None) -> bool:
+    """Have ``pid`` (default: us) allocate ``nbytes`` on the device ``uuid``, as cudaMalloc
+    would: False, and nothing held, when the device has less free memory than that."""
+    pid = os.getpid() if pid is None else pid
+    with _locked(path):
+        state = _load(path)
+        gpu = next((g for g in state["gpus"] if g["uuid"] == uuid), None)
+        if gpu is None:
+            raise KeyError(f"no GPU {uuid} in the fake machine")
+        _drop_exited(gpu)
+        if _free(gpu) < nbytes:
+            return False
+        gpu["processes"].append([pid, nbytes])
+        _save(path, state)
+        return True
+
+
+def release(path: str, pid: int) -> None:
+    """Free everything ``pid`` holds (a process that is still running, e.g. another user's)."""
+    with _locked(path):
+        state = _load(path)
+        for gpu in state["gpus"]:
+            gpu["processes"] = [p for p in gpu["processes"] if p[0] != pid]
+        _save(path, state)
+
+
+class SharedFakeNvml(FakeNvml):
+    """The fake NVML over the shared machine file: every call sees the file as it is now."""
+
+    def __init__(self, path: str, **kwargs) -> None:
+        self.state_path = path
+        super().__init__([], **kwargs)
+
+    @property
+    def gpus(self) -> list[FakeGpu]:
+        with _locked(self.state_path):
+            state = _load(self.state_path)
+        out = []
+        for gpu in state["gpus"]:
+            _drop_exited(gpu)
+            out.append(
+                FakeGpu(
+                    name=gpu.get("name", "NVIDIA A100-PCIE-40GB"),
+                    uuid=gpu["uuid"],
+                    memory_total=gpu["memory_total"],
+                    memory_reserved=gpu.get("memory_reserved", 512 * MIB),
+                    memory_used=sum(n for _, n in gpu["processes"]),
+                    numa_node=gpu.get("numa_node"),
+                    compute_processes=[(pid, n) for pid, n in gpu["processes"]],
+                )
+            )
+        return out
+
+    @gpus.setter
+    def gpus(self, value: list[FakeGpu]) -> None:
+        pass  # the devices live in the file
+
+
+def _free(gpu: dict) -> int:
+    held = sum(n for _, n in gpu["processes"])
+    return gpu["memory_total"] - gpu.get("memory_reserved", 512 * MIB) - held
+
+
+def _drop_exited(gpu: dict) -> None:
+    gpu["processes"] = [p for p in gpu["processes"] if _running(p[0])]
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _load(path: str) -> dict:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _save(path: str, state: dict) -> None:
+    import json
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+class _locked:
+    def __init__(self, path: str) -> None:
+        self.lock_path = f"{path}.lock"
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing releases the lock

@@ -32,24 +32,30 @@ _WAITED = {*FORWARDED, signal.SIGCHLD}
 _SI_KERNEL = 0x80  # si_code of signals the kernel raises itself, e.g. the tty's Ctrl-C
 
 
-def resolve_command(argv: list[str]) -> str:
-    """The executable ``argv[0]`` names, as a shell would find it; 127/126 like a shell."""
+def resolve_command(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+) -> str:
+    """The executable ``argv[0]`` names, as a shell would find it; 127/126 like a shell.
+
+    ``env`` (its PATH) and ``cwd`` say where the command will run (default: here, now)."""
     if not argv:
         raise UserError(
             "no command given: put it after `--`, e.g. `torchdoctor run -- python train.py`"
         )
     name = argv[0]
     if "/" in name:
-        if not os.path.exists(name):
+        where = os.path.join(cwd, name) if cwd is not None else name
+        if not os.path.exists(where):
             raise UserError(f"command not found: {name}", exit_code=127)
-        if os.path.isdir(name) or not os.access(name, os.X_OK):
+        if os.path.isdir(where) or not os.access(where, os.X_OK):
             raise UserError(
                 f"command is not executable: {name} (check its permissions)", exit_code=126
             )
         return name
-    found = shutil.which(name)
+    search = os.get_exec_path(env)
+    found = shutil.which(name, path=os.pathsep.join(search))
     if found is None:
-        if any(os.path.isfile(os.path.join(d, name)) for d in os.get_exec_path()):
+        if any(os.path.isfile(os.path.join(d, name)) for d in search):
             raise UserError(
                 f"command is not executable: {name} (check its permissions)", exit_code=126
             )

@@ -61,6 +61,23 @@ def fmt_duration(seconds: float | None, missing: str = "n/a") -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def fmt_cpu_list(cpus: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` as ``"0-3,8"``, the way taskset and cgroups write CPU lists."""
+    ranges: list[str] = []
+    ordered = sorted(cpus)
+    if not ordered:
+        return "-"
+    start = prev = ordered[0]
+    for c in [*ordered[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(ranges)
+
+
 def _three_figures(value: float) -> str:
     """``value`` (below 1000) to three significant figures: 1.50, 42.1, 812."""
     digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they will round

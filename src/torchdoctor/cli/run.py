@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from pathlib import Path
 
 import click
@@ -19,11 +16,9 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
-from torchdoctor.launcher import ChildProcess, hold_signals, release_signals, resolve_command
-from torchdoctor.recording import RecordingWriter, prepare_output
-from torchdoctor.recording.metadata import run_metadata
-from torchdoctor.recording.recorder import Recorder
-from torchdoctor.sampling.sampler import Sampler
+from torchdoctor.coordination.record import record_command
+from torchdoctor.launcher import resolve_command
+from torchdoctor.recording import prepare_output
 
 
 @click.command(
@@ -76,69 +71,20 @@ def command(
     executable = resolve_command(args)
     path = prepare_output(out or default_recording_path(job_name(args)))
     console = stderr_console()
+    registered: list[bool] = []
     status = record_command(
-        executable, args, path, interval, instrument=not no_instrument, outputs=outputs, quiet=quiet
+        executable,
+        args,
+        path,
+        interval,
+        instrument=not no_instrument,
+        on_started=lambda pid: registered.append(register_recording(pid, path)),
+        on_ended=lambda pid: unregister_recording(pid) if any(registered) else None,
+        start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
     if not quiet:
         print_end_report(path, console, thresholds)
     ctx.exit(status)
-
-
-def record_command(
-    executable: str,
-    argv: list[str],
-    path: Path,
-    interval: float,
-    *,
-    instrument: bool,
-    outputs=None,
-    quiet: bool = False,
-) -> int:
-    """Start the command, sample it until it exits, close the recording; its exit status."""
-    from torchdoctor.sampling.gpus import GpuReader
-    from torchdoctor.sampling.hostinfo import read_host_info
-
-    held = hold_signals()  # before any thread starts, so no thread swallows a Ctrl-C
-    try:
-        gpus = GpuReader()
-        env = dict(os.environ)
-        writer = _create_writer(
-            path, argv, interval, env, read_host_info(), gpus.status, instrument
-        )
-        collector = _start_collector(writer, env) if instrument else None
-        if collector is not None:
-            env = collector.child_env(env)
-        elif not instrument:
-            # An outer `torchdoctor run` may have left its bootstrap on PYTHONPATH.
-            env["TORCHDOCTOR_NO_INSTRUMENT"] = "1"
-        served = _start_outputs(path, outputs, quiet)
-        try:
-            child = ChildProcess(executable, argv, env)
-        except BaseException:
-            if served is not None:
-                _safely(served.close)
-            writer.close({"ended_at": time.time(), "exit_status": None, "start_error": True})
-            path.unlink(missing_ok=True)
-            raise
-        # From here on the job runs: nothing of ours may stop us from waiting for it and
-        # returning its status. Each step fails alone, says so once, and the rest goes on.
-        recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval))
-        registered = _safely(lambda: register_recording(child.pid, path))
-        status = child.wait()
-        if recorder is not None:
-            _safely(recorder.stop)
-        if collector is not None:
-            _safely(lambda: collector.close(timeout=2.0))
-        if served is not None:
-            _safely(writer.flush)
-            _safely(served.close)
-        if registered:
-            _safely(lambda: unregister_recording(child.pid))
-        _safely(lambda: writer.close({"ended_at": time.time(), "exit_status": status}))
-        _safely(gpus.close)
-        return status
-    finally:
-        release_signals(held)
 
 
 def _output_options(prometheus: str | None, tensorboard: str | None):
@@ -156,51 +102,7 @@ def _start_outputs(path: Path, outputs, quiet: bool):
         return None
     from torchdoctor.exporters.run_outputs import RunOutputs
 
-    return _safely(lambda: RunOutputs(path, outputs, quiet=quiet))
-
-
-def _start_recorder(pid: int, gpus, writer: RecordingWriter, interval: float) -> Recorder:
-    from torchdoctor.sampling.host import HostReader
-    from torchdoctor.sampling.job import JobReader
-
-    writer.set_meta({"root_pid": pid})
-    recorder = Recorder(Sampler(HostReader(pid=pid), JobReader(pid), gpus), writer, interval)
-    recorder.start()
-    return recorder
-
-
-def _safely(action):
-    """Run one of our own steps; a failure is reported once and never reaches the job."""
-    try:
-        return action()
-    except Exception as exc:  # noqa: BLE001
-        print(
-            f"torchdoctor: internal error, recording may be incomplete ({type(exc).__name__}: {exc})",
-            file=sys.stderr,
-        )
-        return None
-
-
-def _create_writer(path, argv, interval, env, host_info, gpu_status, instrument) -> RecordingWriter:
-    meta = run_metadata(
-        mode="run",
-        command=argv,
-        root_pid=None,
-        interval_s=interval,
-        env=env,
-        host_info=host_info,
-        gpu_status=gpu_status,
-        instrumented=instrument,
-    )
-    return RecordingWriter(path, meta)
-
-
-def _start_collector(writer: RecordingWriter, env: dict[str, str]):
-    try:
-        from torchdoctor.instrument.collector import Collector
-    except ImportError:
-        return None
-    return Collector(writer)
+    return RunOutputs(path, outputs, quiet=quiet)
 
 
 def register_recording(pid: int, path: Path) -> bool:

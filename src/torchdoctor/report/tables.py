@@ -26,7 +26,7 @@ from torchdoctor.report.scales import (
     fmt_value,
 )
 from torchdoctor.thresholds import Thresholds
-from torchdoctor.units import fmt_duration
+from torchdoctor.units import fmt_cpu_list, fmt_duration
 
 # Siblings of one role beyond this many are folded into one row of the process tree.
 FOLD_SIBLINGS_OVER = 6
@@ -464,17 +464,7 @@ def _cpu_list(cpus: list[int] | None) -> str:
     """``[0, 1, 2, 3, 8]`` as ``"0-3,8 (5 CPUs)"``, the way taskset and cgroups write it."""
     if not cpus:
         return "n/a"
-    ranges: list[str] = []
-    ordered = sorted(cpus)
-    start = prev = ordered[0]
-    for c in ordered[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        ranges.append(str(start) if start == prev else f"{start}-{prev}")
-        if c is not None:
-            start = prev = c
-    return f"{','.join(ranges)} ({len(cpus)} CPUs)"
+    return f"{fmt_cpu_list(cpus)} ({len(cpus)} CPUs)"
 
 
 def pretty_json(text: Any) -> str:

@@ -262,6 +262,34 @@ class GpuReader:
             processes.extend(device_procs)
         return samples, processes
 
+    def free_memory(self) -> dict[int, int]:
+        """Free bytes of each readable device, as NVML counts them: what a new allocation
+        there can still get (reserved and other processes' memory already taken off)."""
+        out: dict[int, int] = {}
+        for device in self._devices:
+            if device.lost:
+                continue
+            try:
+                memory = self._memory_info(device)
+            except _Lost:
+                device.lost = True
+                continue
+            if not isinstance(memory, Unavailable):
+                out[device.index] = int(memory.free)
+        return out
+
+    def numa_node(self, index: int) -> int | None:
+        """The NUMA node the device is attached to, where NVML knows it."""
+        device = self._devices[index]
+        if device.lost:
+            return None
+        try:
+            node = self._call(device, "numa_node", "nvmlDeviceGetNumaNodeId")
+        except _Lost:
+            device.lost = True
+            return None
+        return None if isinstance(node, Unavailable) or int(node) < 0 else int(node)
+
     def _lost_sample(self, t: float, device: _Device) -> GpuSample:
         reason = device.settled["*"].reason if "*" in device.settled else LOST_REASON
         sample = GpuSample(t, device.index, device.uuid, *([None] * len(ALL_FIELDS)))

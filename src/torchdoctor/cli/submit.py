@@ -1,0 +1,117 @@
+"""``torchdoctor submit -- CMD ARGS...``: queue a job; it starts when what it needs is free."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from torchdoctor.cli.common import job_name
+from torchdoctor.errors import UserError
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--after {text}: give job ids, e.g. --after 3 or --after 3,4") from None
+
+
+@click.command(
+    "submit",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--gpus", type=int, default=0, metavar="N", help="How many GPUs (any of them).")
+@click.option(
+    "--gpu", "gpu", metavar="ID,...", help="These GPUs: NVML indexes or UUIDs (PCI bus order)."
+)
+@click.option(
+    "--vram",
+    metavar="SIZE|auto",
+    help="GPU memory per GPU, e.g. 12GiB; auto: from the last run of this command. "
+    "Without it the GPUs are given whole.",
+)
+@click.option("--cpus", type=int, default=1, show_default=True, metavar="N", help="CPU cores.")
+@click.option("--mem", metavar="SIZE|auto", help="RAM, e.g. 16GiB; auto: from the last run.")
+@click.option(
+    "--estimate",
+    "estimate_args",
+    metavar="'SPEC ARGS'",
+    help="For --vram auto without history: `torchdoctor estimate` arguments, "
+    "e.g. 'models.py:make --batch 64 --gpu A100-80GB'.",
+)
+@click.option(
+    "--after", "after", multiple=True, metavar="ID", help="Start only after job ID succeeded."
+)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option("--name", help="A name for the job (default: from the command).")
+@click.option(
+    "--cwd",
+    type=click.Path(file_okay=False, exists=True),
+    help="Folder the job runs in (default: this one).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="Print the job id only.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def command(
+    gpus: int,
+    gpu: str | None,
+    vram: str | None,
+    cpus: int,
+    mem: str | None,
+    estimate_args: str | None,
+    after: tuple[str, ...],
+    priority: int,
+    name: str | None,
+    cwd: str | None,
+    quiet: bool,
+    argv: tuple[str, ...],
+) -> None:
+    """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
+    torchdoctor's recorder, without a shell, with this environment. `torchdoctor queue` shows
+    it; its output goes to `torchdoctor queue logs ID`."""
+    from torchdoctor.coordination.queue import Queue, Request
+    from torchdoctor.coordination.queue.needs import resolve_need
+    from torchdoctor.units import fmt_bytes
+
+    args = list(argv)
+    if not args:
+        raise UserError(
+            "no command given: put it after `--`, e.g. `torchdoctor submit -- python train.py`"
+        )
+    if gpus < 0:
+        raise UserError("--gpus must be 0 or more")
+    gpu_ids = [g.strip() for g in gpu.split(",") if g.strip()] if gpu else None
+    if gpu_ids and gpus and gpus != len(gpu_ids):
+        raise UserError(f"--gpus {gpus} and --gpu {gpu} disagree: give one of them")
+    with Queue() as queue:
+        vram_need, vram_source = resolve_need("vram", vram, args, queue.store, estimate_args)
+        mem_need, mem_source = resolve_need("mem", mem, args, queue.store)
+        request = Request(
+            argv=args,
+            cwd=os.path.abspath(cwd or os.getcwd()),
+            env=dict(os.environ),
+            name=name or job_name(args),
+            gpus=gpus,
+            gpu_ids=gpu_ids,
+            vram=vram_need,
+            vram_source=vram_source,
+            cpus=cpus,
+            mem=mem_need,
+            mem_source=mem_source,
+            priority=priority,
+            after=[i for text in after for i in _ids(text)],
+        )
+        job = queue.submit(request)
+    if quiet:
+        click.echo(job.id)
+        return
+    asks = [f"{job.cpus} core{'s' if job.cpus != 1 else ''}"]
+    if job.gpus:
+        asks.append(f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}")
+    if job.vram is not None:
+        asks.append(f"{fmt_bytes(job.vram)} VRAM per GPU ({job.vram_source})")
+    elif job.gpus:
+        asks.append("whole GPUs")
+    if job.mem is not None:
+        asks.append(f"{fmt_bytes(job.mem)} RAM ({job.mem_source})")
+    click.echo(f"job {job.id} queued: {job.name}; asks {', '.join(asks)}")

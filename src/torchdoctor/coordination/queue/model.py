@@ -1,0 +1,66 @@
+"""A queued job as the state store keeps it: what was asked, what it got, how it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+QUEUED = "queued"
+STARTING = "starting"  # resources given, supervisor starting the command
+RUNNING = "running"
+DONE = "done"  # exit status 0
+FAILED = "failed"
+CANCELLED = "cancelled"
+LOST = "lost"  # it was running when its supervisor vanished (e.g. a reboot): status unknown
+
+ACTIVE = (STARTING, RUNNING)
+TERMINAL = (DONE, FAILED, CANCELLED, LOST)
+
+PAUSED_KEY = "paused"  # queue-wide setting: why the queue is paused, when it is
+ASKED = "asked"  # where a figure of a job came from, when the user gave it
+
+
+@dataclass(slots=True)
+class Job:
+    id: int
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    submitted_at: float
+    state: str = QUEUED
+    priority: int = 0
+    after: list[int] = field(default_factory=list)
+    gpus: int = 0  # how many GPUs
+    gpu_ids: list[str] | None = None  # the UUIDs asked for by name, when they were
+    vram: int | None = None  # bytes per GPU; None with GPUs: the whole GPUs, shared with no one
+    vram_source: str | None = None
+    cpus: int = 1
+    mem: int | None = None  # bytes of RAM; None: not reserved
+    mem_source: str | None = None
+    reason: str | None = None  # why it waits, or how it ended
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_status: int | None = None
+    assigned_gpus: list[str] = field(default_factory=list)  # UUIDs
+    assigned_cpus: list[int] = field(default_factory=list)
+    master_port: int | None = None
+    boot_id: str | None = None
+    supervisor_pid: int | None = None
+    supervisor_start: int | None = None  # start time in clock ticks: with the PID, its identity
+    job_pid: int | None = None  # also the job's process group
+    job_start: int | None = None
+    cancel_requested: bool = False
+    cancel_grace_s: float = 10.0
+    recording: str | None = None
+    log: str | None = None
+    used_vram: int | None = None  # measured peak per GPU, bytes
+    used_rss: int | None = None  # measured peak of the job's processes, bytes
+    used_cores: float | None = None  # mean CPU use, cores
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL
