@@ -50,6 +50,10 @@ class Families:
     def counter(self, name: str, doc: str, labels: dict[str, str], value: float | None) -> None:
         if value is None:
             return
+        if isinstance(value, float):
+            # Sums of per-sample deltas carry float noise (6.029999999999997); rounding to
+            # a nanosecond / a byte's billionth keeps them monotonic and readable.
+            value = round(value, 9)
         # ``name`` ends in _total; the family adds the suffix back when it writes the series.
         family = self._get(CounterMetricFamily, name.removesuffix("_total"), doc, labels)
         family.add_metric(list(labels.values()), value)

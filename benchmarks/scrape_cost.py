@@ -1,0 +1,244 @@
+"""CPU and response size of one Prometheus scrape: the job endpoint and the host exporter.
+
+The machine gets 20 running jobs of 15 processes each (a shell and 14 children: 300
+processes), each recorded by torchdoctor's own Sampler and RecordingWriter and announced in a
+private registry, as `torchdoctor run` does. Each recording starts with 60 s of history (120
+samples at the default 0.5 s interval, 100 steps/s of step records); before every round each
+job gets what one more second adds (2 samples, 100 steps), so a scrape does what it does in
+a real 1 s scrape loop: it reads what was recorded since the previous one.
+
+Side by side in one run, interleaved round by round, CPU time of the scraping thread per
+scrape (building the families and encoding the text; HTTP framing is left out, it is the
+same for every variant):
+
+  job endpoint       `torchdoctor run --prometheus`: JobCollector over one recording;
+  host exporter      `torchdoctor exporter`: HostCollector reading the host from /proc and
+                     all 20 recordings (no GPU here);
+  psutil node        node_exporter-style collection with psutil: cpu_times per CPU,
+                     virtual_memory, swap_memory, disk_io_counters and net_io_counters per
+                     device, getloadavg, PSI read raw, encoded the same way;
+  psutil processes   a per-process exporter with psutil (process-exporter style):
+                     process_iter over every process with cpu_times, memory_info,
+                     num_threads, io_counters, summed per command name.
+
+The first scrape of each collector reads the whole 60 s history and runs the first
+diagnosis (findings): it is reported apart. The diagnosis re-runs at most every 30 s, so it
+shows in no steady round here; its cost is the first scrape's minus a steady one.
+
+    python benchmarks/scrape_cost.py [--rounds 40] [--jobs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from scorecard import Scorecard
+
+CHILDREN = 14
+HISTORY_S = 60
+INTERVAL_S = 0.5
+STEPS_PER_S = 100
+TARGET_JOB_MS = 10.0
+
+
+class _Job:
+    """One running job tree and the recording torchdoctor keeps of it."""
+
+    def __init__(self, folder: Path, index: int) -> None:
+        from torchdoctor.recording import RecordingWriter
+        from torchdoctor.sampling.host import HostReader
+        from torchdoctor.sampling.job import JobReader
+        from torchdoctor.sampling.sampler import Sampler
+
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", f"for i in $(seq {CHILDREN}); do sleep 3600 & done; wait"],
+            start_new_session=True,
+        )
+        while len(psutil.Process(self.proc.pid).children()) < CHILDREN:
+            time.sleep(0.01)  # the shell is still forking: wait for its tree to be complete
+        self.path = folder / f"bench-job-{index:02d}.sqlite"
+        self.t = time.time() - HISTORY_S
+        self.writer = RecordingWriter(self.path, {"started_at": self.t, "mode": "run"})
+        self.sampler = Sampler(HostReader(pid=self.proc.pid), JobReader(self.proc.pid), None)
+        self.steps = 0
+        self.advance(HISTORY_S)
+
+    def advance(self, seconds: float) -> None:
+        """Record ``seconds`` more of the job: real samples of its tree, step records."""
+        from torchdoctor.recording.records import StepRecord
+
+        for _ in range(round(seconds / INTERVAL_S)):
+            self.writer.write_snapshot(self.sampler.snapshot())
+        n = round(seconds * STEPS_PER_S)
+        wall = 1.0 / STEPS_PER_S
+        records = []
+        for _ in range(n):
+            t_start = self.t
+            self.t += wall
+            records.append(
+                StepRecord(
+                    pid=self.proc.pid, rank=None, step=self.steps, t_start=t_start,
+                    t_end=self.t, wall_s=wall, data_wait_s=wall * 0.2, batch_size=32,
+                )
+            )  # fmt: skip
+            self.steps += 1
+        self.writer.add_steps(records)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.writer.close()
+        os.killpg(self.proc.pid, 15)
+        self.proc.wait()
+
+
+def _psutil_node():
+    """node_exporter's main host collectors, with psutil."""
+    fams = []
+    cpu = CounterMetricFamily("node_cpu_seconds", "CPU seconds.", labels=["cpu", "mode"])
+    for i, times in enumerate(psutil.cpu_times(percpu=True)):
+        for mode, value in times._asdict().items():
+            cpu.add_metric([str(i), mode], value)
+    fams.append(cpu)
+    for name, value in psutil.virtual_memory()._asdict().items():
+        if name != "percent":
+            fams.append(GaugeMetricFamily(f"node_memory_{name}_bytes", "Memory.", value=value))
+    for name, value in psutil.swap_memory()._asdict().items():
+        if name != "percent":
+            fams.append(GaugeMetricFamily(f"node_swap_{name}_bytes", "Swap.", value=value))
+    disk = CounterMetricFamily("node_disk_read_bytes", "Disk.", labels=["device"])
+    for dev, io in psutil.disk_io_counters(perdisk=True).items():
+        disk.add_metric([dev], io.read_bytes)
+    fams.append(disk)
+    net = CounterMetricFamily("node_network_receive_bytes", "Net.", labels=["device"])
+    for dev, io in psutil.net_io_counters(pernic=True).items():
+        net.add_metric([dev], io.bytes_recv)
+    fams.append(net)
+    for i, value in enumerate(os.getloadavg()):
+        fams.append(GaugeMetricFamily(f"node_load{(1, 5, 15)[i]}", "Load.", value=value))
+    for name in ("cpu", "memory", "io"):
+        try:
+            with open(f"/proc/pressure/{name}") as fh:
+                total = int(fh.readline().rsplit("total=", 1)[1])
+            fams.append(CounterMetricFamily(f"node_pressure_{name}_waiting_seconds",
+                                            "PSI.", value=total / 1e6))  # fmt: skip
+        except (OSError, IndexError, ValueError):
+            pass
+    return fams
+
+
+def _psutil_processes():
+    """A per-process exporter: every process, summed per command name."""
+    by_name: dict[str, list[float]] = {}
+    attrs = ["name", "cpu_times", "memory_info", "num_threads", "io_counters"]
+    for p in psutil.process_iter(attrs):
+        info = p.info
+        acc = by_name.setdefault(info["name"] or "?", [0.0, 0.0, 0.0, 0.0])
+        if info["cpu_times"] is not None:
+            acc[0] += info["cpu_times"].user + info["cpu_times"].system
+        if info["memory_info"] is not None:
+            acc[1] += info["memory_info"].rss
+        acc[2] += info["num_threads"] or 0
+        if info["io_counters"] is not None:
+            acc[3] += info["io_counters"].read_bytes
+    cpu = CounterMetricFamily("namedprocess_cpu_seconds", "CPU.", labels=["groupname"])
+    rss = GaugeMetricFamily("namedprocess_memory_bytes", "RSS.", labels=["groupname"])
+    for name, (c, m, _threads, _io) in by_name.items():
+        cpu.add_metric([name], c)
+        rss.add_metric([name], m)
+    return [cpu, rss]
+
+
+class _Fixed:
+    def __init__(self, build) -> None:
+        self.build = build
+
+    def collect(self):
+        return iter(self.build())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--jobs", type=int, default=20)
+    args = ap.parse_args()
+    card = Scorecard("scrape_cost")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        runtime = folder / "runtime"
+        runtime.mkdir(mode=0o700)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # a registry of our own
+        from torchdoctor.exporters.prometheus import HostCollector, JobCollector, registry_for
+        from torchdoctor.live.registry import active, register
+        from torchdoctor.sampling.host import HostReader
+
+        jobs: list[_Job] = []
+        try:
+            for i in range(args.jobs):
+                jobs.append(_Job(folder, i))
+                register(jobs[-1].proc.pid, jobs[-1].path)
+            procs = len(psutil.pids())
+            print(f"{len(jobs)} jobs, {len(jobs) * (CHILDREN + 1)} job processes, "
+                  f"{procs} processes on the machine", flush=True)  # fmt: skip
+            host_reader = HostReader()
+            variants = {
+                "job endpoint": registry_for(JobCollector(jobs[0].path)),
+                "host exporter": registry_for(
+                    HostCollector(host_reader, None, lambda: [e.recording_path for e in active()])
+                ),
+                "psutil node": registry_for(_Fixed(_psutil_node)),
+                "psutil processes": registry_for(_Fixed(_psutil_processes)),
+            }
+            cpu: dict[str, list[float]] = {k: [] for k in variants}
+            first: dict[str, float] = {}
+            size: dict[str, tuple[int, int]] = {}
+            for r in range(args.rounds + 1):
+                for job in jobs:
+                    job.advance(1.0)  # what one second of recording adds (not measured)
+                for name, registry in variants.items():
+                    t0 = time.thread_time()
+                    body = generate_latest(registry)
+                    spent = time.thread_time() - t0
+                    if r == 0:
+                        first[name] = spent
+                    else:
+                        cpu[name].append(spent)
+                    size[name] = (len(body), len(gzip.compress(body)))
+            load = os.getloadavg()
+        finally:
+            for job in jobs:
+                job.close()
+    med = {k: statistics.median(v) * 1e3 for k, v in cpu.items()}
+    p90 = {k: sorted(v)[int(0.9 * len(v))] * 1e3 for k, v in cpu.items()}
+    card.check(
+        "job endpoint CPU per scrape (median, steady)", med["job endpoint"],
+        f"{med['job endpoint']:.2f} ms (p90 {p90['job endpoint']:.2f} ms)",
+        at_most=TARGET_JOB_MS, target=f"<= {TARGET_JOB_MS:g} ms",
+    )  # fmt: skip
+    for name in variants:
+        if name != "job endpoint":
+            card.info(f"{name} CPU per scrape (median)",
+                      f"{med[name]:.2f} ms (p90 {p90[name]:.2f} ms)")  # fmt: skip
+    for name in ("job endpoint", "host exporter"):
+        card.info(f"{name} first scrape (whole history + first diagnosis)",
+                  f"{first[name] * 1e3:.0f} ms")  # fmt: skip
+    for name, (plain, gz) in size.items():
+        card.info(f"{name} response size", f"{plain / 1024:.1f} KiB ({gz / 1024:.1f} KiB gzip)")
+    card.info("load average during the run", f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    return card.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
