@@ -49,6 +49,34 @@ STEP_COLUMNS = [
     "cuda_ooms",
 ]
 GPU_PROCESS_COLUMNS = ["t", "gpu_index", "used_memory", "in_job"]
+# The host figures the series are made of: scalars only (the per-core JSON is not decoded).
+HOST_COLUMNS = [
+    "t",
+    *(
+        f"cpu_seconds_{m}"
+        for m in ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    ),
+    "load1",
+    "procs_running",
+    "procs_blocked",
+    "mem_total",
+    "mem_available",
+    "swap_total",
+    "swap_used",
+    "ctx_switches",
+    "swap_in_bytes",
+    "swap_out_bytes",
+    "major_faults",
+    "disk_read_bytes",
+    "disk_written_bytes",
+    "psi_cpu_some_s",
+    "psi_memory_some_s",
+    "psi_memory_full_s",
+    "psi_io_some_s",
+    "psi_io_full_s",
+    "cgroup_throttled_s",
+    "cgroup_throttled_periods",
+]
 _COUNTED = ("cpu_user_s", "cpu_system_s", "read_bytes", "write_bytes")
 
 
@@ -121,7 +149,7 @@ class JobState:
         self._steps(self.tail.new_rows("steps", STEP_COLUMNS))
         for row in self.tail.new_rows("events", ["kind"]):
             self.events[row["kind"]] = self.events.get(row["kind"], 0) + 1
-        hosts = self.tail.new_rows("host_samples")
+        hosts = self.tail.new_rows("host_samples", HOST_COLUMNS)
         if hosts:
             self.host = hosts[-1]
         gpu_rows = self.tail.new_rows("gpu_samples")
