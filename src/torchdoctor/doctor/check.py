@@ -1,0 +1,63 @@
+"""What every doctor check returns, and what it is given.
+
+A check is a plain :class:`Check`: its name (``family.what``), a status, what it saw and the
+exact fix. ``details`` carries the same facts for programs (the launcher's preflight reads
+the interface a run should use from ``network.route``'s details, for instance).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+OK = "ok"
+WARNING = "warning"
+ERROR = "error"
+# The check could not run here (no GPU, no NVML, nothing to compare): ``saw`` says why.
+SKIPPED = "skipped"
+STATUSES = (OK, WARNING, ERROR, SKIPPED)
+
+
+@dataclass(slots=True)
+class Check:
+    """The outcome of one check."""
+
+    name: str  # "family.what", e.g. "network.route"
+    status: str  # ok | warning | error | skipped
+    saw: str  # what it found, in words, with the figures
+    fix: str = ""  # the exact change to make ("" when there is nothing to do)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+@dataclass(slots=True)
+class Plan:
+    """The run the checks are for, and where they look.
+
+    ``env`` is the environment the run will get (default: this process's). ``nvml_module`` is
+    the NVML bindings (``None``: the installed ``pynvml``; tests pass their fake).
+    """
+
+    master_addr: str | None = None
+    master_port: int | None = None
+    nnodes: int = 1
+    nproc_per_node: int | None = None
+    workers: int | None = None  # DataLoader workers per rank, when known
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    nvml_module: Any = None
+    bench: bool = False
+
+    def __post_init__(self) -> None:
+        if self.master_addr is None:
+            self.master_addr = self.env.get("MASTER_ADDR") or None
+        if self.master_port is None and self.env.get("MASTER_PORT", "").isdigit():
+            self.master_port = int(self.env["MASTER_PORT"])
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
