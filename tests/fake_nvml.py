@@ -32,6 +32,7 @@ from collections import Counter
 from ctypes import (
     Structure,
     Union,
+    c_char,
     c_double,
     c_int,
     c_int64,
@@ -88,6 +89,24 @@ NVML_PCIE_UTIL_RX_BYTES = 1
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_TOPOLOGY_INTERNAL = 0
+NVML_TOPOLOGY_SINGLE = 10
+NVML_TOPOLOGY_MULTIPLE = 20
+NVML_TOPOLOGY_HOSTBRIDGE = 30
+NVML_TOPOLOGY_NODE = 40
+NVML_TOPOLOGY_SYSTEM = 50
+NVML_P2P_CAPS_INDEX_READ = (0,)  # sic: the real bindings have this stray comma too
+NVML_P2P_CAPS_INDEX_WRITE = 1
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = 1
+NVML_P2P_STATUS_GPU_NOT_SUPPORTED = 2
+NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3
+NVML_P2P_STATUS_DISABLED_BY_REGKEY = 4
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
+NVML_NVLINK_MAX_LINKS = 36
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 nvmlMemory_v2 = 0x02000028
 nvmlTemperature_v1 = 0x1000008
 NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
@@ -210,6 +229,19 @@ class c_nvmlFieldValue_t(Structure):
     ]
 
 
+class nvmlPciInfo_t(Structure):
+    # busId is "00000000:07:00.0" (8-digit domain), busIdLegacy the old 4-digit form.
+    _fields_ = [
+        ("busIdLegacy", c_char * 16),
+        ("domain", c_uint),
+        ("bus", c_uint),
+        ("device", c_uint),
+        ("pciDeviceId", c_uint),
+        ("pciSubSystemId", c_uint),
+        ("busId", c_char * 32),
+    ]
+
+
 class nvmlFriendlyObject:
     """What pynvml returns for a process: attributes from the C struct's fields."""
 
@@ -271,6 +303,12 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)
     lost_after_calls: int | None = None  # GPU falls off the bus after this many calls
     numa_node: int | None = None  # None: NotSupported (one-node machines, older drivers)
+    # Placement on the bus and near the CPUs. ``pci_bus`` None: 0x07 + index, as slots go.
+    pci_bus: int | None = None
+    cpu_affinity: list[int] = field(default_factory=lambda: list(range(8)))  # "ideal" CPUs
+    # NVLinks of this device, one entry per link: the peer GPU's index, "switch" for a link to
+    # an NVSwitch, None for an inactive link. Empty: a PCIe-only GPU (NotSupported).
+    nvlinks: list[int | str | None] = field(default_factory=list)
     calls: Counter = field(default_factory=Counter)
 
 
@@ -287,6 +325,8 @@ class FakeNvml(types.ModuleType):
         cuda_driver_version: int = 12040,
         nvml_version: str = "12.550.54.15",
         has_memory_v2: bool = True,
+        topology: dict[tuple[int, int], int] | None = None,
+        p2p: dict[tuple[int, int], int] | None = None,
     ) -> None:
         super().__init__("pynvml")
         self.__file__ = __file__
@@ -297,13 +337,17 @@ class FakeNvml(types.ModuleType):
         self.cuda_driver_version = cuda_driver_version
         self.nvml_version = nvml_version
         self.has_memory_v2 = has_memory_v2
+        # (a, b) with a < b -> NVML_TOPOLOGY_* level / NVML_P2P_STATUS_* for reads; pairs not
+        # listed are NVML_TOPOLOGY_HOSTBRIDGE and P2P OK.
+        self.topology = topology or {}
+        self.p2p = p2p or {}
         self.refcount = 0
         self.init_calls = 0
         self.calls: Counter = Counter()  # every function, all devices
         module = sys.modules[__name__]
         for name in dir(module):
             if name.startswith(("NVML", "nvmlClocksEventReason", "nvmlMemory_", "nvmlTemp")) or (
-                name.startswith("c_nvml") or name == "nvmlFriendlyObject"
+                name.startswith("c_nvml") or name in ("nvmlFriendlyObject", "nvmlPciInfo_t")
             ):
                 setattr(self, name, getattr(module, name))
 
@@ -494,6 +538,75 @@ class FakeNvml(types.ModuleType):
             return gpu.pcie_tx_kb
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
 
+    # -- topology: the bus, NVLink, peer-to-peer, CPU affinity ------------------------------
+
+    def _bus(self, index: int) -> int:
+        bus = self.gpus[index].pci_bus
+        return 0x07 + index if bus is None else bus
+
+    def _pci_info(self, bus: int) -> nvmlPciInfo_t:
+        return nvmlPciInfo_t(
+            f"0000:{bus:02X}:00.0".encode(), 0, bus, 0, 0x20B010DE, 0x134F10DE,
+            f"00000000:{bus:02X}:00.0".encode(),
+        )  # fmt: skip
+
+    def nvmlDeviceGetPciInfo_v3(self, handle):
+        self._gpu(handle, "nvmlDeviceGetPciInfo_v3")
+        return self._pci_info(self._bus(handle.index))
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return self.nvmlDeviceGetPciInfo_v3(handle)
+
+    def _pair(self, device1, device2, fn: str) -> tuple[int, int]:
+        self._gpu(device1, fn)
+        self._gpu(device2, fn)
+        return tuple(sorted((device1.index, device2.index)))  # type: ignore[return-value]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1, device2):
+        pair = self._pair(device1, device2, "nvmlDeviceGetTopologyCommonAncestor")
+        if pair[0] == pair[1]:
+            return NVML_TOPOLOGY_INTERNAL
+        return self.topology.get(pair, NVML_TOPOLOGY_HOSTBRIDGE)
+
+    def nvmlDeviceGetP2PStatus(self, device1, device2, p2pIndex):
+        if not isinstance(p2pIndex, int):
+            # The real call passes it to C as an enum: ctypes rejects anything else.
+            from ctypes import ArgumentError
+
+            raise ArgumentError(f"argument 3: TypeError: wrong type {type(p2pIndex).__name__}")
+        pair = self._pair(device1, device2, "nvmlDeviceGetP2PStatus")
+        if p2pIndex not in (0, 1, 2, 3, 4):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return self.p2p.get(pair, NVML_P2P_STATUS_OK)
+
+    def _link(self, device, link, fn: str):
+        gpu = self._gpu(device, fn)
+        if not gpu.nvlinks:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # no NVLink on this GPU
+        if not 0 <= link < len(gpu.nvlinks):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # past the device's last link
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, device, link):
+        peer = self._link(device, link, "nvmlDeviceGetNvLinkState")
+        return NVML_FEATURE_ENABLED if peer is not None else NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link):
+        peer = self._link(device, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+        if peer is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # an inactive link has no far end
+        if peer == "switch":
+            return self._pci_info(0xC0 + link)  # each NVSwitch port has its own bus id
+        return self._pci_info(self._bus(peer))
+
+    def nvmlDeviceGetCpuAffinity(self, handle, cpuSetSize):
+        gpu = self._gpu(handle, "nvmlDeviceGetCpuAffinity")
+        mask = (c_ulonglong * cpuSetSize)()
+        for cpu in gpu.cpu_affinity:
+            if cpu < 64 * cpuSetSize:
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
 
 # The pynvml functions this fake provides; a test checks their signatures against the real ones.
 FUNCTIONS = tuple(
@@ -507,6 +620,10 @@ SCENARIOS = (
     "gpu_lost_mid_run",
     "not_supported_fields",
     "foreign_process",
+    "two_sockets",
+    "nvlink_pair",
+    "nvswitch",
+    "mixed_models",
 )
 
 
@@ -524,6 +641,14 @@ def scenario(name: str, *, lost_after_calls: int = 40) -> FakeNvml:
     - ``not_supported_fields``: one virtual/consumer GPU where power, temperature, PCIe
       throughput (counters and sampled) and the graphics process list are NotSupported.
     - ``foreign_process``: one GPU; tests put a process outside the job on it.
+    - ``two_sockets``: four PCIe L40S, two per CPU socket (NUMA nodes 0 and 1, CPUs 0-15 and
+      16-31); pairs on one socket share a PCIe switch (PIX), pairs across sockets are SYS and
+      P2P between them fails with "IOH topology not supported"; no NVLink.
+    - ``nvlink_pair``: two H100 NVL joined by 12 NVLinks (a bridge), on one NUMA node.
+    - ``nvswitch``: an HGX H100 board: eight GPUs, each with 18 NVLinks to NVSwitches, four
+      per socket.
+    - ``mixed_models``: an RTX 3060 (PCI order 0) and an RTX 4090 (1), so CUDA's
+      fastest-first order differs from NVML's; P2P is not supported on these GeForce cards.
     """
     if name == "no_driver":
         return FakeNvml([], init_error=NVML_ERROR_DRIVER_NOT_LOADED)
@@ -552,6 +677,39 @@ def scenario(name: str, *, lost_after_calls: int = 40) -> FakeNvml:
         return FakeNvml([gpu])
     if name == "foreign_process":
         return FakeNvml([FakeGpu()])
+    if name == "two_sockets":
+        return _two_sockets()
+    if name == "nvlink_pair":
+        gpus = [
+            FakeGpu(name="NVIDIA H100 NVL", uuid=f"GPU-5e7d2c1a-8f3b-4a6e-9d0c-2b4f6a8c0e1{i}",
+                    nvlinks=[1 - i] * 12 + [None] * 6)
+            for i in range(2)
+        ]  # fmt: skip
+        return FakeNvml(gpus, topology={(0, 1): NVML_TOPOLOGY_NODE})
+    if name == "nvswitch":
+        gpus = [
+            FakeGpu(name="NVIDIA H100 80GB HBM3", uuid=f"GPU-9a8b7c6d-1e2f-4a3b-8c4d-5e6f7a8b9c0{i}",
+                    nvlinks=["switch"] * 18, numa_node=i // 4,
+                    cpu_affinity=list(range(0, 48)) if i < 4 else list(range(48, 96)))
+            for i in range(8)
+        ]  # fmt: skip
+        topology = {
+            (a, b): NVML_TOPOLOGY_NODE if a // 4 == b // 4 else NVML_TOPOLOGY_SYSTEM
+            for a in range(8)
+            for b in range(a + 1, 8)
+        }
+        return FakeNvml(gpus, topology=topology)
+    if name == "mixed_models":
+        return FakeNvml(
+            [
+                FakeGpu(name="NVIDIA GeForce RTX 3060", uuid="GPU-11111111-2222-4333-8444-555555550000",
+                        memory_total=12 * GIB),
+                FakeGpu(name="NVIDIA GeForce RTX 4090", uuid="GPU-11111111-2222-4333-8444-555555550001",
+                        memory_total=24 * GIB),
+            ],
+            topology={(0, 1): NVML_TOPOLOGY_HOSTBRIDGE},
+            p2p={(0, 1): NVML_P2P_STATUS_GPU_NOT_SUPPORTED},
+        )  # fmt: skip
     raise ValueError(f"unknown fake NVML scenario {name!r}; known: {', '.join(SCENARIOS)}")
 
 
@@ -685,3 +843,26 @@ class _locked:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)  # closing releases the lock
+
+
+def _two_sockets() -> FakeNvml:
+    gpus = [
+        FakeGpu(
+            name="NVIDIA L40S",
+            uuid=f"GPU-0c1d2e3f-4a5b-4c6d-8e7f-80910203040{i}",
+            memory_total=48 * GIB,
+            pci_bus=[0x17, 0x18, 0x98, 0x99][i],
+            numa_node=i // 2,
+            cpu_affinity=list(range(0, 16)) if i < 2 else list(range(16, 32)),
+        )
+        for i in range(4)
+    ]
+    topology = {}
+    p2p = {}
+    for a in range(4):
+        for b in range(a + 1, 4):
+            same = a // 2 == b // 2
+            topology[(a, b)] = NVML_TOPOLOGY_SINGLE if same else NVML_TOPOLOGY_SYSTEM
+            if not same:
+                p2p[(a, b)] = NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED
+    return FakeNvml(gpus, topology=topology, p2p=p2p)

@@ -40,7 +40,8 @@ class Plan:
     """The run the checks are for, and where they look.
 
     ``env`` is the environment the run will get (default: this process's). ``nvml_module`` is
-    the NVML bindings (``None``: the installed ``pynvml``; tests pass their fake).
+    the NVML bindings (``None``: the installed ``pynvml``; tests pass their fake) and
+    ``pid_namespace`` how NVML's PIDs map to ours (``None``: detected from /proc).
     """
 
     master_addr: str | None = None
@@ -50,6 +51,7 @@ class Plan:
     workers: int | None = None  # DataLoader workers per rank, when known
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     nvml_module: Any = None
+    pid_namespace: Any = None
     bench: bool = False
 
     def __post_init__(self) -> None:

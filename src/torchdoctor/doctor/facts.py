@@ -72,7 +72,7 @@ class Facts:
     def _gpus(self) -> tuple[GpuStatus, list[GpuProcessSample]]:
         from torchdoctor.sampling.gpus import GpuReader
 
-        reader = GpuReader(self.plan.nvml_module)
+        reader = GpuReader(self.plan.nvml_module, pid_namespace=self.plan.pid_namespace)
         try:
             processes: list[GpuProcessSample] = []
             if reader.status.available:
