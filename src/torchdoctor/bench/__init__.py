@@ -1,0 +1,1 @@
+"""Measurements of the fabric: collective bandwidth (allreduce.py)."""
