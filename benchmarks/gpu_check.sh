@@ -14,6 +14,8 @@
 # 5. benchmarks/estimate_cuda_check.py, when it exists;
 # 6. with GPU_CHECK_TESTS=1, the test modules that read GPUs or NVML, on the real GPU (they
 #    assert what NVML really reports, so they hold on a GPU machine as they do here).
+# 7. `torchdoctor doctor --json` on the real NVML (versions, topology, P2P, processes), and the
+#    NCCL all-reduce / all-gather / reduce-scatter sweep over every GPU (needs two or more).
 # Logs and the recording go to $OUT (or a temporary folder). Each step has its own time limit
 # and a failing step does not stop the others; the exit status is the number of failed steps.
 set -uo pipefail
@@ -234,6 +236,30 @@ if [ -n "${GPU_CHECK_TESTS:-}" ]; then
   timeout 420 "$PY" -m pytest -q -x -p no:cacheprovider tests/sampling tests/cli/test_run.py \
     tests/recording tests/live/test_cli_top.py tests/instrument/test_jobs.py 2>&1 \
     | tee "$OUT/tests.log" | tail -15 || fail "tests on the GPU machine"
+fi
+
+step "torchdoctor doctor on the real NVML"
+# Exit 1 only means some check found an error on this machine; 2+ is a crash.
+timeout 120 "$PY" -m torchdoctor doctor --json > "$OUT/doctor.json"
+DOCTOR_RC=$?
+if [ "$DOCTOR_RC" -le 1 ]; then
+  "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); [print(f\"{c['status']:8} {c['name']:28} {c['saw']}\") for c in d['checks']]" "$OUT/doctor.json"
+else
+  fail "torchdoctor doctor (exit status $DOCTOR_RC)"
+fi
+
+if [ "$CUDA" = 1 ]; then
+  NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [ "${NGPU:-0}" -ge 2 ]; then
+    step "NCCL sweep: torchdoctor bench allreduce over $NGPU GPUs"
+    timeout 300 "$PY" -m torchdoctor bench allreduce --backend nccl --nproc "$NGPU" \
+        --sizes 8K:256M --iters 20 --warmup 5 2>&1 | tee "$OUT/bench-nccl.txt" \
+      || fail "bench allreduce --backend nccl"
+  else
+    step "NCCL sweep skipped: $NGPU GPU(s), NCCL needs one GPU per rank and two ranks"
+    timeout 120 "$PY" -m torchdoctor doctor --bench --only bench 2>&1 | tee "$OUT/doctor-bench.txt" \
+      || fail "doctor --bench"
+  fi
 fi
 
 step "done: $FAILED failed step(s); files in $OUT"

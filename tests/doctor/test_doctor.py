@@ -387,3 +387,20 @@ def test_versions_with_a_gpu_driver_and_a_cpu_torch():
     nodriver = run_checks(gpu_plan("no_driver"), ["versions.driver", "gpus"])
     assert {c.status for c in nodriver} == {SKIPPED}
     assert all("Driver Not Loaded" in c.saw or "driver not loaded" in c.saw for c in nodriver)
+
+
+def test_bench_flag_adds_a_short_checked_sweep():
+    result = run_td("doctor", "--json", "--bench", "--only", "settings", env=clean_env())
+    doc = json.loads(result.stdout)
+    assert [c["name"] for c in doc["checks"]] == [
+        "settings.environment",
+        "settings.nccl_conf",
+        "bench.allreduce",
+    ]
+    bench = doc["checks"][-1]
+    assert bench["status"] == OK, bench
+    assert bench["details"]["backend"] == "gloo" and bench["details"]["nproc"] == 2
+    sizes = [r["size"] for r in bench["details"]["rows"]]
+    assert sizes == [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20]
+    assert bench["details"]["peak_busbw"] == max(r["busbw"] for r in bench["details"]["rows"])
+    assert "results checked" in bench["saw"]

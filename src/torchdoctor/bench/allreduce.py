@@ -165,7 +165,7 @@ def _link_of_this_rank(env: dict[str, str]) -> dict[str, Any]:
         "interface": name,
         "speed_mbps": speed,
         "tc_rate_bps": cap,
-        "virtual": bool(name) and network.is_virtual_name(name),
+        "virtual": bool(name) and network.is_virtual(name),
     }
 
 

@@ -105,7 +105,7 @@ def check_route(facts: Facts) -> Check:
             "use the head node's routable address for --master-addr / MASTER_ADDR",
             details,
         )
-    if plan.multi_node and network.is_virtual_name(route.interface):
+    if plan.multi_node and network.is_virtual(route.interface):
         return Check(
             "network.route",
             WARNING,

@@ -95,9 +95,16 @@ def link_speed(name: str, sys_net: str = SYS_NET) -> tuple[int | None, str | Non
 def _kind(name: str, sys_net: str) -> str:
     if name == "lo":
         return "loopback"
-    # Physical devices have a "device" link to their bus device; virtual ones do not.
-    if os.path.exists(f"{sys_net}/{name}/device"):
+    base = f"{sys_net}/{name}"
+    # Physical devices have a "device" link to their bus device; bonds, VLANs and macvlans
+    # sit on top of one ("bonding" folder, "lower_*" links). Bridges, veths, tunnels do not.
+    if os.path.exists(f"{base}/device") or os.path.isdir(f"{base}/bonding"):
         return "physical"
+    try:
+        if any(entry.startswith("lower_") for entry in os.listdir(base)):
+            return "physical"
+    except OSError:
+        pass
     return "virtual"
 
 
@@ -146,7 +153,11 @@ def interfaces(sys_net: str = SYS_NET) -> dict[str, Interface]:
     return result
 
 
-def is_virtual_name(name: str) -> bool:
+def is_virtual(name: str, sys_net: str = SYS_NET) -> bool:
+    """Whether traffic through ``name`` stays on this machine or in a container network:
+    loopback, bridges, veths, tunnels (by sysfs, or by the usual names when sysfs is missing)."""
+    if os.path.isdir(f"{sys_net}/{name}"):
+        return _kind(name, sys_net) != "physical"
     return name.startswith(VIRTUAL_PREFIXES)
 
 
