@@ -33,6 +33,7 @@ ORDER = [
     "soak.py",
     "queue_contention.py",
     "scrape_cost.py",
+    "allreduce_two_nodes.py",
 ]
 
 

@@ -30,6 +30,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -77,6 +78,49 @@ class VethPair:
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+
+def torchrun_pair(
+    pair: VethPair, port: int, *program: str, timeout: float = 240
+) -> list[subprocess.CompletedProcess]:
+    """One torchrun node per namespace (``--nnodes 2``, one rank each, master on ``a``),
+    ``GLOO_SOCKET_IFNAME`` set to each side's veth; runs ``program`` (torchrun's arguments
+    after the node options, e.g. ``-m torchdoctor bench allreduce``) and waits for both."""
+    procs = []
+    for rank, end in enumerate((pair.a, pair.b)):
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "GLOO_SOCKET_IFNAME": end.ifname,
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            pair.popen(
+                end,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                pair.a.address,
+                "--master-port",
+                str(port),
+                *program,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+        )
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
 
 
 def _ip(*args: str) -> None:

@@ -40,7 +40,10 @@ def format_result(result: BenchResult) -> str:
             )
     lines.append("")
     for link in result.links:
-        speed = f"{link.speed_mbps} Mbit/s" if link.speed_mbps else "speed unknown"
+        if link.interface == "lo":
+            speed = "loopback, no link"
+        else:
+            speed = f"{link.speed_mbps} Mbit/s" if link.speed_mbps else "rated speed unknown"
         cap = f", tc cap {link.tc_rate_bps * 8 / 1e6:g} Mbit/s" if link.tc_rate_bps else ""
         lines.append(
             f"node {link.node} (ranks {','.join(map(str, link.ranks))}): "

@@ -23,7 +23,7 @@ from torchdoctor.units import fmt_bytes
 def _no_gpus(name: str, facts: Facts) -> Check | None:
     status = facts.gpu_status
     if not status.available:
-        return Check(name, SKIPPED, f"no GPU to check: {status.reason}")
+        return Check(name, SKIPPED, f"NVML unavailable: {status.reason}")
     return None
 
 

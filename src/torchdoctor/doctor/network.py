@@ -128,7 +128,8 @@ def check_nccl_ifname(facts: Facts) -> Check:
         ib = [n for n in chosen if n.startswith("ib")]
         first = (ib or chosen or ["lo"])[0]
         saw = f"NCCL_SOCKET_IFNAME unset: NCCL would pick {first} (skips lo and docker*)"
-        if facts.plan.multi_node and route and route.interface != first:
+        # A loopback route is network.route's error; lo is no advice for several nodes.
+        if facts.plan.multi_node and route and route.interface not in (first, "lo"):
             return Check(
                 "network.nccl_socket_ifname",
                 WARNING,
@@ -157,7 +158,7 @@ def check_nccl_ifname(facts: Facts) -> Check:
             + " (a prefix, `=name` for an exact name, `^` to exclude)",
             details,
         )
-    if facts.plan.multi_node and route and route.interface not in usable:
+    if facts.plan.multi_node and route and route.interface not in usable + ["lo"]:
         return Check(
             "network.nccl_socket_ifname",
             ERROR,
@@ -209,7 +210,7 @@ def check_gloo_ifname(facts: Facts) -> Check:
     saw = f"GLOO_SOCKET_IFNAME={value!r}: up, address " + ", ".join(
         facts.interfaces[n].addresses[0] for n in names
     )
-    if facts.plan.multi_node and route and route.interface not in names:
+    if facts.plan.multi_node and route and route.interface not in names + ["lo"]:
         return Check(
             "network.gloo_socket_ifname",
             ERROR,

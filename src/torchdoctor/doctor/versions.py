@@ -104,7 +104,7 @@ def check_torch(facts: Facts) -> Check:
 def check_driver(facts: Facts) -> Check:
     status = facts.gpu_status
     if not status.available:
-        return Check("versions.driver", SKIPPED, f"no NVIDIA driver to check: {status.reason}")
+        return Check("versions.driver", SKIPPED, f"NVML unavailable: {status.reason}")
     saw = (
         f"NVIDIA driver {status.driver_version or '?'}, supports CUDA up to "
         f"{status.cuda_driver_version or '?'} (NVML {status.nvml_version or '?'})"
