@@ -36,6 +36,7 @@ def record_command(
     on_signal: Callable[[int, bool], None] | None = None,
     on_ended: Callable[[int], None] | None = None,
     start_outputs: Callable[[], Any] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> int:
     """Start the command, sample it until it exits, close the recording; its exit status.
 
@@ -44,7 +45,8 @@ def record_command(
     it runs and ``on_ended(pid)`` once it has ended; ``on_signal`` is :meth:`ChildProcess.wait`'s.
     ``start_outputs()`` starts what serves the recording while it grows (a metrics endpoint,
     a TensorBoard writer); what it returns is closed, after a last flush, when the command
-    ends. A failing hook is reported and does not stop the recording.
+    ends. A failing hook is reported and does not stop the recording. ``meta`` is added to
+    the recording's metadata (``launch`` keeps its plan there).
     """
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.hostinfo import read_host_info
@@ -56,6 +58,8 @@ def record_command(
         writer = _create_writer(
             path, argv, interval, env, read_host_info(), gpus.status, instrument, mode
         )
+        if meta:
+            writer.set_meta(meta)
         collector = _start_collector(writer) if instrument else None
         if collector is not None:
             env = collector.child_env(env)
