@@ -79,7 +79,15 @@ STEP_FIELDS = (
     "cuda_max_allocated",
     "cuda_alloc_retries",
     "cuda_ooms",
+    # Ranks only (instrument/distributed.py), after CUDA values padded with nulls.
+    "forward_ns",
+    "backward_ns",
+    "optimizer_ns",
+    "comm_ns",
+    "comm_overlap_ns",
+    "backward_compute_ns",
 )
+_AGENT_STEP_VALUES = 13  # STEP_FIELDS up to cuda_ooms
 
 # tune's overrides: key -> accepted Python type.
 OVERRIDE_TYPES = {
@@ -278,6 +286,7 @@ class Agent:
         self._fork_registered = False
         self._atexit_registered = False
         self._finder = None
+        self.distributed = None  # the rank hooks (instrument/distributed.py) in a torchrun rank
         self._reset_process()
 
     # -- per-process state ------------------------------------------------------------------
@@ -460,6 +469,12 @@ class Agent:
 
             with contextlib.suppress(Exception):
                 setattr(owner, name, original)
+        if self.distributed is not None:
+            self.distributed, rank_hooks = None, self.distributed
+            import contextlib
+
+            with contextlib.suppress(Exception):
+                rank_hooks.uninstall()
         handle, self._hook_handle = self._hook_handle, None
         if handle is not None:
             import contextlib
@@ -503,6 +518,8 @@ class Agent:
         self._hook_handle = optimizer_mod.register_optimizer_step_post_hook(_make_step_hook(self))
         self.active = True
         self.event("process-start", self._process_detail())
+        if self.role == "rank":
+            self.distributed = _load_sibling("distributed").install(self, torch)
         if self.overrides:
             self.setting("overrides", self.overrides)
         if "num_threads" in self.overrides:
@@ -723,6 +740,10 @@ class Agent:
             cuda = self._cuda_step_stats()
             if cuda is not None:
                 row.extend(cuda)
+        extra = self.distributed.step_values(now) if self.distributed is not None else None
+        if extra is not None:
+            row.extend([None] * (_AGENT_STEP_VALUES - len(row)))
+            row.extend(extra)
         self.steps.append(row)
         self.step += 1
         self.boundary = now
@@ -1093,6 +1114,28 @@ def _guess_role() -> str:
     if _env_int("RANK") is not None:
         return "rank"
     return "trainer"
+
+
+def _load_sibling(name: str):
+    """A module of this folder loaded by path (standard library only), as the bootstrap loads
+    this one: the job's Python need not have torchdoctor installed."""
+    key = f"_torchdoctor_{name}"
+    module = sys.modules.get(key)
+    if module is None:
+        from importlib.machinery import SourceFileLoader
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        loader = SourceFileLoader(key, path)
+        module = type(sys)(key)
+        module.__file__ = path
+        module.__loader__ = loader
+        sys.modules[key] = module
+        try:
+            loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    return module
 
 
 _MAPPING: type = dict  # collections.abc.Mapping once torch is there (imported lazily)

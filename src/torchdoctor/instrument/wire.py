@@ -15,7 +15,17 @@ from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRec
 
 _STEP_NAMES = {f.name for f in dataclasses.fields(StepRecord)}
 # Integer-nanosecond wire fields -> the record's seconds fields.
-_NS_FIELDS = {"t_end_ns": "t_end", "wall_ns": "wall_s", "data_wait_ns": "data_wait_s"}
+_NS_FIELDS = {
+    "t_end_ns": "t_end",
+    "wall_ns": "wall_s",
+    "data_wait_ns": "data_wait_s",
+    "forward_ns": "forward_s",
+    "backward_ns": "backward_s",
+    "optimizer_ns": "optimizer_s",
+    "comm_ns": "comm_s",
+    "comm_overlap_ns": "comm_overlap_s",
+    "backward_compute_ns": "backward_compute_s",
+}
 _LOADER_NAMES = {f.name for f in dataclasses.fields(DataLoaderRecord)}
 
 
@@ -42,7 +52,7 @@ def decode(message: dict[str, Any]) -> Batch:
         # Rows may be shorter than the names (no CUDA figures): those fields keep defaults.
         for name, value in zip(names, values, strict=False):
             if name in _NS_FIELDS:
-                row[_NS_FIELDS[name]] = value / 1e9
+                row[_NS_FIELDS[name]] = None if value is None else value / 1e9
             elif name in _STEP_NAMES:
                 row[name] = value
         if "t_start" not in row:

@@ -29,6 +29,14 @@ class StepRecord:
     cuda_max_allocated: int | None = None  # peak within this step (reset every step)
     cuda_alloc_retries: int | None = None  # cumulative num_alloc_retries
     cuda_ooms: int | None = None  # cumulative num_ooms
+    # Ranks of a distributed job (instrument/distributed.py); None where not visible.
+    forward_s: float | None = None  # in DistributedDataParallel.forward
+    backward_s: float | None = None  # in torch.autograd.backward (DDP's all-reduce wait too)
+    optimizer_s: float | None = None  # optimizer.step()
+    # DDP's own runtime figures, on the iterations DDP samples (1-10, then every 100th):
+    comm_s: float | None = None  # backward all-reduce, first bucket start to last end
+    comm_overlap_s: float | None = None  # of which overlapped with backward compute
+    backward_compute_s: float | None = None  # backward compute (no waiting)
 
 
 @dataclass(slots=True)
