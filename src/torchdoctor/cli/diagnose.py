@@ -1,17 +1,20 @@
-"""``torchdoctor diagnose FILE``: name the bottleneck of a recorded job, with fixes."""
+"""``torchdoctor diagnose FILE...``: name the bottleneck of a recorded job, with fixes."""
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
-from torchdoctor.diagnosis.engine import diagnose
+from torchdoctor.diagnosis.engine import diagnose_job
 from torchdoctor.diagnosis.render import findings_to_json, render_findings
+from torchdoctor.recording.jobs import job_recording_paths
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import load_thresholds
 
 
 @click.command("diagnose")
-@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option(
     "--thresholds",
@@ -21,15 +24,20 @@ from torchdoctor.thresholds import load_thresholds
     help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] "
     "in the nearest pyproject.toml).",
 )
-def command(file: str, as_json: bool, thresholds_file: str | None) -> None:
-    """Name the bottleneck of the job recorded in FILE, with evidence and concrete fixes.
+def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) -> None:
+    """Name the bottleneck of the job recorded in FILES, with evidence and concrete fixes.
 
-    Exits 0 whatever it finds (it is a report); non-zero only when FILE or the thresholds
+    Several recordings (or a folder of them) are one distributed job recorded on several
+    nodes (`torchdoctor launch` on each): its ranks are compared across the nodes.
+
+    Exits 0 whatever it finds (it is a report); non-zero only when FILES or the thresholds
     cannot be read.
     """
     thresholds = load_thresholds(thresholds_file)
-    with open_recording(file) as recording:
-        findings = diagnose(recording, thresholds)
+    paths = job_recording_paths(list(files))
+    with contextlib.ExitStack() as stack:
+        recordings = [stack.enter_context(open_recording(p)) for p in paths]
+        findings = diagnose_job(recordings, thresholds)
     if as_json:
         click.echo(findings_to_json(findings))
     else:

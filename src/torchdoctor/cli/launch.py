@@ -100,7 +100,7 @@ def command(
     console = stderr_console()
     name = f"{Path(script[-1] if script[0] == '-m' else script[0]).stem}-node{node_rank}"
     path = prepare_output(Path(out) / default_recording_path(name).name, option="--out")
-    fr_dir = path.with_suffix(".fr")
+    fr_dir = path.resolve().with_suffix(".fr")
     gpus = GpuReader()
     gpu_count = len(gpus.status.gpus) if gpus.status.available else 0
     plan = plan_launch(

@@ -294,6 +294,14 @@ class DiagnosisContext:
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
 
+    @cached_property
+    def job(self):
+        """The job's ranks (:class:`~torchdoctor.diagnosis.ranks.RankJob`): of this recording
+        alone, or of every node's recording when the engine diagnoses several as one job."""
+        from torchdoctor.diagnosis.ranks import RankJob
+
+        return RankJob.from_contexts([self])
+
     # -- GPUs ---------------------------------------------------------------------------
     @cached_property
     def gpu_samples(self) -> dict[int, list[dict[str, Any]]]:

@@ -25,19 +25,53 @@ def diagnose(recording: Recording, thresholds: Thresholds | None = None) -> list
     A rule that fails (a bug, or a recording shaped in a way it did not expect) is reported on
     stderr and skipped: one broken rule must not hide the others' findings.
     """
-    ctx = DiagnosisContext(recording, thresholds or Thresholds())
+    return diagnose_job([recording], thresholds)
+
+
+def diagnose_job(
+    recordings: list[Recording], thresholds: Thresholds | None = None
+) -> list[Finding]:
+    """The findings of one job recorded on several nodes (one recording per node).
+
+    Rules that compare ranks (``SCOPE = "job"``) run once over every node's ranks; the others
+    run on each node's recording, their titles naming the node when there are several.
+    """
+    contexts = [DiagnosisContext(r, thresholds or Thresholds()) for r in recordings]
+    if len(contexts) > 1:
+        from torchdoctor.diagnosis.ranks import RankJob
+
+        job = RankJob.from_contexts(contexts)
+        for ctx in contexts:
+            ctx.job = job  # one view of the ranks for every node's rules
+    findings: list[Finding] = []
     for module in rules():
-        try:
-            found = list(module.check(ctx))
-        except Exception as exc:  # noqa: BLE001 - isolate rules from each other
-            print(
-                f"torchdoctor: rule {module.ID} failed on this recording and was skipped: "
-                f"{type(exc).__name__}: {exc}",
-                file=sys.stderr,
-            )
-            continue
-        ctx.findings.extend(found)
-    return sort_findings(ctx.findings)
+        job_rule = getattr(module, "SCOPE", "recording") == "job"
+        for ctx in contexts[:1] if job_rule else contexts:
+            try:
+                found = list(module.check(ctx))
+            except Exception as exc:  # noqa: BLE001 - isolate rules from each other
+                print(
+                    f"torchdoctor: rule {module.ID} failed on this recording and was skipped: "
+                    f"{type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                )
+                continue
+            if len(contexts) > 1 and not job_rule:
+                for f in found:
+                    f.title = f"{_node_name(ctx)}: {f.title}"
+            ctx.findings.extend(found)
+            findings.extend(found)
+            if job_rule:
+                for other in contexts[1:]:
+                    other.findings.extend(found)
+    return sort_findings(findings)
+
+
+def _node_name(ctx: DiagnosisContext) -> str:
+    node = (ctx.meta.get("launch") or {}).get("node_rank")
+    host = (ctx.meta.get("host") or {}).get("hostname")
+    name = f"node {node}" if node is not None else ctx.recording.path.name
+    return f"{name} ({host})" if host else name
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -85,7 +85,7 @@ def _panel(f: Finding) -> Panel:
     table.add_column(style="dim")
     table.add_column()
     for ev in f.evidence:
-        table.add_row(ev.label, format_value(ev))
+        table.add_row(Text(ev.label), Text(format_value(ev)))  # figures are not markup
     parts: list[Any] = [Text(f.title, style="bold"), table, Text("")]
     parts.append(Text.assemble(("Fix: ", "bold"), f.recommendation))
     if f.expected_effect:

@@ -318,12 +318,19 @@ class RankInstrument:
         )  # fmt: skip
         self.agent.flush(final=True)
 
-    def on_sigterm(self) -> None:
+    def on_sigterm(self, frame) -> None:
         dumped = self.dump_flight_recorder("sigterm")
+        import traceback
+
+        # Where the rank was when torchrun stopped it: for a rank that never joined a
+        # collective, this is the code it was stuck in.
+        stack = [
+            f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack(frame)[-4:]
+        ]
         self.agent.event(
             "rank-terminated",
             {"rank": self.agent.rank, "step": self.agent.step, "signal": "SIGTERM",
-             "fr_dump": dumped},
+             "fr_dump": dumped, "stack": stack},
         )  # fmt: skip
         self.agent.flush(final=True)
 
@@ -439,7 +446,7 @@ def _make_sigterm(inst: RankInstrument):
 
         with contextlib.suppress(Exception):
             if inst.agent.active:
-                inst.on_sigterm()
+                inst.on_sigterm(frame)
         # End the way the default disposition would have: killed by SIGTERM.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -1,7 +1,8 @@
 """One module per rule. Each exposes ``ID`` (the finding id) and ``check(ctx)``, which returns
 the rule's findings for a :class:`~torchdoctor.diagnosis.context.DiagnosisContext` (an empty
 list when the data it needs is absent: rules never guess). A rule that sets
-``AFTER_OTHERS = True`` runs last and may read ``ctx.findings``, the findings made before it.
+``AFTER_OTHERS = True`` runs last and may read ``ctx.findings``, the findings made before it. A rule with ``SCOPE = "job"`` compares ranks (``ctx.job``) and
+runs once for a job recorded on several nodes; the others run on each node's recording.
 
 Adding a rule means adding its module here and its test in tests/diagnosis/.
 """
@@ -23,4 +24,12 @@ RULE_MODULES: tuple[str, ...] = (
     "gpu_throttled",
     "gpu_idle_cpu_training",
     "gpu_underused",
+    # distributed: compare the ranks of a job (SCOPE = "job": run once over every node)
+    "rank_straggler",
+    "communication_bound",
+    "uneven_inputs",
+    "sampler_not_reshuffled",
+    "rank_oversubscribed",
+    "ranks_share_gpu",
+    "collective_timeout",
 )
