@@ -77,10 +77,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             evidence.append(
                 Evidence("achieved bus bandwidth (DDP figures)", round(busbw / 1e9, 3), "GB/s")
             )
-    buckets = str(config.get("rebuilt_bucket_sizes") or config.get("bucket_sizes") or "")
-    n_buckets = len([b for b in buckets.split(",") if b.strip()])
-    if n_buckets:
-        evidence.append(Evidence("DDP buckets", n_buckets, ""))
+    buckets = bucket_sizes(config)
+    if buckets:
+        evidence.append(Evidence("DDP buckets", len(buckets), ""))
+        evidence.append(Evidence("largest bucket", max(buckets), "B"))
     evidence.append(Evidence("backend", config.get("backend_name") or "?", ""))
     return [
         Finding(
@@ -91,7 +91,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 f"{ms(step)} ms step exposed ({round(share * 100)} %)"
             ),
             evidence=evidence,
-            recommendation=_fix(config, exposed, step, size, n_buckets),
+            recommendation=_fix(config, exposed, step, overlap / comm if comm > 0 else 0.0),
             expected_effect=(
                 f"Up to {round(share * 100)} % shorter steps if the all-reduce is hidden; with "
                 "no_sync accumulation over k micro-batches it is paid once per k."
@@ -123,19 +123,23 @@ def _settings(config: dict, exposed: float, step: float) -> dict:
     return out
 
 
-def _fix(config: dict, exposed: float, step: float, size: int | None, n_buckets: int) -> str:
+def bucket_sizes(config: dict) -> list[int]:
+    text = str(config.get("rebuilt_bucket_sizes") or config.get("bucket_sizes") or "")
+    return [int(b) for b in text.replace(" ", "").split(",") if b.isdigit()]
+
+
+def _fix(config: dict, exposed: float, step: float, overlap_share: float) -> str:
     k = _accumulation(exposed, step)
     args = []
     if not config.get("gradient_as_bucket_view"):
         args.append("gradient_as_bucket_view=True")
     if not config.get("static_graph"):
         args.append("static_graph=True (if every step uses the same parameters)")
-    cap = config.get("bucket_cap_bytes") or 25 * MiB
-    if size and n_buckets <= 1 and size > 4 * MiB:
-        # One bucket: the all-reduce starts only when backward ends; smaller ones overlap.
-        args.append(f"bucket_cap_mb={max(1, round(size / 4 / MiB))}")
-    elif size and size > 8 * cap:
-        args.append(f"bucket_cap_mb={round(cap / MiB) * 2}")
+    largest = max(bucket_sizes(config), default=0)
+    if overlap_share < 0.5 and largest > 4 * MiB:
+        # A big bucket is all-reduced only once all its gradients are ready, near the end of
+        # backward: smaller buckets start earlier and overlap with the rest of backward.
+        args.append(f"bucket_cap_mb={max(1, round(largest / 4 / MiB))}")
     parts = [
         f"Accumulate {k} micro-batches per all-reduce: `with model.no_sync():` for the first "
         f"{k - 1} backward passes, then a normal backward and optimizer.step() (same samples "
