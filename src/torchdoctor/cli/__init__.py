@@ -28,15 +28,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("torchdoctor.cli.tune", "Find the fastest DataLoader and thread settings."),
     "top": ("torchdoctor.cli.top", "Live view of the machine and its PyTorch jobs."),
     # coordination: several jobs on one machine, distributed runs, hand-off to Slurm
-    "submit": ("torchdoctor.cli.submit", "Queue a job; it starts when its GPUs, cores and memory are free."),
+    "submit": (
+        "torchdoctor.cli.submit",
+        "Queue a job; it starts when its GPUs, cores and memory are free.",
+    ),
     "queue": ("torchdoctor.cli.queue", "List, inspect, cancel, pause and wait for queued jobs."),
     "doctor": ("torchdoctor.cli.doctor", "Check the machine and network before a distributed run."),
     "bench": ("torchdoctor.cli.bench", "Measure all-reduce bandwidth and multi-rank scaling."),
     "launch": ("torchdoctor.cli.launch", "Start a torchrun job with every rank recorded."),
-    "sbatch": ("torchdoctor.cli.sbatch", "Write (and submit) a Slurm script sized from a recording."),
+    "sbatch": (
+        "torchdoctor.cli.sbatch",
+        "Write (and submit) a Slurm script sized from a recording.",
+    ),
     "slurm": ("torchdoctor.cli.slurm", "Show a Slurm job: state, asked vs used, findings."),
     # fleets: where people already watch
-    "exporter": ("torchdoctor.cli.exporter", "Serve Prometheus metrics for this machine and its jobs."),
+    "exporter": (
+        "torchdoctor.cli.exporter",
+        "Serve Prometheus metrics for this machine and its jobs.",
+    ),
 }
 
 

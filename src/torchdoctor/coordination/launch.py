@@ -7,7 +7,6 @@ here. torchrun (``python -m torch.distributed.run``) does rendezvous, restarts a
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import socket
@@ -55,15 +54,11 @@ class LaunchPlan:
 
 
 def usable_cpus(env: dict[str, str] | None = None) -> int:
-    """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
-    n = len(os.sched_getaffinity(0))
-    with contextlib.suppress(Exception):
-        from torchdoctor.sampling import procfs
+    """Whole CPUs this node gives the job (the project's one rule: affinity capped by a
+    cgroup quota, sampling/types.py), at least 1."""
+    from torchdoctor.sampling.hostinfo import read_host_info
 
-        quota = procfs.cgroup_cpu_quota(procfs.cgroup_paths(os.getpid()))
-        if quota:
-            n = min(n, max(1, int(quota)))
-    return max(n, 1)
+    return max(1, int(read_host_info().usable_cpus))
 
 
 def resolve_nproc(value: str, gpu_count: int) -> tuple[int, str | None]:

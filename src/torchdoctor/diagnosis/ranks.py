@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchdoctor.instrument.stats import warmup_steps
+from torchdoctor.recording.steps import warmup_steps
 
 if TYPE_CHECKING:
     from torchdoctor.diagnosis.context import DiagnosisContext
