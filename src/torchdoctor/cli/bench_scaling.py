@@ -1,0 +1,104 @@
+"""`torchdoctor bench scaling -- SCRIPT ARGS`: E(N) of the user's script at 1, 2, 4... ranks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from torchdoctor.cli.common import stderr_console
+
+
+@click.command(
+    "scaling",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--nproc", default="1,2", show_default=True, metavar="N,N...", help="Rank counts.")
+@click.option("--steps", type=int, default=20, show_default=True, help="Measured steps per trial.")
+@click.option(
+    "--keep",
+    type=click.Choice(["per-rank-batch", "global-batch"]),
+    default="per-rank-batch",
+    show_default=True,
+    help="per-rank-batch: the script as is (the global batch grows with N); global-batch: "
+    "{per_rank_batch} in ARGS becomes --global-batch / N.",
+)
+@click.option(
+    "--global-batch", type=int, default=None, metavar="B", help="With --keep global-batch."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/scaling-<time>).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument(
+    "argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]..."
+)
+def command(
+    nproc: str,
+    steps: int,
+    keep: str,
+    global_batch: int | None,
+    out: str | None,
+    as_json: bool,
+    argv: tuple[str, ...],
+) -> None:
+    """Run SCRIPT briefly at each rank count on this node and report E(N) with its causes.
+
+    E(N) = throughput(N) / (N x throughput(1)). Each trial is `torchdoctor launch` with N
+    ranks, stopped after a few warm-up steps plus --steps measured steps on every rank.
+    """
+    import dataclasses
+    import json
+
+    from torchdoctor.bench.scaling import bench_scaling, parse_sizes
+    from torchdoctor.coordination.launch import split_script
+
+    script = split_script(list(argv))
+    sizes = parse_sizes(nproc)
+    folder = (
+        Path(out)
+        if out
+        else Path("torchdoctor-runs") / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    console = stderr_console()
+
+    def on_trial(t) -> None:
+        if not as_json:
+            state = f"{t.samples_per_s:.0f} samples/s" if t.samples_per_s else f"failed: {t.error}"
+            console.print(f"torchdoctor bench scaling: {t.nproc} rank(s): {state}")
+
+    result = bench_scaling(
+        script, sizes, steps, folder, keep=keep, global_batch=global_batch, on_trial=on_trial
+    )
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        return
+    click.echo(f"scaling of {' '.join(script)} ({keep} kept, {steps} measured steps per trial)")
+    click.echo(
+        f"{'ranks':>5}  {'samples/s':>10}  {'E(N)':>5}  {'step ms':>8}  {'data ms':>8}  "
+        f"{'comm ms':>8}  {'straggle ms':>11}  {'cores/rank':>10}"
+    )
+    for t in result.trials:
+        click.echo(
+            f"{t.nproc:>5}  {_f(t.samples_per_s, 0):>10}  {_f(t.efficiency, 2):>5}  "
+            f"{_ms(t.step_s):>8}  {_ms(t.data_wait_s):>8}  {_ms(t.exposed_comm_s):>8}  "
+            f"{_ms(t.straggle_s):>11}  {_f(t.cores_per_rank, 2):>10}"
+        )
+    for line in result.explanation:
+        click.echo(line)
+    click.echo(f"Recommendation: {result.recommendation}")
+    click.echo(f"recordings: {folder}")
+
+
+def _f(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
