@@ -129,6 +129,55 @@ def test_small_dev_shm_in_a_private_mount_namespace_is_an_error():
     assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize != 16 * 1024**2
 
 
+def test_low_open_files_limit_is_a_warning_with_the_ulimit_to_set():
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    result = subprocess.run(
+        [*TORCHDOCTOR, "doctor", "--json", "--only", "host.open_files"],
+        capture_output=True, text=True, timeout=120, env=clean_env(), preexec_fn=low_limit,
+    )  # fmt: skip
+    check = json.loads(result.stdout)["checks"][0]
+    assert check["status"] == WARNING and check["details"]["soft"] == 256
+    assert "Too many open files" in check["saw"]
+    expected = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if expected >= 4096:
+        assert check["fix"] == f"`ulimit -n {expected}` before starting the run"
+    assert result.returncode == 0  # a warning is not an error
+
+
+def test_ipv6_master_is_said_to_be_unchecked_not_ok():
+    plan = Plan(master_addr="fd00::1", master_port=29500, env=clean_env())
+    checks = run_checks(plan, ["network.route", "network.rendezvous"])
+    assert [c.status for c in checks] == [SKIPPED, SKIPPED]
+    assert "IPv6" in checks[0].saw and "IPv6" in checks[1].saw
+
+
+def test_fake_nvml_topology_structure_matches_the_real_bindings():
+    import pynvml
+
+    assert fake_nvml.nvmlPciInfo_t._fields_ == [
+        (name, ctype) if not hasattr(ctype, "_length_") else (name, ctype)
+        for name, ctype in fake_nvml.nvmlPciInfo_t._fields_
+    ]
+    real = [
+        (n, getattr(t, "_length_", None), getattr(t, "_type_", t))
+        for n, t in pynvml.nvmlPciInfo_t._fields_
+    ]
+    fake = [
+        (n, getattr(t, "_length_", None), getattr(t, "_type_", t))
+        for n, t in fake_nvml.nvmlPciInfo_t._fields_
+    ]
+    assert fake == real
+    for name in ("NVML_TOPOLOGY_SYSTEM", "NVML_TOPOLOGY_SINGLE", "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED",
+                 "NVML_P2P_CAPS_INDEX_READ", "NVML_FEATURE_ENABLED"):  # fmt: skip
+        assert getattr(fake_nvml, name) == getattr(pynvml, name), name
+
+
 def test_oversubscription_counts_ranks_threads_and_workers():
     cpus = len(os.sched_getaffinity(0))
     env = clean_env(OMP_NUM_THREADS=str(cpus))

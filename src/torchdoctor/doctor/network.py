@@ -68,6 +68,12 @@ def check_route(facts: Facts) -> Check:
             f"no MASTER_ADDR (single node); the default route leaves through {route.interface}",
             details={"interface": route.interface, "source": route.source},
         )
+    if ":" in plan.master_addr:
+        return Check(
+            "network.route",
+            SKIPPED,
+            f"MASTER_ADDR {plan.master_addr} is IPv6: only the IPv4 routing table is read",
+        )
     if facts.master_ip is None:
         return Check(
             "network.route",

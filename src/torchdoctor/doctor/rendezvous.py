@@ -79,6 +79,10 @@ def check_rendezvous(facts: Facts) -> Check:
         )
     endpoint = f"{plan.master_addr}:{port}{port_note}"
     ip = facts.master_ip
+    if ":" in plan.master_addr:
+        return Check(
+            "network.rendezvous", SKIPPED, f"{endpoint}: IPv6 endpoints are not checked yet"
+        )
     if ip is None:
         return Check(
             "network.rendezvous",
