@@ -418,18 +418,39 @@ def _child(rank: int, nproc: int, cfg: BenchConfig, port_pipe: Any) -> None:
 
     torch.set_num_threads(1)
     port = port_pipe.recv()
-    port_pipe.close()
     if port is None:
         return  # the parent gave up before the store existed
     env = _local_env(rank, nproc, port)
     store = dist.TCPStore(
         "127.0.0.1", port, nproc, is_master=False, timeout=timedelta(seconds=cfg.timeout_s)
     )
+    port_pipe.send("joined")  # torch imported and the store reached: only the group is left
+    port_pipe.close()
     _init(cfg, env, store)
     try:
         sweep(cfg, env)
     finally:
         dist.destroy_process_group()
+
+
+def _wait_joined(children: list[Any], pipes: list[Any], timeout_s: float) -> None:
+    """Wait until every child reached the store, and fail at once when one dies first (rather
+    than wait out the process group's timeout)."""
+    from multiprocessing.connection import wait
+
+    deadline = time.monotonic() + timeout_s
+    for rank, (proc, pipe) in enumerate(zip(children, pipes, strict=True), 1):
+        while not pipe.poll():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UserError(f"benchmark rank {rank} did not start within {timeout_s:g} s")
+            wait([pipe, proc.sentinel], timeout=left)
+            if not pipe.poll() and proc.exitcode is not None:
+                raise UserError(
+                    f"benchmark rank {rank} exited with status {proc.exitcode} before joining "
+                    "(its error is printed above)"
+                )
+        pipe.recv()
 
 
 def bench_local(cfg: BenchConfig, nproc: int) -> BenchResult:
@@ -461,6 +482,7 @@ def bench_local(cfg: BenchConfig, nproc: int) -> BenchResult:
         store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
         for pipe in pipes:
             pipe.send(store.port)
+        _wait_joined(children, pipes, cfg.timeout_s)
         env = _local_env(0, nproc, store.port)
         torch.set_num_threads(1)  # as the children: n ranks share this machine's cores
         _init(cfg, env, store)
@@ -469,14 +491,18 @@ def bench_local(cfg: BenchConfig, nproc: int) -> BenchResult:
         finally:
             dist.destroy_process_group()
     except BaseException:
+        failed_here = True
         for pipe in pipes:
             with contextlib.suppress(OSError):
                 pipe.send(None)
         raise
+    else:
+        failed_here = False
     finally:
         torch.set_num_threads(threads)
         for proc in children:
-            proc.join(timeout=cfg.timeout_s)
+            # After a failure here the others may be stuck waiting for the group: no wait.
+            proc.join(timeout=0 if failed_here else cfg.timeout_s)
             if proc.is_alive():  # ours, started above: stopped by its PID
                 proc.kill()
                 proc.join()
