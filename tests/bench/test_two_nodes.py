@@ -37,6 +37,19 @@ def _doctor(pair, end, *args: str) -> dict:
 
 def test_bench_and_doctor_across_two_shaped_namespaces():
     with veth_pair(rate_mbit=RATE_MBIT) as pair:
+        # The worker's link down: no route, the named interface down, the master unreachable.
+        pair.run(pair.b, "ip", "link", "set", pair.b.ifname, "down", check=True)
+        down = _doctor(pair, pair.b)
+        assert down["network.route"]["status"] == ERROR
+        assert "no route to MASTER_ADDR" in down["network.route"]["saw"]
+        assert down["network.gloo_socket_ifname"]["status"] == ERROR
+        assert (
+            f"{pair.b.ifname} is down or has no address"
+            in down["network.gloo_socket_ifname"]["saw"]
+        )
+        assert down["network.nccl_socket_ifname"]["status"] == ERROR
+        assert down["network.rendezvous"]["status"] == ERROR
+        pair.run(pair.b, "ip", "link", "set", pair.b.ifname, "up", check=True)
         # doctor on the master's side: its own address, so the port must be free here.
         master = _doctor(pair, pair.a)
         assert master["network.route"]["details"]["interface"] == pair.a.ifname

@@ -134,6 +134,15 @@ def check_nccl_ifname(facts: Facts) -> Check:
         ib = [n for n in chosen if n.startswith("ib")]
         first = (ib or chosen or ["lo"])[0]
         saw = f"NCCL_SOCKET_IFNAME unset: NCCL would pick {first} (skips lo and docker*)"
+        if facts.plan.multi_node and first == "lo":
+            return Check(
+                "network.nccl_socket_ifname",
+                ERROR,
+                saw + ": no other interface is up with an address, and lo reaches no other node",
+                "bring up the interface that reaches the other nodes (`ip link set <dev> up`), "
+                "then export NCCL_SOCKET_IFNAME==<dev>",
+                {"interfaces": [first]},
+            )
         # A loopback route is network.route's error; lo is no advice for several nodes.
         if facts.plan.multi_node and route and route.interface not in (first, "lo"):
             return Check(
