@@ -275,3 +275,125 @@ def data_dependent() -> tuple[nn.Module, object]:
         return torch.randn(n, 16), None
 
     return Gated(), make_batch
+
+
+class NanoGPT(nn.Module):
+    """A nanoGPT-style decoder (written for torchdoctor, not vendored): ``forward(idx,
+    targets)`` computes the loss itself and returns ``(logits, loss)``, logits for every
+    position when there are targets, else for the last position only."""
+
+    def __init__(
+        self,
+        vocab: int = 50304,
+        context: int = 256,
+        dim: int = 256,
+        layers: int = 4,
+        heads: int = 4,
+    ) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(context, dim)
+        self.h = nn.ModuleList(Block(dim, heads, 0.0) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT does
+        self.context = context
+        print(f"number of parameters: {sum(p.numel() for p in self.parameters()) / 1e6:.2f}M")
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+def nanogpt(
+    vocab: int = 50304, context: int = 256, dim: int = 256, layers: int = 4
+) -> tuple[nn.Module, object]:
+    """nanoGPT's shape: 4 layers, 256 wide, vocabulary 50304, sequence 256; the batch is
+    ``((X, Y), None)`` so that the step calls ``model(X, Y)`` and trains on the loss it returns.
+    It prints its parameter count when built, as nanoGPT does."""
+    model = NanoGPT(vocab, context, dim, layers)
+
+    def make_batch(n: int) -> tuple[tuple[torch.Tensor, torch.Tensor], None]:
+        x = torch.randint(0, vocab, (n, context))
+        return (x, torch.roll(x, -1, dims=1)), None
+
+    return model, make_batch
+
+
+def nanogpt_small() -> tuple[nn.Module, object]:
+    """nanogpt at test size: 2 layers, 128 wide, vocabulary 8192, sequence 64."""
+    return nanogpt(vocab=8192, context=64, dim=128, layers=2)
+
+
+class DictOutputClassifier(nn.Module):
+    """An MLP whose forward returns a dict: the logits and the pooled features."""
+
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 512), nn.GELU())
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.body(x)
+        return {"logits": self.head(features), "features": features}
+
+
+def dict_output() -> tuple[nn.Module, object]:
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(n, 3, 32, 32), torch.randint(0, 1000, (n,))
+
+    def loss(output: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output["logits"], target)
+
+    return DictOutputClassifier(), make_batch, loss
+
+
+def hf_gpt2_tiny() -> nn.Module:
+    """A 2-layer GPT-2 from transformers (random weights, no download), vocabulary 8192."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=8192, n_positions=128, n_embd=128, n_layer=2, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def lightning_lm() -> tuple[nn.Module, object]:
+    """A LightningModule around gpt_tiny: ``training_step`` computes the token cross-entropy
+    and logs it; ``configure_optimizers`` is AdamW. Needs lightning."""
+    import lightning as L
+
+    class LitLM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = GPT(vocab=2048, context=256, dim=128, layers=4, heads=4)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(ids)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
+            ids, targets = batch
+            logits = self(ids)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def make_batch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(0, 2048, (n, 64))
+        return ids, torch.roll(ids, -1, dims=1)
+
+    return LitLM(), make_batch

@@ -7,10 +7,33 @@ from typing import Any
 
 import click
 
-from torchdoctor.errors import UserError
+from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.errors import ParameterError, UserError
+from torchdoctor.estimate.loops import LOOPS
 from torchdoctor.estimate.profiles import PROFILES
 from torchdoctor.estimate.setup import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
 from torchdoctor.units import fmt_bytes
+
+# The library's errors name its Python parameters; the CLI words them as its flags.
+FLAGS = {
+    "batch_size": "--batch",
+    "input_shape": "--input",
+    "tokens": "--tokens",
+    "optimizer_impl": "--optimizer-impl",
+    "grad_accumulation": "--grad-accumulation",
+    "inference": "--inference",
+    "checkpointing": "--checkpointing",
+    "loop": "--loop",
+    "device": "--device",
+    "gpu": "--gpu",
+    "gpu_memory": "--gpu-memory",
+    "margin": "--margin",
+    "fallback": "--no-fallback",
+    "memory_snapshot": "--memory-snapshot",
+    "max_batch()": "--max-batch",
+}
+# A loop differing by more than this fraction of the peak is shown next to the estimate.
+SHOWN_LOOP_CHANGE = 0.01
 
 _EPILOG = (
     """\b
@@ -20,6 +43,13 @@ SPEC names the model:
   package.module:factory   the same, imported
   torchvision:NAME         e.g. torchvision:resnet50 (when torchvision imports)
   hf:MODEL_TYPE            e.g. hf:gpt2, built from its config (transformers; no weights)
+\b
+LOOP is the training loop whose memory is estimated:
+  hand-written   out = model(x); loss = loss_fn(out, y): the output lives through backward
+                 and optimizer.step until the next forward returns (the default)
+  frees-output   loss_fn(model(x), y).backward(), or del out before backward
+  hf-trainer     transformers.Trainer (the default for hf: specs)
+  lightning      Lightning's automatic optimization (training_step of a LightningModule)
 \b
 GPUs: """
     + ", ".join(PROFILES)
@@ -76,6 +106,11 @@ Examples:
     "--checkpointing", is_flag=True, help="Wrap the repeated blocks in activation checkpointing."
 )
 @click.option(
+    "--loop",
+    type=click.Choice(list(LOOPS)),
+    help="The training loop whose memory to estimate (below) [hand-written; hf-trainer for hf:].",
+)
+@click.option(
     "--device",
     type=click.Choice(["cpu", "cuda"]),
     help="Target device [cuda when --gpu/--gpu-memory is given, else cpu].",
@@ -125,8 +160,6 @@ def command(
     target the attention kernels, dropout masks, autocast lists, optimizer implementation and
     the caching allocator of CUDA are modelled on top.
     """
-    from torchdoctor.estimate import api
-
     # The other options (--input, --gpu, --margin, ...) are api.prepare's, under its names.
     options["fallback"] = not no_fallback
     if find_max:
@@ -134,21 +167,45 @@ def command(
             raise UserError("--max-batch searches the batch size: leave out --batch")
         if memory_snapshot:
             raise UserError("--memory-snapshot describes one step: use it without --max-batch")
+    try:
+        # Model code runs here (imports, constructors, forwards): under --json its prints
+        # go to stderr, so that stdout is the JSON alone.
+        with user_output_to_stderr(as_json):
+            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options)
+    except ParameterError as exc:
+        raise exc.worded(FLAGS) from None
+    click.echo(text)
+
+
+def _run(
+    spec: str,
+    batch_size: int,
+    find_max: bool,
+    memory_snapshot: str | None,
+    as_json: bool,
+    options: dict[str, Any],
+) -> str:
+    """The estimate (or the batch search) as the text or JSON to print."""
+    from torchdoctor.estimate import api
+    from torchdoctor.estimate.fitcheck import other_loops
+
+    if find_max:
         found = api.max_batch(spec, **options)
-        click.echo(json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found))
-        return
+        return json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found)
     check, setup = api.prepare(spec, batch_size=batch_size, **options)
     result = check.estimate(setup, memory_snapshot)
+    if not setup.inference:
+        result.other_loops = other_loops(check, setup, result)
     # Only a step that does not fit a given memory asks what would.
     found_alternatives = api.alternatives(check, setup) if result.fits is False else []
     if as_json:
         data = result.to_dict()
         data["alternatives"] = [a.to_dict() for a in found_alternatives]
-        click.echo(json.dumps(data, indent=2))
-    else:
-        click.echo(render_estimate(result))
-        if found_alternatives:
-            click.echo(render_alternatives(found_alternatives, result))
+        return json.dumps(data, indent=2)
+    text = render_estimate(result)
+    if found_alternatives:
+        text += "\n" + render_alternatives(found_alternatives, result)
+    return text
 
 
 def _count(n: int) -> str:
@@ -189,6 +246,7 @@ def render_estimate(result: Any) -> str:
         lines.append(
             f"  {verdict} in {fmt_bytes(result.gpu_memory)} keeping {result.margin:.0%} free"
         )
+    lines += render_loop(result)
     total = result.headline_bytes or 1
     lines += ["", f"  at the peak (step {result.peak_step + 1}, {result.peak_phase}):"]
     for name, value in result.breakdown.items():
@@ -215,6 +273,26 @@ def render_estimate(result: Any) -> str:
         lines.append("")
         lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def render_loop(result: Any) -> list[str]:
+    """The loop assumed, and the other loops that change the peak by more than 1 %."""
+    if result.setup.inference:
+        return []
+    loop = LOOPS[result.setup.loop]
+    lines = ["", f"  loop: {loop.name}, which {loop.summary}"]
+    base = result.headline_bytes or 1
+    shown = [o for o in result.other_loops if abs(o.change) > SHOWN_LOOP_CHANGE * base]
+    for other in shown:
+        sign = "+" if other.change > 0 else "-"
+        lines.append(
+            f"    with --loop {other.loop:<13} {fmt_bytes(other.bytes):>11}  "
+            f"({sign}{fmt_bytes(abs(other.change))}, {other.change / base:+.1%})"
+        )
+    if result.other_loops and not shown:
+        names = ", ".join(o.loop for o in result.other_loops)
+        lines.append(f"    the same peak within 1 % with --loop {names}")
+    return lines
 
 
 def render_alternatives(found: list[Any], result: Any) -> str:

@@ -1,89 +1,198 @@
-"""``torchdoctor.estimate``: peak memory of a training step, without a GPU."""
+"""``torchdoctor.estimate``: peak memory of a training step, without a GPU.
+
+The public entry points: :func:`estimate` (one set-up), :func:`max_batch` (the largest batch
+that fits) and :func:`prepare` (a loaded model to estimate set-up after set-up). Errors name
+the Python parameters (``batch_size must be at least 1``); the CLI words them as its flags.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.errors import UserError, require_torch
+from torchdoctor.errors import ParameterError, UserError, require_torch
+from torchdoctor.estimate.fitcheck import DEFAULT_MARGIN, FitCheck, alternatives, other_loops
+from torchdoctor.estimate.loops import HAND_WRITTEN, HF_TRAINER
+from torchdoctor.estimate.max_batch import find_max_batch
 from torchdoctor.estimate.profiles import custom_profile, find_profile, parse_size
-from torchdoctor.estimate.result import Alternative, Baselines, Estimate, MaxBatch, ModuleActivation
+from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import Target, TrainingSetup
-from torchdoctor.estimate.workload import Workload
-from torchdoctor.units import fmt_bytes
 
 ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
 
-DEFAULT_MARGIN = 0.05
-_OPTIMIZER_FACTOR = {"sgd": 1.0, "sgd-momentum": 1.5, "adam": 2.0, "adamw": 2.0}
-_BREAKDOWN_ORDER = (
-    "parameters",
-    "gradients",
-    "optimizer state",
-    "inputs",
-    "activations",
-    "temporaries",
-    "kernel scratch",
-    "workspaces",
-)
-# Fall back to a real CPU run only when the model states surely fit in a fraction of the RAM.
-_REAL_RUN_RAM_FRACTION = 0.25
+__all__ = ["alternatives", "estimate", "max_batch", "prepare", "FitCheck", "DEFAULT_MARGIN"]
 
 
 def estimate(
-    model: ModelSpec, *, memory_snapshot: str | Path | None = None, **options: Any
+    model: ModelSpec,
+    *,
+    batch_size: int = 1,
+    input_shape: str | tuple[int, ...] | None = None,
+    tokens: int | None = None,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "auto",
+    precision: str = "fp32",
+    grad_accumulation: int = 1,
+    inference: bool = False,
+    checkpointing: bool = False,
+    loop: str | None = None,
+    device: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    fallback: bool = True,
+    compare_loops: bool = True,
+    memory_snapshot: str | Path | None = None,
 ) -> Estimate:
     """Estimate the peak memory of training ``model`` for two steps on its target.
 
-    ``model`` is a spec string (``"file.py:factory"``, ``"package.module:factory"``,
-    ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable, or a model instance. The step
-    is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed. ``options``
-    are :func:`prepare`'s: ``batch_size``, ``input_shape`` or ``tokens``, ``optimizer``,
-    ``precision``, ..., the target (``gpu="A100-80GB"`` or ``gpu_memory="24GiB"``), ``margin``
-    and ``fallback``. ``memory_snapshot`` writes the step's allocations as a pickle for
-    pytorch.org/memory_viz.
+    The step is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed.
+
+    Args:
+        model: A spec string (``"file.py:factory"``, ``"package.module:factory"``,
+            ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable returning a model,
+            ``(model, make_batch)`` or ``(model, make_batch, loss)``, or a model instance
+            (copied, never touched).
+        batch_size: The batch size (at least 1).
+        input_shape: One sample's shape (``"3x224x224"`` or a tuple) of float inputs.
+        tokens: Sequence length of token-id inputs (the vocabulary is the model's).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``.
+        optimizer_impl: ``"auto"`` (what torch, or the loop's framework, picks),
+            ``"for-loop"``, ``"foreach"`` or ``"fused"``.
+        precision: ``"fp32"``, ``"bf16-mixed"``, ``"fp16-mixed"`` or ``"bf16"``.
+        grad_accumulation: Micro-batches per optimizer step (at least 1).
+        inference: One forward pass under ``torch.no_grad()`` instead of training.
+        checkpointing: Wrap the repeated blocks in activation checkpointing.
+        loop: The training loop whose memory to estimate (see torchdoctor.estimate.loops):
+            ``"hand-written"`` keeps the model's output through backward and optimizer.step,
+            ``"frees-output"`` drops it before backward, ``"hf-trainer"`` and
+            ``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``
+            specs, else ``"hand-written"``.
+        device: ``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.
+        gpu: A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).
+        gpu_memory: The memory to fit instead of a profile (``"24GiB"`` or bytes); with
+            ``device="cpu"`` the CPU peak is checked against it.
+        margin: The fraction of the memory kept free when deciding what fits, in [0, 1).
+        fallback: Allow a real CPU run when fake tensors cannot trace the model.
+        compare_loops: Also estimate the step under the other training loops
+            (``Estimate.other_loops``), so that a loop choice that matters shows.
+        memory_snapshot: Write the step's allocations to this file as a pickle for
+            https://pytorch.org/memory_viz.
+
+    Returns:
+        An Estimate: peak allocated (on CUDA also reserved and nvidia-smi's total), its
+        breakdown, the phase of the peak, whether it fits, and the peak under other loops.
+
+    Raises:
+        torchdoctor.errors.ParameterError: an argument out of range or two that exclude each
+            other (the message names the parameter).
+        torchdoctor.errors.UserError: a spec that cannot be loaded, a model that fails on its
+            batch, or PyTorch not importable (exit code 3).
     """
-    check, setup = prepare(model, **options)
-    return check.estimate(setup, memory_snapshot)
+    check, setup = prepare(
+        model,
+        batch_size=batch_size,
+        input_shape=input_shape,
+        tokens=tokens,
+        optimizer=optimizer,
+        optimizer_impl=optimizer_impl,
+        precision=precision,
+        grad_accumulation=grad_accumulation,
+        inference=inference,
+        checkpointing=checkpointing,
+        loop=loop,
+        device=device,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        margin=margin,
+        fallback=fallback,
+    )
+    result = check.estimate(setup, memory_snapshot)
+    if compare_loops and not setup.inference:
+        result.other_loops = other_loops(check, setup, result)
+    return result
 
 
-def max_batch(model: ModelSpec, **options: Any) -> MaxBatch:
+def max_batch(
+    model: ModelSpec,
+    *,
+    input_shape: str | tuple[int, ...] | None = None,
+    tokens: int | None = None,
+    optimizer: str = "adamw",
+    optimizer_impl: str = "auto",
+    precision: str = "fp32",
+    grad_accumulation: int = 1,
+    inference: bool = False,
+    checkpointing: bool = False,
+    loop: str | None = None,
+    device: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    margin: float = DEFAULT_MARGIN,
+    fallback: bool = True,
+) -> MaxBatch:
     """The largest batch whose step fits the target with ``margin`` of its memory kept free.
 
-    ``options`` are :func:`prepare`'s but ``batch_size``, which is what is searched."""
-    from torchdoctor.estimate.max_batch import find_max_batch
+    The batch size is what is searched, over simulated steps of the same loop.
 
-    if "batch_size" in options:
-        raise TypeError("max_batch() searches the batch size: leave out batch_size")
-    check, setup = prepare(model, **options)
+    Args:
+        model: A spec string (``"file.py:factory"``, ``"package.module:factory"``,
+            ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable returning a model,
+            ``(model, make_batch)`` or ``(model, make_batch, loss)``, or a model instance
+            (copied, never touched).
+        input_shape: One sample's shape (``"3x224x224"`` or a tuple) of float inputs.
+        tokens: Sequence length of token-id inputs (the vocabulary is the model's).
+        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``.
+        optimizer_impl: ``"auto"`` (what torch, or the loop's framework, picks),
+            ``"for-loop"``, ``"foreach"`` or ``"fused"``.
+        precision: ``"fp32"``, ``"bf16-mixed"``, ``"fp16-mixed"`` or ``"bf16"``.
+        grad_accumulation: Micro-batches per optimizer step (at least 1).
+        inference: One forward pass under ``torch.no_grad()`` instead of training.
+        checkpointing: Wrap the repeated blocks in activation checkpointing.
+        loop: The training loop whose memory to estimate (see torchdoctor.estimate.loops):
+            ``"hand-written"`` keeps the model's output through backward and optimizer.step,
+            ``"frees-output"`` drops it before backward, ``"hf-trainer"`` and
+            ``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``
+            specs, else ``"hand-written"``.
+        device: ``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.
+        gpu: A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).
+        gpu_memory: The memory to fit instead of a profile (``"24GiB"`` or bytes); with
+            ``device="cpu"`` the CPU peak is checked against it.
+        margin: The fraction of the memory kept free when deciding what fits, in [0, 1).
+        fallback: Allow a real CPU run when fake tensors cannot trace the model.
+
+    Returns:
+        A MaxBatch: the batch (0 when not even batch 1 fits, with what would make it fit), its
+        estimate and the probes of the search.
+
+    Raises:
+        torchdoctor.errors.ParameterError: an argument out of range or two that exclude each
+            other (the message names the parameter), or neither gpu nor gpu_memory given.
+        torchdoctor.errors.UserError: a spec that cannot be loaded, a model that fails on its
+            batch, or PyTorch not importable (exit code 3).
+    """
+    check, setup = prepare(
+        model,
+        input_shape=input_shape,
+        tokens=tokens,
+        optimizer=optimizer,
+        optimizer_impl=optimizer_impl,
+        precision=precision,
+        grad_accumulation=grad_accumulation,
+        inference=inference,
+        checkpointing=checkpointing,
+        loop=loop,
+        device=device,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        margin=margin,
+        fallback=fallback,
+    )
     if check.capacity is None:
-        raise UserError("--max-batch needs a memory to fit: pass --gpu NAME or --gpu-memory SIZE")
-    return find_max_batch(check, setup)
-
-
-@dataclass(frozen=True)
-class FitCheck:
-    """A loaded model and its target: estimates one training setup after another (what-ifs and
-    the batch search change only the setup)."""
-
-    workload: Workload
-    target: Target
-    capacity: int | None  # the memory to fit, if one was given
-    margin: float = DEFAULT_MARGIN
-    fallback: bool = True
-
-    def estimate(self, setup: TrainingSetup, memory_snapshot: str | Path | None = None) -> Estimate:
-        return estimate_workload(
-            self.workload,
-            setup,
-            self.target,
-            self.margin,
-            self.fallback,
-            self.capacity,
-            memory_snapshot,
+        raise ParameterError(
+            "{} needs a memory to fit: pass {} or {}", "max_batch()", "gpu", "gpu_memory"
         )
+    return find_max_batch(check, setup)
 
 
 def prepare(
@@ -98,22 +207,22 @@ def prepare(
     grad_accumulation: int = 1,
     inference: bool = False,
     checkpointing: bool = False,
+    loop: str | None = None,
     device: str | None = None,
     gpu: str | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
 ) -> tuple[FitCheck, TrainingSetup]:
-    """Check the options and load the model spec. ``device`` defaults to cuda when a GPU is
-    named (``gpu``/``gpu_memory``), else to the CPU; ``gpu_memory`` with ``device="cpu"``
-    checks the CPU peak against that size. ``margin`` is the fraction of the memory kept free
-    when deciding what fits; ``fallback`` allows a real CPU run when fake tensors cannot trace
-    the model."""
+    """Check the arguments and load the model spec, for set-up after set-up to be estimated
+    (``check.estimate(setup.with_(batch_size=64))``); the arguments are :func:`estimate`'s."""
     device = device or ("cuda" if gpu is not None or gpu_memory is not None else "cpu")
     require_torch("torchdoctor estimate")
     from torchdoctor.estimate.spec import load_workload, parse_shape
     from torchdoctor.estimate.trace import fake_copy_factory
 
+    if loop is None:
+        loop = HF_TRAINER if isinstance(model, str) and model.startswith("hf:") else HAND_WRITTEN
     setup = TrainingSetup(
         batch_size=batch_size,
         optimizer=optimizer,
@@ -122,21 +231,22 @@ def prepare(
         grad_accumulation=grad_accumulation,
         inference=inference,
         checkpointing=checkpointing,
+        loop=loop,
     )
     profile = None
     if gpu is not None:
         profile = find_profile(gpu)
         if gpu_memory is not None:
-            raise UserError("give either --gpu or --gpu-memory, not both")
+            raise ParameterError("give either {} or {}, not both", "gpu", "gpu_memory")
     elif gpu_memory is not None and device == "cuda":
         profile = custom_profile(_size(gpu_memory))
     target = Target(device, profile if device == "cuda" else None)
     if device == "cpu" and gpu is not None:
-        raise UserError(f"--gpu {gpu} describes a CUDA target: add --device cuda")
+        raise ParameterError("{} describes a CUDA target: add {}", ("gpu", gpu), ("device", "cuda"))
     if input_shape is not None and tokens is not None:
-        raise UserError("give either --input or --tokens, not both")
+        raise ParameterError("give either {} or {}, not both", "input_shape", "tokens")
     if tokens is not None and tokens < 1:
-        raise UserError("--tokens must be at least 1")
+        raise ParameterError(f"{{}} must be at least 1, not {tokens}", "tokens")
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
     import torch
 
@@ -158,197 +268,3 @@ def prepare(
 
 def _size(value: str | int) -> int:
     return value if isinstance(value, int) else parse_size(value)
-
-
-def estimate_workload(
-    workload: Workload,
-    setup: TrainingSetup,
-    target: Target,
-    margin: float = DEFAULT_MARGIN,
-    fallback: bool = True,
-    capacity: int | None = None,
-    memory_snapshot: str | Path | None = None,
-) -> Estimate:
-    """Trace ``workload`` and turn the timeline into an :class:`Estimate`."""
-    from torchdoctor.estimate.analysis import activations_by_module, cpu_peak, cuda_peak, phase_at
-
-    if not 0.0 <= margin < 1.0:
-        raise UserError(f"--margin must be a fraction between 0 and 1, not {margin}")
-    started = time.perf_counter()
-    trace, method, notes = _trace(workload, setup, target, fallback)
-    limit = int(capacity * (1.0 - margin)) if capacity is not None else None
-    breakdown: dict[str, int]
-    tensor_peak = None
-    if target.is_cuda:
-        assert target.gpu is not None
-        peak = cuda_peak(trace, target.gpu)
-        if limit is not None and peak.total > limit:
-            # The real allocator frees its cache and retries before it gives up: replay with
-            # the limit to see whether the step survives that.
-            limited = cuda_peak(trace, target.gpu, capacity=max(limit - peak.context, 0))
-            fits = not limited.out_of_memory
-            if fits:
-                peak = limited
-        else:
-            fits = limit is not None
-        breakdown = _ordered(peak.by_category)
-        breakdown["allocator overhead"] = peak.reserved - peak.allocated
-        breakdown["CUDA context"] = peak.context
-        reserved, total = peak.reserved, peak.total
-        backends = ", ".join(f"{n} x {b}" for b, n in sorted(trace.attention_backends.items()))
-        if backends:
-            notes.append(f"attention on CUDA: {backends} (calls traced)")
-        if trace.uses_rnn:
-            notes.append(
-                "recurrent layers use cuDNN on CUDA, whose reserve buffers differ from the CPU "
-                "kernels traced here: the estimate for them is approximate"
-            )
-    else:
-        peak = cpu_peak(trace)
-        tensor_peak = cpu_peak(trace, scratch=False).allocated
-        breakdown = _ordered(peak.by_category)
-        reserved = total = None
-        fits = peak.allocated <= limit if limit is not None else None
-    if memory_snapshot is not None:
-        from torchdoctor.estimate.snapshot import write_memory_snapshot
-
-        try:
-            written = write_memory_snapshot(trace, target.gpu, memory_snapshot)
-        except OSError as exc:
-            raise UserError(f"cannot write the memory snapshot {memory_snapshot}: {exc}") from None
-        notes.append(
-            f"memory snapshot written to {written}: open it at https://pytorch.org/memory_viz"
-        )
-    where = phase_at(trace, peak.event)
-    activations = activations_by_module(trace)
-    notes.extend(trace.notes)
-    return Estimate(
-        model=workload.name,
-        setup=setup,
-        target=target,
-        parameter_count=trace.parameter_count,
-        peak_allocated=peak.allocated,
-        tensor_peak=tensor_peak,
-        peak_reserved=reserved,
-        total=total,
-        breakdown=breakdown,
-        peak_phase=where.phase,
-        peak_step=where.step,
-        activations=activations.total,
-        top_modules=[
-            ModuleActivation(m.module, m.type, m.bytes, m.count) for m in activations.modules
-        ],
-        baselines=_baselines(trace.parameter_count, trace.parameter_bytes, setup),
-        method=method,
-        seconds=time.perf_counter() - started,
-        gpu_memory=capacity,
-        margin=margin,
-        fits=fits if capacity is not None else None,
-        notes=notes,
-    )
-
-
-def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: bool) -> tuple:
-    from torchdoctor.estimate.trace import DataDependentOp, trace_step
-
-    try:
-        return trace_step(workload, setup, target), "traced under fake tensors", []
-    except DataDependentOp as exc:
-        problem = exc.describe()
-        if not fallback:
-            raise UserError(
-                f"{problem}: fake tensors cannot trace it (a real CPU run is off)"
-            ) from None
-        available = _available_ram()
-        if exc.parameter_bytes * 4 > available * _REAL_RUN_RAM_FRACTION:
-            raise UserError(
-                f"{problem}: fake tensors cannot trace it, and a real CPU run would need more "
-                f"than the {fmt_bytes(available)} of RAM available; make the op "
-                "value-independent (e.g. keep the tensor instead of calling .item())"
-            ) from None
-        trace = trace_step(workload, setup, target, real=True)
-        note = (
-            f"{problem}, which fake tensors cannot trace: measured with a real CPU run instead "
-            f"({trace.seconds:.1f} s)"
-        )
-        return trace, "real CPU run (fallback)", [note]
-
-
-def _available_ram() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
-def _ordered(by_category: dict[str, int]) -> dict[str, int]:
-    ordered = {name: by_category.get(name, 0) for name in _BREAKDOWN_ORDER}
-    for name, value in by_category.items():
-        ordered.setdefault(name, value)
-    return ordered
-
-
-def _baselines(parameters: int, parameter_bytes: int, setup: TrainingSetup) -> Baselines:
-    if setup.inference:
-        return Baselines(parameters * 4, parameter_bytes)
-    naive = int(parameters * 4 * 2 * _OPTIMIZER_FACTOR[setup.optimizer])
-    return Baselines(naive, parameter_bytes * 4)
-
-
-def alternatives(check: FitCheck, setup: TrainingSetup) -> list[Alternative]:
-    """Changes that could make a step fit, each re-estimated rather than guessed."""
-    options: list[tuple[str, TrainingSetup]] = []
-    if setup.precision == "fp32":
-        options.append(
-            ("bf16 mixed precision (--precision bf16-mixed)", setup.with_(precision="bf16-mixed"))
-        )
-    if not setup.checkpointing and not setup.inference:
-        options.append(
-            ("activation checkpointing (--checkpointing)", setup.with_(checkpointing=True))
-        )
-    if setup.optimizer in ("adam", "adamw") and setup.optimizer_impl != "fused":
-        options.append(
-            (
-                f"fused {setup.optimizer} (--optimizer-impl fused)",
-                setup.with_(optimizer_impl="fused"),
-            )
-        )
-        options.append(
-            ("SGD with momentum instead of Adam (--optimizer sgd-momentum)",
-             setup.with_(optimizer="sgd-momentum", optimizer_impl="auto")),
-        )  # fmt: skip
-    combined = setup
-    if setup.precision == "fp32":
-        combined = combined.with_(precision="bf16-mixed")
-    if not setup.inference:
-        combined = combined.with_(checkpointing=True)
-    found = [Alternative(change, check.estimate(changed)) for change, changed in options]
-    if setup.batch_size > 1 and not setup.inference:
-        found.extend(_accumulation(check, setup))
-    if combined != setup and all(not a.estimate.fits for a in found):
-        label = "bf16 mixed precision with activation checkpointing"
-        if setup.batch_size > 1:
-            combined = combined.with_(
-                batch_size=1, grad_accumulation=setup.batch_size * setup.grad_accumulation
-            )
-            label += f", {setup.batch_size} micro-batches of 1"
-        found.append(Alternative(label, check.estimate(combined)))
-    return found
-
-
-def _accumulation(check: FitCheck, setup: TrainingSetup) -> list[Alternative]:
-    """The largest micro-batch (dividing the batch) that fits, with accumulation to keep the
-    effective batch."""
-    batch = setup.batch_size
-    last = None
-    for micro in sorted({d for d in range(1, batch) if batch % d == 0}, reverse=True):
-        steps = batch // micro
-        changed = setup.with_(batch_size=micro, grad_accumulation=setup.grad_accumulation * steps)
-        result = check.estimate(changed)
-        last = Alternative(
-            f"gradient accumulation: {steps} micro-batches of {micro} (--batch {micro} "
-            f"--grad-accumulation {steps})",
-            result,
-        )
-        if result.fits:
-            return [last]
-    return [last] if last is not None else []

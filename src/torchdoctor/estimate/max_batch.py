@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from torchdoctor.estimate.api import FitCheck, alternatives
+from torchdoctor.estimate.fitcheck import FitCheck, alternatives
 from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import TrainingSetup
 

@@ -1,18 +1,20 @@
-"""Measure the real peak of a CPU training step, two independent ways.
+"""Measure the real peak of a CPU training step, with more or less in common with the estimator.
 
-- ``storage_peak``: the step runs on real tensors with the same storage tracking the estimator
-  uses (so it checks fake tensors against real kernels, not the accounting itself);
-- ``allocator_peak``: the step runs under ``torch.profiler`` with ``profile_memory=True``, which
-  records every allocation and free of PyTorch's CPU allocator (c10's ``reportMemoryUsage``),
-  including buffers that kernels allocate and free internally, which no dispatch mode sees.
-
-Used by the accuracy benchmark and the tests.
+- ``storage_peak``: the estimator's own step code on real tensors, with its own storage tracking
+  (it checks fake tensors against real kernels, not the accounting or the loop: a unit check);
+- ``allocator_peak``: the estimator's step code under ``torch.profiler`` with
+  ``profile_memory=True``, which records every allocation and free of PyTorch's CPU allocator
+  (c10's ``reportMemoryUsage``), buffers that kernels allocate inside one op included, which no
+  dispatch mode sees (independent accounting, same loop code);
+- ``profiled_peak(run)``: the allocator's peak while any code runs: a loop written by hand, a
+  real ``transformers.Trainer.train()`` or ``lightning.Trainer.fit()``. It shares nothing with
+  the estimator, so it is the truth the accuracy suite measures each loop against.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +24,8 @@ from torchdoctor.estimate.real_sizes import quiet_profiler
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
     apply_checkpointing,
-    cast_batch,
+    apply_loop_settings,
+    make_batches,
     make_optimizer,
     run_training,
 )
@@ -47,50 +50,58 @@ def measure_cpu_peak(workload: Workload, setup: TrainingSetup) -> RealPeak:
 
 
 def allocator_peak(workload: Workload, setup: TrainingSetup) -> int:
-    """Bytes live at the CPU allocator's peak during the step, plus what existed before it."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
+    """Bytes live at the CPU allocator's peak during the estimator's step, plus what existed
+    before it."""
     model = workload.build_model()
     if setup.precision == "bf16":
         _cast_floating_state(model, torch.bfloat16)
     if setup.checkpointing:
         apply_checkpointing(model)
     model.train(not setup.inference)
-    batch = workload.make_batch(model, setup.batch_size)
-    if setup.precision == "bf16":
-        batch = cast_batch(batch, torch.bfloat16)
+    apply_loop_settings(model, setup)
+    batches = make_batches(workload, model, setup)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = None if setup.inference else make_optimizer(params, setup, Target())
-    existing: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers(), *_tensors(batch)]:
-        storage = tensor.untyped_storage()
-        existing[storage.data_ptr()] = storage.nbytes()
     phases = LiveStorageTracker()  # only collects phase marks; not entered as a mode
+
+    def step() -> None:
+        run_training(model, batches, workload.loss_fn, optimizer, setup, phases, _nothing, _nothing)
+
+    return profiled_peak(step, [*model.parameters(), *model.buffers(), *_tensors(batches)])
+
+
+def profiled_peak(run: Callable[[], object], existing: Iterable[torch.Tensor] = ()) -> int:
+    """Peak bytes of PyTorch's CPU allocator while ``run()`` runs, plus the storages of
+    ``existing`` (tensors alive before it: parameters, buffers, a batch).
+
+    ``torch.profiler`` with ``profile_memory=True`` records every allocation and free that c10's
+    CPU allocator reports, kernel scratch included: it shares nothing with the estimator's
+    storage tracking, so it is the independent truth for any loop, a framework's included.
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    sizes: dict[int, int] = {}
+    for tensor in existing:
+        storage = tensor.untyped_storage()
+        sizes[storage.data_ptr()] = storage.nbytes()
     with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_training(model, batch, workload.loss_fn, optimizer, setup, phases, _nothing, _nothing)
+        run()
     allocations: list[tuple[int, int]] = []
-
-    def walk(node: object) -> None:
-        stack = [node]
-        while stack:
-            item = stack.pop()
-            stack.extend(item.children)  # type: ignore[attr-defined]
-            if item.tag == _EventType.Allocation:  # type: ignore[attr-defined]
-                fields = item.extra_fields  # type: ignore[attr-defined]
-                if fields.device.type == "cpu":
-                    allocations.append((item.start_time_ns, fields.alloc_size))  # type: ignore[attr-defined]
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        item = stack.pop()
+        stack.extend(item.children)
+        if item.tag == _EventType.Allocation:
+            fields = item.extra_fields
+            if fields.device.type == "cpu":
+                allocations.append((item.start_time_ns, fields.alloc_size))
     allocations.sort(key=lambda item: item[0])
     live = peak = 0
     for _, size in allocations:
         live += size
         peak = max(peak, live)
-    with contextlib.suppress(NameError):
-        del model, optimizer, batch
-    return sum(existing.values()) + peak
+    return sum(sizes.values()) + peak
 
 
 def _nothing() -> None:

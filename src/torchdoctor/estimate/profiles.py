@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from torchdoctor.errors import UserError
+from torchdoctor.errors import ParameterError, UserError, literal
 from torchdoctor.units import fmt_bytes
 
 MiB = 1024**2
@@ -60,7 +60,9 @@ def find_profile(name: str) -> GpuProfile:
     if wanted in aliases:
         return PROFILES[aliases[wanted]]
     known = ", ".join(PROFILES)
-    raise UserError(f"unknown GPU {name!r}: use one of {known}, or --gpu-memory SIZE (e.g. 24GiB)")
+    raise ParameterError(
+        literal(f"unknown GPU {name!r}: use one of {known}, or ") + "{} (e.g. 24GiB)", "gpu_memory"
+    )
 
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)

@@ -27,6 +27,18 @@ class Baselines:
 
 
 @dataclass
+class LoopPeak:
+    """The peak of the same step under another training loop."""
+
+    loop: str
+    bytes: int  # headline bytes: nvidia-smi's total on CUDA, the live peak on the CPU
+    change: int  # bytes - the estimate's headline bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"loop": self.loop, "bytes": self.bytes, "change_bytes": self.change}
+
+
+@dataclass
 class Estimate:
     """Peak memory of a training step on a target, with what makes it up."""
 
@@ -50,6 +62,8 @@ class Estimate:
     margin: float = 0.0
     fits: bool | None = None
     notes: list[str] = field(default_factory=list)
+    model_kind: str = ""  # "hf", "lightning" or "" (see Trace.model_kind)
+    other_loops: list[LoopPeak] = field(default_factory=list)  # when asked for
 
     @property
     def headline_bytes(self) -> int:
@@ -62,6 +76,8 @@ class Estimate:
             "version": JSON_VERSION,
             "model": self.model,
             "setup": asdict(self.setup),
+            "loop": self.setup.loop,
+            "other_loops": [other.to_dict() for other in self.other_loops],
             "target": {
                 "device": self.target.device,
                 "gpu": gpu.name if gpu else None,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from torchdoctor.errors import UserError
+from torchdoctor.errors import ParameterError, UserError
+from torchdoctor.estimate.loops import HAND_WRITTEN, find_loop
 from torchdoctor.estimate.profiles import GpuProfile
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
@@ -16,10 +17,14 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 class TrainingSetup:
     """One training step as the estimator runs it.
 
-    The step is ``loss = loss_fn(model(*inputs), target)``, ``loss.backward()`` (once per
-    micro-batch with ``grad_accumulation``), ``optimizer.step()``,
-    ``optimizer.zero_grad(set_to_none=True)``; it runs twice so that optimizer state exists.
+    The step is ``out = model(*inputs)``, ``loss = loss_fn(out, target)``, ``loss.backward()``
+    (once per micro-batch with ``grad_accumulation``), ``optimizer.step()``,
+    ``optimizer.zero_grad(set_to_none=True)``, held and released as ``loop`` says (see
+    :mod:`torchdoctor.estimate.loops`); it runs twice so that optimizer state exists.
     ``inference`` runs one forward pass under ``torch.no_grad()`` instead.
+
+    Invalid values raise a UserError naming the field (the Python parameter of
+    :func:`torchdoctor.estimate`); the CLI words it as its flag.
     """
 
     batch_size: int = 1
@@ -29,10 +34,11 @@ class TrainingSetup:
     grad_accumulation: int = 1
     inference: bool = False
     checkpointing: bool = False
+    loop: str = HAND_WRITTEN
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise UserError(f"--batch must be at least 1, not {self.batch_size}")
+            raise ParameterError(f"{{}} must be at least 1, not {self.batch_size}", "batch_size")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(
                 f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}"
@@ -47,10 +53,26 @@ class TrainingSetup:
                 f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}"
             )
         if self.grad_accumulation < 1:
-            raise UserError("--grad-accumulation must be at least 1")
+            raise ParameterError(
+                f"{{}} must be at least 1, not {self.grad_accumulation}", "grad_accumulation"
+            )
+        find_loop(self.loop)
 
     def with_(self, **changes: object) -> TrainingSetup:
         return replace(self, **changes)
+
+    def optimizer_impl_used(self) -> str:
+        """``optimizer_impl``, or when that is auto the implementation the loop's framework
+        picks (``auto`` left: torch's own choice for the target)."""
+        if self.optimizer_impl != "auto":
+            return self.optimizer_impl
+        if self.inference or self.optimizer not in ("adam", "adamw"):
+            return "auto"
+        if not find_loop(self.loop).framework_optimizer:
+            return "auto"
+        from torchdoctor.estimate.loops import hf_trainer_defaults
+
+        return hf_trainer_defaults().optimizer_impl
 
     def describe(self) -> str:
         if self.inference:
@@ -58,6 +80,8 @@ class TrainingSetup:
         parts = [f"batch {self.batch_size}", self.precision, self.optimizer]
         if self.optimizer_impl != "auto":
             parts[-1] += f" ({self.optimizer_impl})"
+        elif self.optimizer_impl_used() != "auto":
+            parts[-1] += f" ({self.optimizer_impl_used()}, the {self.loop} default)"
         if self.grad_accumulation > 1:
             parts.append(f"{self.grad_accumulation} micro-batches accumulated")
         if self.checkpointing:
@@ -76,7 +100,9 @@ class Target:
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"unknown device {self.device!r}: use cpu or cuda")
         if self.device == "cuda" and self.gpu is None:
-            raise UserError("--device cuda needs a GPU: pass --gpu NAME or --gpu-memory SIZE")
+            raise ParameterError(
+                "{} needs a GPU: pass {} or {}", ("device", "cuda"), "gpu", "gpu_memory"
+            )
 
     @property
     def is_cuda(self) -> bool:

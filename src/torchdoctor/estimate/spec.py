@@ -12,8 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.errors import UserError
-from torchdoctor.estimate.workload import Workload, default_loss, split_batch, vocab_size
+from torchdoctor.errors import ParameterError, UserError, literal
+from torchdoctor.estimate.workload import (
+    Workload,
+    default_loss,
+    is_hf_model,
+    split_batch,
+    vocab_size,
+)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -69,11 +75,14 @@ def _workload(
         if tokens is not None:
             vocab = vocab_size(model)
             if vocab is None:
-                raise UserError(
-                    f"{name} has no embedding to take the vocabulary from: use --input instead of --tokens"
+                raise ParameterError(
+                    literal(f"{name} has no embedding to take the vocabulary from: ")
+                    + "use {} instead of {}",
+                    "input_shape",
+                    "tokens",
                 )
             ids = torch.randint(0, vocab, (batch_size, tokens))
-            if _is_hf(model):
+            if is_hf_model(model):
                 return {"input_ids": ids, "labels": ids}, None
             return ids, torch.randint(0, vocab, (batch_size, tokens))
         if input_shape is not None:
@@ -81,8 +90,10 @@ def _workload(
             return torch.randn(batch_size, *input_shape, dtype=dtype or torch.float32), None
         maker = parts.get("batch_maker")
         if maker is None:
-            raise UserError(
-                f"{name} gives no batch maker: pass --input SHAPE (e.g. 3x224x224) or --tokens SEQ"
+            raise ParameterError(
+                literal(f"{name} gives no batch maker: ") + "pass {} (e.g. 3x224x224) or {}",
+                "input_shape",
+                "tokens",
             )
         try:
             return split_batch(maker(batch_size))
@@ -95,12 +106,11 @@ def _workload(
         loss = parts.get("loss") or default_loss
         return loss(output, target)
 
+    source: tuple[str, object] | None = None
     if tokens is not None:
-        source = f"--tokens {tokens}"
+        source = ("tokens", tokens)
     elif input_shape is not None:
-        source = "--input " + "x".join(str(d) for d in input_shape)
-    else:
-        source = "the factory's batch maker"
+        source = ("input_shape", "x".join(str(d) for d in input_shape))
     return Workload(name, build_model, make_batch, loss_fn, source)
 
 
@@ -122,10 +132,6 @@ def _unpack(name: str, made: Any) -> tuple[Any, Any, Any]:
             f"the factory of {name} returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model, batch_maker, loss
-
-
-def _is_hf(model: Any) -> bool:
-    return hasattr(model, "config") and hasattr(model, "get_input_embeddings")
 
 
 def _import_factory(spec: str) -> Callable[[], Any]:

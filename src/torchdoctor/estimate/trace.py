@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchdoctor.errors import UserError
+from torchdoctor.errors import ParameterError, UserError, literal
 from torchdoctor.estimate.real_sizes import (
     LOW_PRECISION_SCRATCH_OPS,
     PROBED_OPS,
@@ -26,13 +26,14 @@ from torchdoctor.estimate.real_sizes import (
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.step import (
     apply_checkpointing,
-    cast_batch,
+    apply_loop_settings,
     low_precision_dtype,
+    make_batches,
     make_optimizer,
     run_training,
 )
 from torchdoctor.estimate.tracker import LiveStorageTracker, ModuleStack, Transient
-from torchdoctor.estimate.workload import Workload
+from torchdoctor.estimate.workload import Workload, is_hf_model, is_lightning_module
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -81,6 +82,7 @@ class Trace:
     seconds: float
     notes: list[str] = field(default_factory=list)
     attention_backends: dict[str, int] = field(default_factory=dict)
+    model_kind: str = ""  # "hf" (a transformers model), "lightning" (a LightningModule), ""
 
 
 def trace_step(
@@ -102,6 +104,8 @@ def _quiet_torch() -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
             warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+            # A LightningModule's self.log() outside a Trainer warns and does nothing.
+            warnings.filterwarnings("ignore", message=".*self.log.*")
             yield
     finally:
         logger.disabled = disabled
@@ -126,12 +130,14 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
         if setup.checkpointing:
             notes.append("activation checkpointing on " + apply_checkpointing(model))
         model.train(not setup.inference)
-        batch = workload.make_batch(model, setup.batch_size)
-        if setup.precision == "bf16":
-            batch = cast_batch(batch, torch.bfloat16)
+        apply_loop_settings(model, setup)
+        batches = make_batches(workload, model, setup)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params and not setup.inference:
-            raise UserError(f"{workload.name} has no trainable parameters: use --inference")
+            raise ParameterError(
+                literal(f"{workload.name} has no trainable parameters: ") + "use {}",
+                ("inference", True),
+            )
         optimizer = None if setup.inference else make_optimizer(params, setup, target)
 
         tracker = LiveStorageTracker()
@@ -146,14 +152,14 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
             tracker.register_existing(tensor, PARAMETERS)
         for tensor in model.buffers():
             tracker.register_existing(tensor, PARAMETERS)
-        for tensor in _tensors(batch):
+        for tensor in _tensors(batches):
             tracker.register_existing(tensor, INPUTS)
         stack = ModuleStack(tracker)
         stack.add_model(model)
         gradients: set[int] = set()
         states: set[int] = set()
         host: set[int] = set()
-        steps_on_host = target.is_cuda and setup.optimizer_impl != "fused"
+        steps_on_host = target.is_cuda and setup.optimizer_impl_used() != "fused"
 
         def on_grads() -> None:
             for p in params:
@@ -179,9 +185,20 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
             assert target.gpu is not None
             emulation = emulate_cuda(target.gpu, low_precision_dtype(setup), tracker)
         try:
-            with stack, emulation as emulated, _rng_states_tracked(tracker, host), tracker:
+            unpacked = (
+                _hf_positions_unpacked()
+                if fake_mode is not None and not _has_position_ids(batches)
+                else contextlib.nullcontext()
+            )
+            with (
+                stack,
+                emulation as emulated,
+                _rng_states_tracked(tracker, host),
+                unpacked,
+                tracker,
+            ):
                 run_training(
-                    model, batch, workload.loss_fn, optimizer, setup, tracker, on_grads, on_state
+                    model, batches, workload.loss_fn, optimizer, setup, tracker, on_grads, on_state
                 )
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise DataDependentOp(
@@ -201,13 +218,17 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
                     _where(stack, tracker, False),
                     _bytes(model),
                 ) from exc
-            raise UserError(
-                f"{workload.name} failed on a batch of {setup.batch_size} from {workload.batch_source}"
-                f"{_where(stack, tracker)}: {message}"
-            ) from exc
+            failed = literal(f"{workload.name} failed on a batch of {setup.batch_size} from ")
+            detail = literal(f"{_where(stack, tracker)}: {message}")
+            if workload.batch_option is None:
+                raise UserError(f"{failed}the factory's batch maker{detail}".format()) from exc
+            raise ParameterError(failed + "{}" + detail, workload.batch_option) from exc
         backends = dict(getattr(emulated, "backends", {}) or {})
         events = list(tracker.events)
         parameter_count = sum(p.numel() for p in model.parameters())
+        model_kind = (
+            "lightning" if is_lightning_module(model) else "hf" if is_hf_model(model) else ""
+        )
         parameter_bytes = _bytes(model)
 
     storages = tracker.storages
@@ -237,6 +258,7 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
         seconds=time.perf_counter() - started,
         notes=notes,
         attention_backends=backends,
+        model_kind=model_kind,
     )
 
 
@@ -299,6 +321,30 @@ def _rng_states_tracked(tracker: LiveStorageTracker, host: set[int]) -> Iterator
         yield
     finally:
         torch.get_rng_state = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _hf_positions_unpacked() -> Iterator[None]:
+    """transformers reads the position ids to find packed sequences (and then skips the causal
+    mask for SDPA): under fake tensors it cannot read them and builds a full mask per layer,
+    which a real run does not. Without ``position_ids`` in the batch the model makes them
+    itself, ``arange(T)`` in every row, which holds one sequence: the real answer, None."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda position_ids: None  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original  # type: ignore[union-attr]
+
+
+def _has_position_ids(batches: list[Any]) -> bool:
+    return any(isinstance(inputs, dict) and "position_ids" in inputs for inputs, _ in batches)
 
 
 def _cast_floating_state(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -17,7 +17,8 @@ class Workload:
     build_model: Callable[[], Any]
     make_batch: Callable[[Any, int], Batch]  # (model, batch size) -> batch
     loss_fn: Callable[[Any, Any], Any]
-    batch_source: str
+    # The parameter and value the batches come from (("tokens", 64)); None: the batch maker.
+    batch_option: tuple[str, object] | None = None
 
 
 def call_model(model: Any, inputs: Any) -> Any:
@@ -27,6 +28,17 @@ def call_model(model: Any, inputs: Any) -> Any:
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
+
+
+def is_hf_model(model: Any) -> bool:
+    """A transformers model: it takes keyword inputs and computes its loss from ``labels``."""
+    return hasattr(model, "config") and hasattr(model, "get_input_embeddings")
+
+
+def is_lightning_module(model: Any) -> bool:
+    """A ``LightningModule`` (without importing Lightning): its ``training_step`` is the
+    forward and loss of a step."""
+    return any(cls.__name__ == "LightningModule" for cls in type(model).__mro__)
 
 
 def split_batch(batch: Any) -> Batch:
@@ -39,6 +51,8 @@ def split_batch(batch: Any) -> Batch:
 def default_loss(output: Any, target: Any) -> Any:
     """The loss when the spec gives none: the model's own loss, else cross-entropy or MSE.
 
+    The model's own loss is its output's ``loss`` (HF ModelOutput, a dict), or the 0-dim
+    floating tensor of a returned tuple (nanoGPT's ``logits, loss = model(X, Y)``).
     Classification-shaped outputs (floating, at least 2-D) get cross-entropy against ``target``
     (random class ids of the output's leading shape when there is no target); anything else the
     mean squared output.
@@ -54,6 +68,10 @@ def default_loss(output: Any, target: Any) -> Any:
         if isinstance(out.get("loss"), torch.Tensor):
             return out["loss"]
         out = out.get("logits", next(iter(out.values())))
+    if isinstance(out, (tuple, list)):
+        for item in out:
+            if isinstance(item, torch.Tensor) and item.dim() == 0 and item.is_floating_point():
+                return item
     logits = getattr(out, "logits", None)
     if isinstance(logits, torch.Tensor):
         out = logits
