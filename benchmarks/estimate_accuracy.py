@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import estimate_models as models  # noqa: E402
-from torchdoctor.estimate.api import estimate_workload  # noqa: E402
+from torchdoctor.estimate.fitcheck import estimate_workload  # noqa: E402
 from torchdoctor.estimate.measure import measure_cpu_peak  # noqa: E402
 from torchdoctor.estimate.setup import Target, TrainingSetup  # noqa: E402
 from torchdoctor.estimate.spec import load_workload  # noqa: E402

@@ -11,6 +11,12 @@ NVML minus reserved, is the CUDA context (plus library memory) to calibrate
 
     python benchmarks/estimate_cuda_check.py [--cases NAME,...] [--precisions fp32,bf16-mixed]
 
+The ``loop-*`` cases (fp32) run the training loops people write, as examples/estimate_loops.py
+writes them: nanoGPT's ``logits, loss = model(X, Y)``, a classic ``out = model(x)`` loop, 4
+accumulated micro-batches each holding its output, a model returning a dict, the real
+``transformers.Trainer.train()`` and ``lightning.Trainer.fit()``; each is estimated under the
+``--loop`` it is (the other cases run ``frees-output``, the loop their worker writes).
+
 Takes a few minutes on one GPU; exits with status 1 when a target is missed.
 """
 
@@ -34,10 +40,11 @@ RESERVED_TARGET = 0.08
 
 
 def cases() -> dict:
+    """The single-loop cases: their worker writes ``loss_fn(model(x), y).backward()``."""
     import estimate_models as models
     from torchdoctor.estimate.setup import TrainingSetup
 
-    return {
+    plain = {
         "cnn-adamw": (models.plain_cnn, {}, TrainingSetup(batch_size=64)),
         "resnet-bn-sgdm": (models.resnet, {}, TrainingSetup(batch_size=64, optimizer="sgd-momentum")),
         "encoder-dropout-adamw": (models.transformer_encoder, {}, TrainingSetup(batch_size=32)),
@@ -48,6 +55,65 @@ def cases() -> dict:
         "mlp-dropout-adamw": (models.mlp_dropout, {}, TrainingSetup(batch_size=256)),
         "gpt2-small-adamw": (models.gpt2_small, {"tokens": 1024}, TrainingSetup(batch_size=8)),
     }  # fmt: skip
+    return {
+        name: (factory, options, setup.with_(loop="frees-output"))
+        for name, (factory, options, setup) in plain.items()
+    }
+
+
+def loop_cases() -> dict:
+    """name -> (factory, workload options, set-up, build), where build() puts the model and
+    batch on the GPU and returns the loop's train() (examples/estimate_loops.py)."""
+    import torch
+
+    import estimate_loops as loops
+    import estimate_models as models
+    from torchdoctor.estimate.setup import TrainingSetup
+
+    cuda = torch.device("cuda")
+
+    def tokens(vocab: int, rows: int, seq: int, device=cuda):
+        return (torch.randint(0, vocab, (rows, seq), device=device),
+                torch.randint(0, vocab, (rows, seq), device=device))  # fmt: skip
+
+    def nanogpt():
+        model, make_batch = models.nanogpt()
+        (x, y), _ = make_batch(8)
+        return loops.nanogpt_loop(model.to(cuda), x.to(cuda), y.to(cuda))
+
+    def classic(accumulation: int):
+        return lambda: loops.classic_loop(
+            models.gpt_tiny().to(cuda), *tokens(2048, 16, 256), accumulation=accumulation
+        )
+
+    def dict_output():
+        model, make_batch, loss = models.dict_output()
+        x, y = make_batch(256)
+        return loops.classic_loop(model.to(cuda), x.to(cuda), y.to(cuda), loss_fn=loss)
+
+    def hf_trainer():
+        ids, _ = tokens(8192, 4 * 16, 128, device="cpu")
+        return loops.hf_trainer_loop(models.hf_gpt2_tiny(), ids, 16, use_cpu=False)
+
+    def lightning():
+        module, make_batch = models.lightning_lm()
+        ids, targets = make_batch(4 * 16)
+        return loops.lightning_loop(module, ids, targets, 16, accelerator="gpu")
+
+    return {
+        "loop-nanogpt-b8": (models.nanogpt, {}, TrainingSetup(batch_size=8), nanogpt),
+        "loop-classic-gpt": (models.gpt_tiny, {"tokens": 256}, TrainingSetup(batch_size=16), classic(1)),
+        "loop-accum4-gpt": (models.gpt_tiny, {"tokens": 256}, TrainingSetup(batch_size=16, grad_accumulation=4), classic(4)),
+        "loop-dict-mlp": (models.dict_output, {}, TrainingSetup(batch_size=256), dict_output),
+        "loop-hf-trainer": (models.hf_gpt2_tiny, {"tokens": 128}, TrainingSetup(batch_size=16, loop="hf-trainer"), hf_trainer),
+        "loop-lightning": (models.lightning_lm, {}, TrainingSetup(batch_size=16, loop="lightning"), lightning),
+    }  # fmt: skip
+
+
+def all_cases() -> dict:
+    found = {name: (*case, None) for name, case in cases().items()}
+    found.update(loop_cases())
+    return found
 
 
 def worker(case: str, precision: str) -> dict:
@@ -58,12 +124,18 @@ def worker(case: str, precision: str) -> dict:
     from torchdoctor.estimate.step import STEPS, apply_checkpointing
     from torchdoctor.estimate.workload import call_model
 
-    factory, options, setup = cases()[case]
+    factory, options, setup, build = all_cases()[case]
+    torch.manual_seed(0)
+    torch.cuda.init()
+    if build is not None:
+        train = build()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        train()
+        return _stats(torch)
     setup = setup.with_(precision=precision)
     workload = load_workload(factory, **options)
-    torch.manual_seed(0)
     device = torch.device("cuda")
-    torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
     model = workload.build_model().to(device)
     if setup.checkpointing:
@@ -92,6 +164,10 @@ def worker(case: str, precision: str) -> dict:
             loss.backward()
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return _stats(torch)
+
+
+def _stats(torch) -> dict:
     torch.cuda.synchronize()
     props = torch.cuda.get_device_properties(0)
     return {
@@ -131,12 +207,12 @@ def _nvml_process_bytes() -> int | None:
 
 
 def estimate_for(case: str, precision: str, real: dict):
-    from torchdoctor.estimate.api import estimate_workload
+    from torchdoctor.estimate.fitcheck import estimate_workload
     from torchdoctor.estimate.profiles import GpuProfile
     from torchdoctor.estimate.setup import Target
     from torchdoctor.estimate.spec import load_workload
 
-    factory, options, setup = cases()[case]
+    factory, options, setup, _build = all_cases()[case]
     gpu = GpuProfile(real["gpu_name"], real["total_memory"], tuple(real["capability"]))
     workload = load_workload(factory, **options)
     return estimate_workload(workload, setup.with_(precision=precision), Target("cuda", gpu))
@@ -155,13 +231,14 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("estimate_cuda_check: no CUDA GPU here; run it on a machine with one")
-    names = args.cases.split(",") if args.cases else list(cases())
+    names = args.cases.split(",") if args.cases else list(all_cases())
     worst_allocated = worst_reserved = 0.0
     print(
         f"{'case':<24} {'precision':<11} {'allocated err':>13} {'reserved err':>13} {'nvml - reserved':>16}  estimate s"
     )
     for name in names:
-        for precision in args.precisions.split(","):
+        precisions = ["fp32"] if name.startswith("loop-") else args.precisions.split(",")
+        for precision in precisions:
             child = subprocess.run(
                 [sys.executable, __file__, "--worker", name, precision],
                 capture_output=True, text=True, timeout=300,

@@ -26,6 +26,7 @@ ORDER = [
     "nvml_read_cost.py",
     "instrument_overhead.py",
     "estimate_accuracy.py",
+    "estimate_loops.py",
     "estimate_speed.py",
     "advice_works.py",
     "tune_vs_grid.py",

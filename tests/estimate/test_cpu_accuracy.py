@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchdoctor.estimate.api import estimate_workload
+from torchdoctor.estimate.fitcheck import estimate_workload
 from torchdoctor.estimate.measure import measure_cpu_peak
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.spec import load_workload

@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchdoctor.cli.common import stderr_console
+from torchdoctor.cli.json_output import user_output_to_stderr
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals
 from torchdoctor.tune.result import Measurement, TuneResult
@@ -123,16 +124,19 @@ def command(
     progress = None if quiet else _Progress(stderr_console())
     held = hold_signals()
     try:
-        result = tune_command(
-            list(argv),
-            budget_s=budget_s,
-            trial_steps=trial_steps,
-            trial_timeout_s=trial_timeout,
-            folder=Path(out) if out else None,
-            signals_held=True,
-            on_start=progress.start if progress else None,
-            on_trial=progress.done if progress else None,
-        )
+        # The trials' output goes to their logs; anything else printed meanwhile goes to
+        # stderr under --json, so that stdout is the JSON alone.
+        with user_output_to_stderr(as_json):
+            result = tune_command(
+                list(argv),
+                budget_s=budget_s,
+                trial_steps=trial_steps,
+                trial_timeout_s=trial_timeout,
+                folder=Path(out) if out else None,
+                signals_held=True,
+                on_start=progress.start if progress else None,
+                on_trial=progress.done if progress else None,
+            )
     finally:
         release_signals(held)
     if as_json:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchdoctor.errors import ParameterError, UserError
-from torchdoctor.estimate.loops import HF_TRAINER, LOOPS
+from torchdoctor.estimate.loops import FREES_OUTPUT, HAND_WRITTEN, HF_TRAINER, LIGHTNING
 from torchdoctor.estimate.result import Alternative, Baselines, Estimate, LoopPeak, ModuleActivation
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.estimate.workload import Workload
@@ -189,16 +189,22 @@ def _baselines(parameters: int, parameter_bytes: int, setup: TrainingSetup) -> B
 
 
 def other_loops(check: FitCheck, setup: TrainingSetup, result: Estimate) -> list[LoopPeak]:
-    """The peak of the same step under each other training loop that fits the model (the HF
-    Trainer only for transformers models, which compute their own loss from labels)."""
+    """The peak of the same step under the other loops this model could be trained with:
+    holding or freeing the output always; the HF Trainer for transformers models (it needs
+    a model that computes its loss from labels); Lightning for LightningModules or when asked.
+    """
+    candidates = [HAND_WRITTEN, FREES_OUTPUT]
+    if result.model_kind == "hf":
+        candidates.append(HF_TRAINER)
+    if result.model_kind == "lightning" or setup.loop == LIGHTNING:
+        candidates.append(LIGHTNING)
     found = []
-    for name in LOOPS:
-        if name == setup.loop or (name == HF_TRAINER and result.model_kind != "hf"):
+    for name in candidates:
+        if name == setup.loop:
             continue
         other = check.estimate(setup.with_(loop=name))
-        found.append(
-            LoopPeak(name, other.headline_bytes, other.headline_bytes - result.headline_bytes)
-        )
+        change = other.headline_bytes - result.headline_bytes
+        found.append(LoopPeak(name, other.headline_bytes, change))
     return found
 
 
