@@ -57,8 +57,11 @@ def case_classic(models, loops):
 
 
 def case_accumulation(models, loops):
-    estimated = _estimated(models.gpt_tiny, tokens=SEQ, batch_size=BATCH, grad_accumulation=4)
-    return estimated, loops.run_classic(models.gpt_tiny(), *_tokens(2048), accumulation=4)
+    """4 micro-batches, each ``out = model(x)`` (a dict) held until the next forward returns."""
+    model, make_batch, loss = models.dict_output()
+    x, y = make_batch(32)
+    estimated = _estimated(models.dict_output, batch_size=32, grad_accumulation=4)
+    return estimated, loops.run_classic(model, x, y, loss_fn=loss, accumulation=4)
 
 
 def case_dict_output(models, loops):
