@@ -194,6 +194,22 @@ def test_bad_options_are_one_clear_line(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_preflight_error_refuses_to_start(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        res = run_td(
+            "launch", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+            str(port), "--out", str(tmp_path), "--", JOB,
+        )  # fmt: skip
+    assert res.returncode == 2
+    assert "preflight error: network.rendezvous: 127.0.0.1:" in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("torchdoctor: error: preflight found 1 error")
+    assert "--force" in res.stderr.splitlines()[-1]
+    assert not list(tmp_path.glob("*.sqlite"))
+
+
 def test_python_interpreter_before_the_script_is_accepted() -> None:
     from torchdoctor.coordination.launch import split_script
 

@@ -1,14 +1,12 @@
-"""The checks ``launch`` runs before it starts anything: the few that decide whether a
-distributed job can start on this node at all. An error refuses the launch (unless --force).
+"""The checks ``launch`` runs before it starts anything: the doctor's checks that decide
+whether a distributed job can start on this node (route and interfaces, rendezvous endpoint
+and port, /dev/shm, CPU oversubscription, GPUs, stale settings), plus one of its own: no more
+ranks than GPUs. An error refuses the launch (unless --force).
 """
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
-
-SHM_MIN_BYTES = 512 * 2**20  # below this DataLoader workers die with SIGBUS (ds_report warns)
 
 
 @dataclass
@@ -28,93 +26,53 @@ class PreflightReport:
         return {"errors": self.errors, "warnings": self.warnings, "passed": self.passed}
 
 
+# The doctor checks (src/torchdoctor/doctor/) that decide whether a launch can start here.
+PREFLIGHT_CHECKS = (
+    "network.route",
+    "network.gloo_socket_ifname",
+    "network.nccl_socket_ifname",
+    "network.hostname",
+    "network.rendezvous",
+    "host.shm",
+    "host.cpu_oversubscription",
+    "gpus.visible",
+    "settings.environment",
+)
+
+
 def preflight(plan, *, gpu_status=None) -> PreflightReport:
-    """Check the node for ``plan`` (a LaunchPlan)."""
+    """Check the node for ``plan`` (a LaunchPlan) with the doctor's checks."""
+    from torchdoctor.doctor import ERROR, OK, WARNING, Plan, run_checks
+
     report = PreflightReport()
-    _check_port(plan, report)
-    _check_interface(plan, report)
-    _check_shm(report)
-    _check_threads(plan, report)
+    env = dict(plan.env)
+    addr = port = None
+    if plan.rendezvous.startswith("static "):
+        host, _, text = plan.rendezvous[len("static ") :].rpartition(":")
+        addr, port = host, int(text)
+    else:
+        # --standalone: torchrun's store takes a free port on localhost; a MASTER_ADDR left
+        # in the environment is not this run's endpoint.
+        env.pop("MASTER_ADDR", None)
+        env.pop("MASTER_PORT", None)
+        report.passed.append("rendezvous port (chosen free by torchrun)")
+    doctor_plan = Plan(
+        master_addr=addr,
+        master_port=port,
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        env=env,
+    )
+    for check in run_checks(doctor_plan, PREFLIGHT_CHECKS):
+        line = f"{check.name}: {check.saw}" + (f"; fix: {check.fix}" if check.fix else "")
+        if check.status == ERROR:
+            report.errors.append(line)
+        elif check.status == WARNING:
+            report.warnings.append(line)
+        elif check.status == OK:
+            report.passed.append(check.name)
     _check_gpus(plan, gpu_status, report)
     return report
-
-
-def _check_port(plan, report: PreflightReport) -> None:
-    if not plan.rendezvous.startswith("static ") or plan.node_rank != 0:
-        if plan.rendezvous.startswith("standalone"):
-            report.passed.append("rendezvous port (chosen free by torchrun)")
-        return
-    host, _, port = plan.rendezvous[len("static ") :].rpartition(":")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", int(port)))
-        except OSError as exc:
-            report.errors.append(
-                f"port {port} on {host} is not free ({exc.strerror}): another job holds it; "
-                "pick another --master-port (on every node)"
-            )
-            return
-    report.passed.append(f"port {port} free")
-
-
-def _check_interface(plan, report: PreflightReport) -> None:
-    if plan.nnodes == 1:
-        return
-    from torchdoctor.coordination.launch import egress_interface
-
-    host = plan.rendezvous[len("static ") :].rpartition(":")[0]
-    found = egress_interface(host)
-    if found is None:
-        report.errors.append(
-            f"no route to --master-addr {host} from this node: check the address, or the "
-            "network between the nodes"
-        )
-        return
-    name, local = found
-    if name == "lo" and plan.node_rank != 0:
-        report.errors.append(f"--master-addr {host} is on this node's loopback ({name})")
-        return
-    chosen = plan.env.get("GLOO_SOCKET_IFNAME")
-    if chosen and chosen != name:
-        report.warnings.append(
-            f"GLOO_SOCKET_IFNAME={chosen}, but {host} is reached through {name} ({local})"
-        )
-    report.passed.append(f"interface {name} ({local}) reaches {host}")
-
-
-def _check_shm(report: PreflightReport) -> None:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        report.warnings.append("/dev/shm is missing: DataLoader workers cannot share batches")
-        return
-    size = st.f_frsize * st.f_blocks
-    if size < SHM_MIN_BYTES:
-        report.warnings.append(
-            f"/dev/shm holds only {size // 2**20} MiB: DataLoader workers may die with SIGBUS; "
-            "give the container --shm-size=1g or --ipc=host"
-        )
-    else:
-        report.passed.append(f"/dev/shm {size // 2**20} MiB")
-
-
-def _check_threads(plan, report: PreflightReport) -> None:
-    from torchdoctor.coordination.launch import usable_cpus
-
-    cores = usable_cpus()
-    try:
-        threads = int(plan.env.get("OMP_NUM_THREADS", "1"))
-    except ValueError:
-        report.warnings.append(f"OMP_NUM_THREADS={plan.env['OMP_NUM_THREADS']!r} is not a number")
-        return
-    total = threads * plan.nproc_per_node
-    if total > cores:
-        report.warnings.append(
-            f"{plan.nproc_per_node} ranks x OMP_NUM_THREADS={threads} = {total} threads on "
-            f"{cores} usable cores: set OMP_NUM_THREADS={max(1, cores // plan.nproc_per_node)}"
-        )
-    else:
-        report.passed.append(f"{total} threads on {cores} cores")
 
 
 def _check_gpus(plan, gpu_status, report: PreflightReport) -> None:
