@@ -117,6 +117,23 @@ def test_port_29500_taken_does_not_stop_the_job(healthy) -> None:
     assert len(ports) == 1 and 29500 not in ports
 
 
+def test_recordings_of_two_jobs_are_not_read_as_one(healthy, tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    _, rec = healthy
+    other = tmp_path / "other.sqlite"
+    shutil.copy(rec, other)
+    with sqlite3.connect(other) as db:  # the same run, as if its rendezvous had been elsewhere
+        for rowid, detail in db.execute("SELECT rowid, detail FROM events WHERE kind='rank-info'"):
+            info = json.loads(detail)
+            info["master_port"] = 1
+            db.execute("UPDATE events SET detail=? WHERE rowid=?", (json.dumps(info), rowid))
+    res = run_td("diagnose", str(rec), str(other))
+    assert res.returncode == 2
+    assert res.stderr.startswith("torchdoctor: error: these recordings hold 2 different jobs")
+
+
 def test_straggler_named_and_sampler_not_reshuffled(tmp_path: Path) -> None:
     res, rec = launch(
         tmp_path, "--slow-rank", "1", "--slow-ms", "60", "--epochs", "2", "--samples", "8192",
