@@ -30,7 +30,7 @@ from torchdoctor.exporters.tail import RecordingTail
 from torchdoctor.recording.schema import TABLES, to_row
 
 DEFAULT_ADDRESS = "127.0.0.1"
-# Not taken in Prometheus' default port allocations list (9100 node, 9400 dcgm, 8000 nvitop).
+# Clear of the exporters it sits beside: node 9100, dcgm 9400, nvitop 8000, Pushgateway 9091.
 DEFAULT_EXPORTER_PORT = 9842
 
 
