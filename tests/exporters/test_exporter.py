@@ -165,3 +165,14 @@ def test_listen_addresses(text: str) -> None:
     addr, port = parse_listen(text, "--listen")
     assert port == 9100
     assert addr == {"9100": "127.0.0.1", "[::1]:9100": "::1"}.get(text, text.split(":")[0])
+
+
+def test_a_tensorboard_folder_that_cannot_be_made_gives_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    res = run_td(
+        "run", "--quiet", "--tensorboard", str(tmp_path / "afile" / "tb"),
+        "--out", str(tmp_path / "r.sqlite"), "--", sys.executable, "-c", "print('job ran')",
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stdout == "job ran\n"
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("torchdoctor: cannot create ") and "without TensorBoard" in line

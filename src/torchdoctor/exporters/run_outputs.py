@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchdoctor.errors import UserError
+
 
 @dataclass(frozen=True, slots=True)
 class RunOutputOptions:
@@ -46,8 +48,14 @@ class RunOutputs:
         if options.tensorboard is not None:
             from torchdoctor.exporters.tensorboard import LiveScalars
 
-            self._scalars = LiveScalars(recording, options.tensorboard)
-            self._scalars.start()
+            scalars = LiveScalars(recording, options.tensorboard)
+            try:
+                scalars.start()
+            except UserError as exc:
+                print(f"torchdoctor: {exc.message}; the job runs without TensorBoard scalars",
+                      file=sys.stderr)  # fmt: skip
+            else:
+                self._scalars = scalars
 
     def _start_prometheus(self, recording: Path, address: str, port: int, *, quiet: bool) -> None:
         from torchdoctor.exporters.prometheus import JobCollector, bind_error, serve

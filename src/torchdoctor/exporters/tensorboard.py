@@ -190,6 +190,9 @@ class LiveScalars:
                                         daemon=True)  # fmt: skip
 
     def start(self) -> None:
+        """Open the event file now, so that a folder that cannot be written is said at once
+        (raises UserError), then write in the background."""
+        self._writer = ScalarWriter(self._recording, self._folder)
         self._thread.start()
 
     def _pass(self) -> None:
