@@ -218,3 +218,10 @@ def test_estimate_modules_import_no_cycle():
 
     cycles = [name for name in graph if reaches(name, name, {name})]
     assert cycles == []
+
+
+def test_a_failing_batch_is_named_by_the_parameter_it_came_from(models):
+    with pytest.raises(
+        ParameterError, match=r"from input_shape='3x32x32' in module '1' \(Linear\)"
+    ):
+        estimate(models.mlp_dropout, input_shape="3x32x32", batch_size=4)

@@ -218,11 +218,13 @@ def _trace_step(workload: Workload, setup: TrainingSetup, target: Target, real: 
                     _where(stack, tracker, False),
                     _bytes(model),
                 ) from exc
-            failed = literal(f"{workload.name} failed on a batch of {setup.batch_size} from ")
-            detail = literal(f"{_where(stack, tracker)}: {message}")
+            failed = f"{workload.name} failed on a batch of {setup.batch_size} from "
+            detail = f"{_where(stack, tracker)}: {message}"
             if workload.batch_option is None:
-                raise UserError(f"{failed}the factory's batch maker{detail}".format()) from exc
-            raise ParameterError(failed + "{}" + detail, workload.batch_option) from exc
+                raise UserError(f"{failed}the factory's batch maker{detail}") from exc
+            # The batch came from tokens= or input_shape=: name it as the caller does.
+            template = literal(failed) + "{}" + literal(detail)
+            raise ParameterError(template, workload.batch_option) from exc
         backends = dict(getattr(emulated, "backends", {}) or {})
         events = list(tracker.events)
         parameter_count = sum(p.numel() for p in model.parameters())
