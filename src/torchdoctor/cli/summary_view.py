@@ -61,6 +61,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
             line += f", {steps['samples_per_s']:.1f} samples/s"
         elif steps.get("steps_per_s"):
             line += f", {steps['steps_per_s']:.2f} steps/s"
+        if steps.get("boundary") == "backward":
+            line += " (no optimizer step seen: each backward() ends a step)"
         console.print(line)
     evaluation = summary.evaluation
     if evaluation and evaluation.get("passes"):

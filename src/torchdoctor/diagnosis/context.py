@@ -20,9 +20,19 @@ from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import decode_json, warmup_steps
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.units import fmt_duration
 
 COMPUTE_ROLES = ("trainer", "rank")  # processes that run the model (not workers, launchers)
 WORKER_ROLE = "dataloader-worker"
+# Evidence a verdict on a condition over time (saturation, contention, throttling, a trend)
+# needs: this much of the run's steady part, sampled this many times. A shorter run, or a
+# recording cut short, is not judged: the rules say so instead (rule short_recording).
+MIN_EVIDENCE_S = 3.0
+MIN_EVIDENCE_SAMPLES = 6
+# Without steps, the run's start-up (imports, data set loading) is left out: this share of it,
+# at most STARTUP_MAX_S.
+STARTUP_SHARE = 0.2
+STARTUP_MAX_S = 10.0
 
 
 @dataclass(slots=True)
@@ -68,6 +78,8 @@ class DiagnosisContext:
         self.thresholds = thresholds
         self.meta: dict[str, Any] = recording.meta
         self.findings: list[Finding] = []  # filled by the engine; read by AFTER_OTHERS rules
+        # What a rule could not judge for want of evidence: what -> why (rule short_recording).
+        self.not_judged: dict[str, str] = {}
 
     # -- the machine --------------------------------------------------------------------
     @cached_property
@@ -199,6 +211,35 @@ class DiagnosisContext:
                 idle = max(100.0 - s["cpu_busy"], 0.0) / 100 * self.allowed_cpus
                 values.append(min(cores + idle, self.usable_cpus))
         return sum(values) / len(values) if values else None
+
+    @cached_property
+    def steady_window(self) -> tuple[float, float]:
+        """The run's steady part: from the first steady step to the last step when the job
+        stepped, else the run without its start-up."""
+        summary = self.step_summary
+        if summary is not None and summary.t_end > summary.t_start:
+            return summary.t_start, summary.t_end
+        startup = min(STARTUP_SHARE * self.duration, STARTUP_MAX_S)
+        return self.t_start + startup, self.t_end
+
+    def enough_evidence(self, series: list[tuple[float, float]], what: str | None) -> bool:
+        """Whether ``series`` (already cut to the steady window) can carry a verdict; when
+        not, ``what`` (if given) is noted in :attr:`not_judged`."""
+        t0, t1 = self.steady_window
+        span = t1 - t0
+        if span >= MIN_EVIDENCE_S and len(series) >= MIN_EVIDENCE_SAMPLES:
+            return True
+        if what:
+            self.not_judged[what] = (
+                f"{fmt_duration(max(span, 0.0))} of steady running and {len(series)} samples "
+                f"(a verdict needs {MIN_EVIDENCE_S:g} s and {MIN_EVIDENCE_SAMPLES})"
+            )
+        return False
+
+    def steady(self, series: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The points of ``series`` inside the steady window."""
+        t0, t1 = self.steady_window
+        return [(t, v) for t, v in series if t0 - 1e-6 <= t <= t1 + 1e-6]
 
     @property
     def busy_window(self) -> tuple[float, float]:
@@ -360,14 +401,27 @@ class DiagnosisContext:
 
     # -- conditions over time -----------------------------------------------------------
     def sustained(
-        self, series: list[tuple[float, float]], limit: float, *, above: bool = True
+        self,
+        series: list[tuple[float, float]],
+        limit: float,
+        *,
+        above: bool = True,
+        what: str | None = None,
     ) -> Span | None:
-        """The longest stretch where the series stays beyond ``limit``, if it is sustained.
+        """The longest stretch of the run's steady part where the series stays beyond
+        ``limit``, if it is sustained.
 
-        Sustained means: over a window of ``thresholds.sustained_s`` (or the whole job when it
-        ran shorter), at least ``thresholds.sustained_fraction`` of the samples are beyond the
-        limit. Overlapping qualifying windows merge into one span. One sample never counts.
+        Sustained means: over a window of ``thresholds.sustained_s`` (or the whole steady part
+        when it is shorter), at least ``thresholds.sustained_fraction`` of the samples are
+        beyond the limit. Overlapping qualifying windows merge into one span. The steady part
+        must hold MIN_EVIDENCE_S seconds and MIN_EVIDENCE_SAMPLES samples; when it does not,
+        nothing is sustained and ``what`` (if given) is noted as not judged.
         """
+        series = self.steady(series)
+        if not series:
+            return None
+        if not self.enough_evidence(series, what):
+            return None
         return sustained_span(series, limit, self.thresholds, above=above)
 
 

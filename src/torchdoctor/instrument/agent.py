@@ -11,6 +11,8 @@ What it hooks (all restored by :func:`uninstall`):
   starts, first-batch latency) and ``_BaseDataLoaderIter.__next__`` (time blocked = data wait);
 - the DataLoader worker loop (worker processes report their own settings, never steps);
 - torch's global optimizer step post-hook: the step boundary;
+- ``torch.autograd.backward`` (``Tensor.backward`` calls it): the step boundary of loops that
+  update their parameters without ``torch.optim`` (see below);
 - ``autocast.__enter__`` and ``GradScaler.scale`` (was AMP really on in the step);
 - ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
 - the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
@@ -28,6 +30,13 @@ DataLoader call to the next training data request is taken out of the wall time 
 falls in and recorded as an ``evaluation`` event. An evaluation that no training data request
 follows before the next optimizer step was that step's own data (a loop that fetches its batches
 under ``no_grad``): it is counted into the step as before.
+
+Steps without an optimizer: until the first ``torch.optim`` step is seen, each top-level
+``backward()`` ends a candidate step, held back (the counters keep running). An optimizer step
+discards them: the loop steps its optimizer, after one or several backward passes (gradient
+accumulation), and optimizer steps are the boundary from then on. After
+:data:`BACKWARD_STEPS_TO_DECIDE` backward passes without one (or at exit), the held steps are
+recorded and each backward pass ends a step. The ``steps.boundary`` setting says which.
 
 Records leave the process in batches (at most every :data:`FLUSH_INTERVAL_S` seconds or
 :data:`FLUSH_MAX_STEPS` steps, from the step hook: no thread) as JSON messages over a Unix
@@ -60,6 +69,9 @@ _FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
 _VOLATILE_EVERY_NS = 2_000_000_000  # re-read changeable settings at most every 2 s
 FLUSH_MAX_STEPS = 128
 MAX_PENDING_MESSAGES = 512  # kept while the collector is slow; oldest dropped beyond
+# Backward passes without an optimizer step after which the loop is taken to update its
+# parameters by hand: gradient accumulation steps its optimizer long before this.
+BACKWARD_STEPS_TO_DECIDE = 64
 
 # Order of the values of one step on the wire; every message names it, so the collector never
 # depends on this module's version. Times are integer nanoseconds: JSON writes an int several
@@ -337,6 +349,12 @@ class Agent:
         self.eval_last_size: int | None = None
         self.eval_ns = 0
         self.prev_step_fed: bool | None = None  # did the last step take DataLoader batches
+        # What ends a step: None until known, then "optimizer" or "backward". Candidate steps
+        # ended by backward passes while it is unknown, and the counters at the last of them.
+        self.boundary_kind: str | None = None
+        self.backward_depth = 0
+        self.held_steps: list[list] = []
+        self.held_mark: tuple[int, int, int, int, int] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -516,6 +534,8 @@ class Agent:
             self._patch(scaler_cls, "scale", _make_scaler_scale(self, scaler_cls.scale))
         self._patch(sys, "excepthook", _make_excepthook(self, sys.excepthook))
         self._hook_handle = optimizer_mod.register_optimizer_step_post_hook(_make_step_hook(self))
+        autograd = torch.autograd
+        self._patch(autograd, "backward", _make_backward(self, autograd.backward))
         self.active = True
         self.event("process-start", self._process_detail())
         if self.role == "rank":
@@ -719,13 +739,22 @@ class Agent:
             if last is not None and self.loader_seen and not self.batches:
                 return  # another optimizer (GAN, multi-task) on the same batch: the same step
             self.last_optimizer = _weakref_ref(optimizer)
+        if self.boundary_kind != "optimizer":
+            # Backward passes before it were parts of this step (gradient accumulation).
+            self.held_steps = []
+            self.held_mark = None
+            if self.boundary_kind is None:
+                self.boundary_kind = "optimizer"
+                self.setting("steps.boundary", "optimizer")
         if self.threads_override_pending:
             self._apply_threads_override()
         if not self.settings_done:
             self.settings_done = True
             self.step_thread = _get_ident()
             self._capture_settings(optimizer)
-        boundary = self.boundary if self.boundary is not None else self.start_ns
+        self._close_step(now, t_end)
+
+    def _step_row(self, now: int, t_end: int, boundary: int) -> list:
         row = [
             self.step,
             t_end,
@@ -744,7 +773,66 @@ class Agent:
         if extra is not None:
             row.extend([None] * (_AGENT_STEP_VALUES - len(row)))
             row.extend(extra)
-        self.steps.append(row)
+        return row
+
+    def on_backward(self) -> None:
+        """A top-level backward pass ended: a step boundary unless an optimizer ends steps."""
+        if self.boundary_kind == "optimizer" or self.role == "dataloader-worker":
+            return
+        if self.step_thread is not None and _get_ident() != self.step_thread:
+            return
+        now = _perf_ns()
+        t_end = _now_ns()
+        if self.eval_start is not None:
+            self._settle_evaluation_at_step()
+        if self.boundary_kind == "backward":
+            self._close_step(now, t_end)
+            return
+        # Not known yet: hold a candidate step, the figures since the last candidate.
+        mark = self.held_mark
+        if mark is None:
+            start = self.boundary if self.boundary is not None else self.start_ns
+            mark = (start, 0, 0, 0, 0)
+        t0, wait0, samples0, _, eval0 = mark
+        row = self._step_row(now, t_end, t0)
+        row[2] = now - t0 - (self.eval_ns - eval0)
+        row[3] = self.data_wait - wait0
+        row[5] = (self.samples - samples0) or None
+        self.held_steps.append(row)
+        self.held_mark = (now, self.data_wait, self.samples, self.batches, self.eval_ns)
+        self.autocast_dtype = None
+        self.scaler_used = False
+        if len(self.held_steps) >= BACKWARD_STEPS_TO_DECIDE:
+            self._steps_end_at_backward()
+
+    def _steps_end_at_backward(self, at_exit: bool = False) -> None:
+        """No optimizer steps the loop: record the held candidates as its steps."""
+        self.boundary_kind = "backward"
+        self.setting("steps.boundary", "backward")
+        if not self.settings_done:
+            self.settings_done = True
+            self.step_thread = _get_ident()
+            self._capture_settings(None)
+        held, self.held_steps = self.held_steps, []
+        for row in held:
+            row[0] = self.step
+            self.steps.append(row)
+            self.step += 1
+        mark, self.held_mark = self.held_mark, None
+        if mark is not None:
+            # What came after the last backward pass belongs to the next step.
+            self.boundary = mark[0]
+            self.data_wait -= mark[1]
+            self.samples -= mark[2]
+            self.prev_step_fed = self.batches > mark[3]
+            self.batches -= mark[3]
+            self.eval_ns -= mark[4]
+        if not at_exit:
+            self._after_step(mark[0] if mark is not None else _perf_ns())
+
+    def _close_step(self, now: int, t_end: int) -> None:
+        boundary = self.boundary if self.boundary is not None else self.start_ns
+        self.steps.append(self._step_row(now, t_end, boundary))
         self.step += 1
         self.boundary = now
         self.prev_step_fed = self.batches > 0
@@ -754,6 +842,9 @@ class Agent:
         self.eval_ns = 0
         self.autocast_dtype = None
         self.scaler_used = False
+        self._after_step(now)
+
+    def _after_step(self, now: int) -> None:
         if len(self.steps) >= FLUSH_MAX_STEPS or now - self.last_flush >= _FLUSH_INTERVAL_NS:
             self.flush()
         if self.stop_after is not None and self.step >= self.stop_after and not self.stopping:
@@ -763,6 +854,8 @@ class Agent:
             raise SystemExit(STOPPED_EXIT_STATUS)
 
     def _capture_settings(self, optimizer) -> None:
+        """The job's settings at its first step; ``optimizer`` is None when backward passes
+        end the steps."""
         torch = self.torch
         self._refresh_rank()
         self.setting("process.role", self.role)
@@ -770,6 +863,16 @@ class Agent:
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             self.setting(f"env.{name}", os.environ.get(name))
         self._capture_volatile()
+        if optimizer is not None:
+            self._capture_optimizer(optimizer)
+        self.setting("amp.autocast", self.autocast_dtype)
+        self.setting("amp.grad_scaler", self.scaler_used)
+        self.setting("distributed.rank", self.rank)
+        self.setting("distributed.local_rank", _env_int("LOCAL_RANK"))
+        self.setting("distributed.world_size", _env_int("WORLD_SIZE"))
+        self.setting("distributed.backend", self._dist_backend())
+
+    def _capture_optimizer(self, optimizer) -> None:
         self.setting("optimizer.class", _qualname(optimizer))
         defaults = getattr(optimizer, "defaults", {}) or {}
         self.setting("optimizer.foreach", defaults.get("foreach"))
@@ -793,12 +896,6 @@ class Agent:
         self.setting("params.bytes", nbytes)
         self.setting("params.devices", sorted(devices))
         self.setting("params.dtypes", sorted(dtypes))
-        self.setting("amp.autocast", self.autocast_dtype)
-        self.setting("amp.grad_scaler", self.scaler_used)
-        self.setting("distributed.rank", self.rank)
-        self.setting("distributed.local_rank", _env_int("LOCAL_RANK"))
-        self.setting("distributed.world_size", _env_int("WORLD_SIZE"))
-        self.setting("distributed.backend", self._dist_backend())
 
     def _capture_volatile(self) -> None:
         import warnings
@@ -1080,6 +1177,8 @@ class Agent:
     def _at_exit(self) -> None:
         try:
             if self.active or self.events:
+                if self.held_steps and self.active:
+                    self._steps_end_at_backward(at_exit=True)  # no optimizer step came
                 self._end_open_evaluation()
                 self._emit_pending_loaders()
                 self.flush(final=True)
@@ -1349,6 +1448,28 @@ def _make_scaler_scale(agent: Agent, original):
 
     scale.__wrapped__ = original
     return scale
+
+
+def _make_backward(agent: Agent, original):
+    def backward(*args, **kwargs):
+        if not agent.active:
+            return original(*args, **kwargs)
+        agent.backward_depth += 1  # a backward pass run from inside one is part of it
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            agent.backward_depth -= 1
+        if agent.active and not agent.backward_depth:
+            try:
+                agent.on_backward()
+            except Exception as exc:
+                agent.disable("backward", exc)
+        return result
+
+    backward.__wrapped__ = original
+    backward.__doc__ = original.__doc__
+    backward.__name__ = "backward"
+    return backward
 
 
 def _make_step_hook(agent: Agent):

@@ -61,6 +61,9 @@ class StepStats:
     per_rank: list[RankStats] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # the main process' settings
     dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    # What ended each step: "optimizer" (torch.optim's step), or "backward" (each top-level
+    # backward pass, in loops that update their parameters without torch.optim).
+    boundary: str = "optimizer"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,6 +188,7 @@ def step_stats(
         per_rank=per_rank,
         settings=settings,
         dataloaders=dataloaders,
+        boundary=str(settings.get("steps.boundary") or "optimizer"),
     )
 
 

@@ -24,6 +24,7 @@ RULE_MODULES: tuple[str, ...] = (
     "gpu_throttled",
     "gpu_idle_cpu_training",
     "gpu_underused",
+    "short_recording",
     # distributed: compare the ranks of a job (SCOPE = "job": run once over every node)
     "rank_straggler",
     "communication_bound",

@@ -20,8 +20,8 @@ CONTENTION_ID = "cpu-contention"  # the CPUs are saturated by other processes, n
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
     limit = ctx.thresholds.cpu_load_alert_pct
-    job_span = ctx.sustained(ctx.job_cpu_series, limit)
-    host_span = ctx.sustained(ctx.host_series("cpu_busy"), limit)
+    job_span = ctx.sustained(ctx.job_cpu_series, limit, what="CPU saturation")
+    host_span = ctx.sustained(ctx.host_series("cpu_busy"), limit, what="CPU contention")
     if job_span is None and host_span is None:
         return []
     usable = ctx.usable_cpus

@@ -1,12 +1,17 @@
 """dataloader-bound: steps wait on the DataLoader for a significant share of step time.
 
-The fix is sized from the measurements. With ``num_workers=0`` the main process loads each
-batch itself, so the wait per step is the load time L of one batch; with n workers running
-flat out a batch is ready every L/n, so L ~ n * (wait + compute). How much CPU one loading
-worker costs is measured on its processes, or (with no workers yet) bounded by the trainer's
-CPU time left over from computing. :func:`size_workers` then picks the fewest workers that
-bring the step down to its floor: the compute time, or the step's CPU work spread over the
-usable CPUs (affinity capped by the cgroup quota), whichever is longer.
+The fix is sized from what a batch really costs. With ``num_workers=0`` the main process loads
+each batch itself, so the wait per step is the load time L of one batch; with n workers running
+flat out a batch is ready every L/n, so L ~ n * (wait + compute). A worker runs one torch
+thread: loading one batch costs it at most L of CPU time, however much CPU the trainer's
+intra-op threads burned on the same small per-sample ops (parallel overhead, OpenMP spinning).
+The step's CPU work is therefore the trainer's measured CPU time capped at L plus its compute
+on its threads; measured worker CPU is used as it is. :func:`size_workers` then picks the
+fewest workers that bring the step down to its floor: the compute time, or that CPU work spread
+over the CPUs available (affinity capped by the cgroup quota, less what other programs take),
+whichever is longer. When the workers then take a CPU or more and the trainer's threads no
+longer fit beside them, the trainer's thread count is part of the fix
+(``torch.set_num_threads(k)`` / ``OMP_NUM_THREADS=k``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import (
     mean_cpu_cores,
     per_process_mean_cores,
+    torch_threads,
     training_loader,
 )
 from torchdoctor.units import fmt_duration
@@ -47,13 +53,23 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     load_per_batch = current * (wait + compute) if current else wait
     worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1) if current else None
     job_cores = mean_cpu_cores(ctx, [*ctx.compute_pids, *ctx.worker_pids], t0, t1)
+    threads = _trainer_threads(ctx)
     # CPU time is what the job consumed, contention or not; the CPUs it can have are what it
     # used plus what sat idle (other processes take the rest).
-    cpu_per_step = (job_cores or 0.0) * summary.mean_wall_s
+    measured_cpu = (job_cores or 0.0) * summary.mean_wall_s
+    cpu_per_step = measured_cpu
+    if not current:
+        # The main process loads on its intra-op threads: a one-thread worker needs at most
+        # the load's wall time of CPU; the trainer's threads may burn up to threads x compute.
+        cpu_per_step = min(measured_cpu, load_per_batch + compute * (threads or 1))
     available = ctx.available_cores(t0, t1) or ctx.usable_cpus
     workers, predicted = size_workers(load_per_batch, compute, cpu_per_step, available)
     needed = max(1, math.ceil(load_per_batch / compute))
     helps = predicted < 0.9 * summary.mean_wall_s
+    fit_threads = _threads_beside_workers(
+        threads, workers, load_per_batch if not current else None, worker_cores,
+        compute, predicted, available,
+    )  # fmt: skip
 
     evidence = [
         Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
@@ -68,8 +84,14 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         evidence.append(
             Evidence("CPU per loading worker", round(worker_cores * 100, 1), "% of a core", t0, t1)
         )
+    if threads is not None:
+        evidence.append(Evidence("trainer torch threads", threads, "threads"))
     if job_cores is not None:
-        evidence.append(Evidence("job CPU time per step", round(cpu_per_step, 6), "s", t0, t1))
+        evidence.append(Evidence("job CPU time per step", round(measured_cpu, 6), "s", t0, t1))
+        if cpu_per_step < measured_cpu - 1e-9:
+            evidence.append(
+                Evidence("CPU work per step with one-thread workers", round(cpu_per_step, 6), "s")
+            )
         evidence.append(Evidence("CPUs available to the job", round(available, 2), "CPUs", t0, t1))
     if idle is not None:
         evidence.append(Evidence("idle CPUs while the job ran", round(idle, 1), "CPUs", t0, t1))
@@ -92,6 +114,16 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         if ctx.uses_gpu:
             settings["pin_memory"] = True
         args = ", ".join(f"{k}={v}" for k, v in settings.items())
+        thread_text = ""
+        if fit_threads is not None:
+            settings["torch.num_threads"] = fit_threads
+            settings["env.OMP_NUM_THREADS"] = str(fit_threads)
+            thread_text = (
+                f" With them, torch.set_num_threads({fit_threads}) in the training process "
+                f"(or OMP_NUM_THREADS={fit_threads}): its {threads} intra-op threads and "
+                f"{workers} busy workers would share {available:.1f} CPUs, and threads that "
+                "wait for a preempted sibling at every parallel region waste the rest."
+            )
         idle_text = (
             f" and {idle:.1f} of {ctx.allowed_cpus:g} CPUs sit idle"
             if idle is not None and idle >= 1
@@ -111,6 +143,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 + ("1 worker reaches" if workers == 1 else f"{workers} workers reach")
                 + " that limit."
             )
+            + thread_text
         )
         expected = _expected(summary.mean_wall_s, predicted)
     elif idle is not None and idle >= 1.0:
@@ -175,6 +208,46 @@ def size_workers(
         workers = math.ceil(load / floor - 1e-9)
     workers = max(1, min(workers, math.ceil(4 * cpus)))  # each worker holds a dataset copy
     return workers, max(floor, load / workers) * 1.05
+
+
+def _trainer_threads(ctx: DiagnosisContext) -> int | None:
+    """The most torch intra-op threads of a training process, when the job reported them."""
+    found = [n for pid in ctx.compute_pids if (n := torch_threads(ctx, pid)) is not None]
+    return max(found) if found else None
+
+
+def _threads_beside_workers(
+    threads: int | None,
+    workers: int,
+    load_cpu: float | None,
+    worker_cores: float | None,
+    compute: float,
+    predicted: float,
+    cpus: float,
+) -> int | None:
+    """The trainer's thread count that fits beside ``workers`` loading workers, when it must
+    change: the workers keep at least one CPU busy, the trainer's threads no longer fit in
+    what is left, and the step is set by the loading, not by the compute (fewer threads may
+    make the compute up to threads/k times longer: it must stay below the predicted step).
+    None when the trainer's threads can stay as they are.
+
+    ``load_cpu`` is one batch's loading CPU work in a one-thread worker (main-process loading:
+    its wall time), else ``worker_cores`` the measured use of one existing worker.
+    """
+    if threads is None or threads <= 1:
+        return None
+    if load_cpu is not None:
+        busy = min(load_cpu / max(predicted, 1e-9), float(workers))
+    elif worker_cores is not None:
+        busy = worker_cores * workers
+    else:
+        return None
+    if busy < 1.0 or threads + busy <= cpus + 0.25:
+        return None
+    fit = max(1, math.floor(cpus - busy + 0.5))
+    if fit >= threads or compute * threads / fit > predicted:
+        return None
+    return fit
 
 
 def _expected(step: float, predicted: float) -> str:

@@ -27,7 +27,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         series = [
             (s["t"], 1.0 if set(s["clock_event_reasons"]) & (HARD | SOFT) else 0.0) for s in samples
         ]
-        span = ctx.sustained(series, 0.5)
+        span = ctx.sustained(series, 0.5, what=f"GPU {index} throttling")
         if span is None:
             continue
         within = [s for s in samples if span.t_start <= s["t"] <= span.t_end]

@@ -3,7 +3,9 @@
 Memory is the process's private memory (USS) when the recording has it, else RSS. The first
 fifth of the run is left out (allocator and library warm-up). Growth counts as a leak when a
 straight line over the steps explains it (r^2 >= 0.8) and it adds up to at least
-``leak_min_growth_bytes``. DataLoader workers are judged by their own rule
+``leak_min_growth_bytes``. Without steps to count, growth over time is only judged on a run
+long enough that start-up (imports grow a process by a hundred MiB in its first seconds) is a
+small part of it: MIN_SPAN_WITHOUT_STEPS_S seconds after the warm-up cut. DataLoader workers are judged by their own rule
 (dataloader-copy-on-access): their growth is bounded by the data set.
 """
 
@@ -18,6 +20,8 @@ from torchdoctor.units import fmt_bytes, fmt_duration
 ID = "host-memory-leak"
 MIN_R2 = 0.8
 WARMUP_SHARE = 0.2
+MIN_STEPS = 10  # steps of a process for growth to be measured against its steps
+MIN_SPAN_WITHOUT_STEPS_S = 20.0
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
@@ -55,7 +59,7 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     if len(samples) < 5:
         return None
     step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
-    if len(step_ends) >= 10:
+    if len(step_ends) >= MIN_STEPS:
         # Growth with steps is measured while the process steps: the torch import before the
         # first step and the teardown after the last are not the training loop's doing. USS
         # or RSS is chosen on these samples: USS refreshed often during the import may have
@@ -69,7 +73,14 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     series = [(t, v) for t, v in series if t >= cut]
     if len(series) < 4:
         return None
-    if len(step_ends) >= 10:
+    if len(step_ends) < MIN_STEPS and series[-1][0] - series[0][0] < MIN_SPAN_WITHOUT_STEPS_S:
+        ctx.not_judged[f"memory growth of pid {pid}"] = (
+            f"{len(step_ends)} steps and {series[-1][0] - series[0][0]:.1f} s of samples after "
+            f"the start-up (a trend needs {MIN_STEPS} steps or "
+            f"{MIN_SPAN_WITHOUT_STEPS_S:g} s)"
+        )
+        return None
+    if len(step_ends) >= MIN_STEPS:
         x_unit = "step"
         points = [(float(bisect.bisect_right(step_ends, t)), v) for t, v in series]
     else:
@@ -99,6 +110,7 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
         evidence.append(Evidence(headroom[1], headroom[0], "B", t1, t1))
         evidence.append(Evidence("time until that is used up", round(exhaustion), "s"))
     per_what = f"{fmt_bytes(slope)} per step" if x_unit == "step" else f"{fmt_bytes(slope)}/s"
+    over = f"{span_x:,.0f} steps" if x_unit == "step" else fmt_duration(span_x)
     until = ""
     if exhaustion is not None:
         until = f"; at this rate the {headroom[1]} runs out in {fmt_duration(exhaustion)}"
@@ -111,7 +123,7 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
         title=f"The {ctx.role_of(pid)} process (pid {pid}) grows by {per_what}",
         evidence=evidence,
         recommendation=(
-            f"pid {pid} keeps {fmt_bytes(growth)} more after {span_x:,.0f} {x_unit}s "
+            f"pid {pid} keeps {fmt_bytes(growth)} more after {over} "
             f"(r^2 {r2:.2f}){until}. Look for references kept across steps: accumulating the "
             "loss tensor (`total += loss` keeps every step's autograd graph; use "
             "`loss.item()` or `loss.detach()`), appending outputs/logits to a list, caches "
