@@ -799,9 +799,8 @@ class Agent:
         row[3] = self.data_wait - wait0
         row[5] = (self.samples - samples0) or None
         self.held_steps.append(row)
+        # The AMP flags stay: an optimizer step that discards the candidates reads them.
         self.held_mark = (now, self.data_wait, self.samples, self.batches, self.eval_ns)
-        self.autocast_dtype = None
-        self.scaler_used = False
         if len(self.held_steps) >= BACKWARD_STEPS_TO_DECIDE:
             self._steps_end_at_backward()
 
