@@ -1,14 +1,24 @@
-"""Does torchdoctor's advice work? Each scenario runs, is diagnosed, gets the recommended fix
-from ``Finding.settings`` applied, and runs again; throughput before and after, side by side.
+"""Does torchdoctor's advice work? Each case (the bundled demo and the scenario scripts) runs as
+written, is diagnosed, and is run again with each finding's printed settings applied, one
+finding at a time, and with `torchdoctor tune`'s verified winner applied: three figures side by
+side in one run.
 
-    python benchmarks/advice_works.py                 # every scenario, default lengths
-    python benchmarks/advice_works.py --only data_bound --repeats 3
+    python benchmarks/advice_works.py                       # every case, tune 150 s each
+    python benchmarks/advice_works.py --only demo --repeats 3 --tune-budget 4m
 
-The fix applied is the scenario's finding's ``settings`` merged with those of the other
-warnings (a user follows all of them). A recommendation that does not make its scenario
-faster (ratio < --min-ratio) is a bug in the rule: the script exits 1. The leak scenario's fix is a code change the recommendation names
-(``--fixed``); its figure is the memory growth per step, which must vanish.
-Throughput is samples per second over the steady steps the instrumentation recorded.
+Per finding, the row names the settings applied (as script flags and environment, the way a
+user applies them) and what they gave; a finding whose settings do not apply on this machine
+(GPU-only knobs on a CPU job) says so. The case's "diagnose" figure is the first finding with
+settings, as `diagnose` prints them (most severe first) and as tune takes them for its first
+search trial. The runs of one case are interleaved (as written, each fix, tune's winner, then
+again) so that the machine's load falls on all alike; figures are medians over --repeats.
+
+Targets (issue 10): diagnose's fix never makes a case slower (ratio >= --min-ratio where a
+finding gives settings), and where tune verifies a gain >= 1.2x, diagnose's fix reaches
+>= 80 % of tune's gain (gain = ratio - 1, both measured here side by side). A miss exits 1.
+The leak case's fix is a code change its recommendation names (``--fixed``): its figure is
+the memory growth per step, which must vanish. Throughput is samples per second over the
+steady steps the instrumentation recorded.
 """
 
 from __future__ import annotations
@@ -28,31 +38,56 @@ from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.diagnosis.rules.host_memory_leak import check_process
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.tune.space import Config
+from torchdoctor.tune.tuner import parse_duration, tune_command
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "examples" / "scenarios"
+TUNE_TARGET = 1.2  # tune's verified gain from which diagnose must reach ...
+SHARE_TARGET = 0.8  # ... this share of it
 
 
 @dataclass
-class Scenario:
-    script: str
+class Case:
+    name: str
+    script: Path
     finding: str | None  # the finding the diagnosis must make (None: a clean bill)
     args: list[str] = field(default_factory=list)
     code_fix: list[str] = field(default_factory=list)  # flags for a fix that is a code change
+    persistent_flag: bool = True  # the script takes --persistent-workers (the demo: always on)
 
 
 CASES = [
-    Scenario("data_bound", "dataloader-bound", ["--steps", "200"]),
-    Scenario("io_bound", "dataloader-bound", ["--steps", "250"]),
-    Scenario("thread_oversubscribed", "thread-oversubscription", ["--steps", "1000"]),
-    Scenario("leaking", "host-memory-leak", ["--steps", "400"], code_fix=["--fixed"]),
-    Scenario("healthy", None, ["--steps", "200"]),
-]
+    Case("demo", REPO / "examples" / "train.py", "dataloader-bound", ["--steps", "120"],
+         persistent_flag=False),
+    Case("data_bound", SCENARIOS / "data_bound.py", "dataloader-bound", ["--steps", "200"]),
+    Case("io_bound", SCENARIOS / "io_bound.py", "dataloader-bound", ["--steps", "250"]),
+    Case("thread_oversubscribed", SCENARIOS / "thread_oversubscribed.py",
+         "thread-oversubscription", ["--steps", "1000"]),
+    Case("leaking", SCENARIOS / "leaking.py", "host-memory-leak", ["--steps", "400"],
+         code_fix=["--fixed"]),
+    Case("healthy", SCENARIOS / "healthy.py", None, ["--steps", "200"]),
+]  # fmt: skip
 
 
-def record(script: str, args: list[str], env: dict[str, str], out: Path) -> Path:
+@dataclass
+class Fix:
+    label: str  # what the row says: "dataloader-bound" or "tune"
+    flags: list[str]
+    env: dict[str, str]
+    text: str  # the settings as applied
+    rates: list[float] = field(default_factory=list)
+    leaks: list[float] = field(default_factory=list)
+    note: str = ""
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def record(case: Case, flags: list[str], env: dict[str, str], out: Path) -> Path:
     cmd = [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--interval", "0.25"]
-    cmd += ["--out", str(out), "--", sys.executable, str(SCENARIOS / f"{script}.py"), *args]
+    cmd += ["--out", str(out), "--", sys.executable, str(case.script), *case.args, *flags]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return out
 
@@ -72,7 +107,9 @@ def measure(path: Path) -> tuple[list[Finding], float | None, float | None]:
         return findings, rate, leak
 
 
-def fix_args(settings: dict[str, object]) -> tuple[list[str], dict[str, str], list[str]]:
+def fix_args(
+    settings: dict[str, object], case: Case
+) -> tuple[list[str], dict[str, str], list[str]]:
     """Script flags and environment that apply a finding's settings; the keys left unused."""
     flags: list[str] = []
     env: dict[str, str] = {}
@@ -80,8 +117,9 @@ def fix_args(settings: dict[str, object]) -> tuple[list[str], dict[str, str], li
     for key, value in settings.items():
         if key == "num_workers":
             flags += ["--num-workers", str(value)]
-        elif key == "persistent_workers" and value:
-            flags.append("--persistent-workers")
+        elif key == "persistent_workers":
+            if value and case.persistent_flag:
+                flags.append("--persistent-workers")
         elif key == "prefetch_factor":
             flags += ["--prefetch-factor", str(value)]
         elif key == "torch.num_threads":
@@ -89,116 +127,177 @@ def fix_args(settings: dict[str, object]) -> tuple[list[str], dict[str, str], li
         elif key.startswith("env."):
             env[key[4:]] = str(value)
         else:
-            unused.append(key)  # GPU-only knobs (pin_memory, device...) on a CPU scenario
+            unused.append(key)  # GPU-only knobs (pin_memory, device...) on a CPU job
     return flags, env, unused
+
+
+def config_settings(config: Config) -> dict[str, object]:
+    """tune's configuration as the settings it stands for (threads as tune applies them)."""
+    settings: dict[str, object] = {"num_workers": config.num_workers}
+    if config.num_workers:
+        settings["prefetch_factor"] = config.prefetch_factor
+        settings["persistent_workers"] = config.persistent_workers
+    settings["torch.num_threads"] = config.num_threads
+    settings["env.OMP_NUM_THREADS"] = str(config.num_threads)
+    if config.pin_memory:
+        settings["pin_memory"] = True
+    return settings
+
+
+def _text(flags: list[str], env: dict[str, str]) -> str:
+    return " ".join(flags + [f"{k}={v}" for k, v in env.items()]) or "(as written)"
+
+
+def run_tune(case: Case, budget_s: float, folder: Path) -> tuple[Fix | None, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    log(f"== {case.name}: tune, budget {budget_s:.0f} s")
+    result = tune_command(
+        [sys.executable, str(case.script), *case.args],
+        budget_s=budget_s,
+        folder=folder,
+        env=env,
+        on_trial=lambda m: log(f"  tune {m.index:>2} {m.purpose:<14} {m.config.label()}"),
+    )
+    if not result.changed or result.gain is None:
+        return None, f"tune keeps the script's settings ({result.stopped})"
+    v = result.verification
+    spread = f" ± {v.gain_spread:.2f}" if v is not None and v.gain_spread is not None else ""
+    flags, fenv, _ = fix_args(config_settings(result.recommended), case)
+    note = f"tune verified x{result.gain:.2f}{spread}: {result.recommended.label()}"
+    return Fix("tune", flags, fenv, _text(flags, fenv), note=note), note
+
+
+def bench_case(case: Case, opts: argparse.Namespace, tmp: Path) -> tuple[list[str], list[str]]:
+    """The table lines of one case and its failures."""
+    base_env = dict(os.environ)
+    n = 0
+
+    def run(
+        flags: list[str], env: dict[str, str]
+    ) -> tuple[list[Finding], float | None, float | None]:
+        nonlocal n
+        n += 1
+        return measure(record(case, flags, {**base_env, **env}, tmp / f"{case.name}-{n}.sqlite"))
+
+    log(f"== {case.name}: as written")
+    findings, rate0, leak0 = run([], {})
+    alarms = [f for f in findings if f.severity in ("warning", "critical")]
+    lines: list[str] = []
+    failures: list[str] = []
+    written = Fix("as written", [], {}, "(as written)", rates=[rate0] if rate0 else [])
+    fixes: list[Fix] = []
+    if case.finding is None:
+        own = [f.id for f in alarms if f.id != "cpu-contention"]
+        if own:
+            failures.append(f"{case.name}: false alarm {own}")
+    elif case.finding not in [f.id for f in alarms]:
+        failures.append(f"{case.name}: no {case.finding} (got {[f.id for f in alarms]})")
+    for finding in alarms:
+        flags, env, unused = fix_args(finding.settings, case)
+        if finding.id == case.finding and case.code_fix:
+            flags = flags + case.code_fix
+        fix = Fix(finding.id, flags, env, _text(flags, env))
+        if unused:
+            fix.note = f"not applicable here: {', '.join(unused)}"
+        if not flags and not env:
+            fix.text = "(no setting: " + (fix.note or "see its advice") + ")"
+        fixes.append(fix)
+    tune_fix, tune_note = (None, "")
+    if not case.code_fix and not opts.no_tune:
+        tune_fix, tune_note = run_tune(case, opts.tune_budget, tmp / f"{case.name}-tune")
+    runnable = [f for f in fixes if f.flags or f.env] + ([tune_fix] if tune_fix else [])
+    for i in range(opts.repeats):
+        if i:
+            log(f"== {case.name}: as written (repeat {i + 1})")
+            _, rate, _ = run([], {})
+            if rate:
+                written.rates.append(rate)
+        for fix in runnable:
+            log(f"== {case.name}: {fix.label}: {fix.text}")
+            _, rate, leak = run(fix.flags, fix.env)
+            if rate:
+                fix.rates.append(rate)
+            fix.leaks.append(leak or 0.0)
+    before = statistics.median(written.rates) if written.rates else None
+    lines.append(f"{case.name:<22} {'as written':<64} {_rate(before):>9} {'':>7}")
+
+    def ratio(fix: Fix) -> float | None:
+        if not fix.rates or not before:
+            return None
+        return statistics.median(fix.rates) / before
+
+    for fix in fixes:
+        r = ratio(fix)
+        line = f"{'':<22} {(fix.label + ': ' + fix.text)[:64]:<64} "
+        if fix.label == "host-memory-leak" and fix.leaks:
+            after_leak = max(fix.leaks)
+            line += (
+                f"{_rate(statistics.median(fix.rates) if fix.rates else None):>9} "
+                f"{_ratio(r):>7}   memory growth {(leak0 or 0) / 2**20:.2f} -> "
+                f"{after_leak / 2**20:.2f} MiB/step"
+            )
+            if after_leak > 0.1 * (leak0 or 0):
+                failures.append(f"{case.name}: still grows {after_leak:.0f} B/step after the fix")
+        else:
+            line += (
+                f"{_rate(statistics.median(fix.rates) if fix.rates else None):>9} {_ratio(r):>7}"
+            )
+            if r is not None and r < opts.min_ratio:
+                failures.append(f"{case.name}: {fix.label}'s {fix.text} gave x{r:.2f}")
+        lines.append(line)
+        if fix.note and (fix.flags or fix.env):
+            lines.append(f"{'':<24}({fix.note})")
+    diag = next((f for f in fixes if f.flags or f.env), None)
+    if tune_fix is not None:
+        r = ratio(tune_fix)
+        lines.append(
+            f"{'':<22} {('tune: ' + tune_fix.text)[:64]:<64} "
+            f"{_rate(statistics.median(tune_fix.rates) if tune_fix.rates else None):>9} "
+            f"{_ratio(r):>7}"
+        )
+        lines.append(f"{'':<24}({tune_note})")
+        rd = ratio(diag) if diag is not None else 1.0
+        if r is not None and r >= TUNE_TARGET:
+            share = ((rd or 1.0) - 1) / (r - 1)
+            met = share >= SHARE_TARGET
+            lines.append(
+                f"{'':<24}diagnose's fix reaches {share * 100:.0f} % of tune's gain "
+                f"(target >= {SHARE_TARGET * 100:.0f} %): {'met' if met else 'MISSED'}"
+            )
+            if not met:
+                failures.append(f"{case.name}: diagnose reaches {share * 100:.0f} % of tune's gain")
+        elif r is not None:
+            lines.append(
+                f"{'':<24}tune's winner gives x{r:.2f} here: below {TUNE_TARGET}x, no target"
+            )
+    elif tune_note:
+        lines.append(f"{'':<24}({tune_note})")
+    return lines, failures
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", action="append", help="scenario name (repeatable)")
-    p.add_argument("--repeats", type=int, default=2, help="before/after pairs per scenario")
-    p.add_argument("--min-ratio", type=float, default=1.1)
+    p.add_argument("--only", action="append", help="case name (repeatable)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each configuration")
+    p.add_argument("--min-ratio", type=float, default=0.97, help="a fix slower than this fails")
+    p.add_argument("--tune-budget", type=parse_duration, default=150.0)
+    p.add_argument("--no-tune", action="store_true", help="leave tune's column out")
     opts = p.parse_args()
-    cases = [c for c in CASES if not opts.only or c.script in opts.only]
-    failures = []
-    rows = []
+    cases = [c for c in CASES if not opts.only or c.name in opts.only]
+    failures: list[str] = []
+    lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="td-advice-") as tmp:
         for case in cases:
-            base_env = dict(os.environ)
-            findings, before, leak_before = measure(
-                record(case.script, case.args, base_env, Path(tmp, f"{case.script}-0.sqlite"))
-            )
-            alarms = [f.id for f in findings if f.severity in ("warning", "critical")]
-            if case.finding is None:
-                own = [a for a in alarms if a != "cpu-contention"]
-                rows.append(
-                    (
-                        case.script,
-                        "clean bill" if not own else ",".join(own),
-                        "-",
-                        before,
-                        None,
-                        None,
-                    )
-                )
-                if own:
-                    failures.append(f"{case.script}: false alarm {own}")
-                continue
-            match = [f for f in findings if f.id == case.finding]
-            if not match:
-                failures.append(f"{case.script}: no {case.finding} (got {alarms})")
-                continue
-            finding = match[0]
-            # The user follows every warning's fix; the scenario's own finding comes first.
-            settings = dict(finding.settings)
-            for other in findings:
-                if other.severity in ("warning", "critical"):
-                    for key, value in other.settings.items():
-                        settings.setdefault(key, value)
-            flags, env, unused = fix_args(settings)
-            if not flags and not env and not case.code_fix:
-                rows.append(
-                    (case.script, finding.id, "(no setting: see its advice)", before, None, None)
-                )
-                print(f"{case.script}: {finding.recommendation}", file=sys.stderr)
-                continue
-            flags += case.code_fix
-            fixed_env = {**base_env, **env}
-            befores, afters, leaks_after = [before], [], []
-            for i in range(opts.repeats):
-                if i:
-                    befores.append(
-                        measure(
-                            record(
-                                case.script,
-                                case.args,
-                                base_env,
-                                Path(tmp, f"{case.script}-b{i}.sqlite"),
-                            )
-                        )[1]
-                    )
-                _, after, leak_after = measure(
-                    record(
-                        case.script,
-                        case.args + flags,
-                        fixed_env,
-                        Path(tmp, f"{case.script}-a{i}.sqlite"),
-                    )
-                )
-                afters.append(after)
-                leaks_after.append(leak_after)
-            b = statistics.median(x for x in befores if x)
-            a = statistics.median(x for x in afters if x)
-            fix_text = " ".join(flags + [f"{k}={v}" for k, v in env.items()])
-            ratio = a / b if b else None
-            if case.script == "leaking":
-                after_leak = max((x or 0.0) for x in leaks_after)
-                rows.append(
-                    (case.script, finding.id, fix_text, b, a, ratio, leak_before, after_leak)
-                )
-                if after_leak > 0.1 * (leak_before or 0):
-                    failures.append(f"leaking: still grows {after_leak:.0f} B/step after the fix")
-            else:
-                rows.append((case.script, finding.id, fix_text, b, a, ratio))
-                if ratio is None or ratio < opts.min_ratio:
-                    failures.append(f"{case.script}: {fix_text} gave x{ratio:.2f}")
-            if unused:
-                print(f"{case.script}: settings not applicable here: {unused}", file=sys.stderr)
-
-    print(
-        f"{'scenario':<22} {'finding':<24} {'fix applied':<44} {'before':>9} {'after':>9} "
-        f"{'ratio':>6}"
-    )
-    for row in rows:
-        script, fid, fix, b, a, ratio = row[:6]
-        line = (
-            f"{script:<22} {fid:<24} {fix:<44} {_rate(b):>9} {_rate(a):>9} "
-            f"{(f'x{ratio:.2f}' if ratio else '-'):>6}"
-        )
-        if len(row) > 6:
-            line += f"   memory growth {row[6] / 2**20:.2f} -> {row[7] / 2**20:.2f} MiB/step"
+            case_lines, case_failures = bench_case(case, opts, Path(tmp))
+            lines += case_lines
+            failures += case_failures
+    print(f"{'case':<22} {'settings applied':<64} {'samples/s':>9} {'ratio':>7}")
+    for line in lines:
         print(line)
-    print("throughput in samples/s over the steady steps; medians of", opts.repeats, "runs")
+    print(
+        f"samples/s over the steady steps; medians of {opts.repeats} runs per configuration, "
+        "interleaved; load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    )
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0
@@ -206,6 +305,10 @@ def main() -> int:
 
 def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"x{x:.2f}"
 
 
 if __name__ == "__main__":

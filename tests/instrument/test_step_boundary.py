@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import run_td
 from tests.instrument.runjob import JOBS, PY, run_job
 from torchdoctor.instrument.agent import BACKWARD_STEPS_TO_DECIDE
 from torchdoctor.instrument.stats import decode_json, step_stats
@@ -36,6 +37,10 @@ def test_loop_without_optimizer_or_dataloader_steps_at_backward(tmp_path, mode):
     span = steps[-1]["t_end"] - steps[0]["t_end"]
     walls = sum(s["wall_s"] for s in steps[1:])
     assert walls == pytest.approx(span, rel=0.05, abs=0.005)
+    show = run_td("show", str(tmp_path / "r.sqlite"))
+    assert show.returncode == 0, show.stderr
+    assert "steps: 100," in show.stdout
+    assert "no optimizer step seen: each backward() ends a step" in show.stdout
 
 
 def test_short_manual_loop_is_recorded_at_exit(tmp_path):

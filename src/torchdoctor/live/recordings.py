@@ -23,6 +23,8 @@ from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
 FINDINGS_EVERY_S = 30.0
+# While the diagnosis says it has too little evidence (a job's first seconds), sooner.
+FINDINGS_EARLY_EVERY_S = 5.0
 MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
 # No step for this many times the longest recent step (and the window): stalled. Generous,
 # because steps of a job starved of CPU vary a lot, and records reach the file in batches.
@@ -169,6 +171,8 @@ class RecordingWatcher:
             spent = time.thread_time() - cpu0
             share = FINDINGS_CPU_SHARE / max(len(self._watched), 1)
             w.findings_due = mono + max(FINDINGS_EVERY_S, spent / share)
+        if any(f.id == "short-recording" for f in found):
+            w.findings_due = mono + max(FINDINGS_EARLY_EVERY_S, spent / share)
         reported = complaints.getvalue().strip().splitlines()
         w.findings_error = reported[0] if reported else None
         w.findings = [

@@ -20,14 +20,14 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         return []
     complete = ctx.recording.complete
     t0, t1 = ctx.steady_window
-    what = "The recording stops early" if not complete else "The run is short"
+    what = "Too little recorded yet" if not complete else "The run is too short"
     evidence = [Evidence(name, reason, "") for name, reason in ctx.not_judged.items()]
     evidence.append(Evidence("steady running recorded", round(max(t1 - t0, 0.0), 1), "s", t0, t1))
     return [
         Finding(
             id=ID,
             severity="info",
-            title=f"{what}: not judged: {', '.join(ctx.not_judged)}",
+            title=f"{what} to judge {', '.join(ctx.not_judged)}",
             evidence=evidence,
             recommendation=(
                 "Record a longer stretch of training (tens of seconds of steps) to have these "
