@@ -45,7 +45,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         threads = [t for pid in ctx.compute_pids if (t := torch_threads(ctx, pid)) is not None]
         if available is not None and threads and not ctx.uses_gpu:
             fit = max(1, math.floor(available / len(threads) + 1e-9))
-            if max(threads) > fit:
+            # Only when the threads are twice what is left: with 2 threads and 1.1 CPUs left
+            # the second thread still gained (the healthy case of advice_works: one thread
+            # ran 0.91x as fast), while threads far beyond the CPUs lose at every barrier.
+            if max(threads) >= 2 * available / len(threads) and max(threads) > fit:
                 settings = {"torch.num_threads": fit, "env.OMP_NUM_THREADS": str(fit)}
                 recommendation += (
                     f" Until then, torch.set_num_threads({fit}) matches the {available:.1f} "
