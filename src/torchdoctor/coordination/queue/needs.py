@@ -39,7 +39,9 @@ def resolve_need(
         peak = past.used_vram if kind == "vram" else past.used_rss
     if peak:
         need = int(peak * (1 + HISTORY_MARGIN))
-        return need, (f"job {past.id}'s recording: peak {fmt_bytes(peak)} + {HISTORY_MARGIN:.0%}")
+        return need, (
+            f"job {past.id}'s recording: peak {fmt_bytes(peak)} + {HISTORY_MARGIN * 100:.0f} %"
+        )
     if kind == "vram" and estimate_args:
         return _from_estimate(estimate_args)
     hint = " or --estimate 'SPEC --batch N ...'" if kind == "vram" else ""

@@ -1,0 +1,207 @@
+"""The same CPU training jobs started all at once by hand vs through `torchdoctor submit`.
+
+Four small torch jobs (an MLP, torch's default threads) on this machine:
+1. each alone, once with the machine's default threads and once pinned to one core as the
+   queue runs it (the per-job baseline);
+2. all four started at once by hand: every job runs as many threads as there are CPUs;
+3. all four submitted to a private queue (`--cpus 1`): each gets its own core and one thread,
+   and the queue runs as many at a time as there are cores.
+
+Targets (issue 13): the queue's makespan is not longer than by hand (ratio <= 1), each queued
+job's step time stays within 20 % of the same job alone with the same core; on an idle queue
+submit-to-start latency <= 0.5 s and the idle scheduler uses <= 0.1 % of a core.
+
+    python benchmarks/queue_contention.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scorecard import Scorecard
+
+JOBS = 4
+JOB = """
+import json, sys, time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(256, 256), torch.randn(256, 256)
+steps = int(sys.argv[1])
+times = []
+for _ in range(steps):
+    t = time.perf_counter()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    times.append(time.perf_counter() - t)
+print(json.dumps({"step_s": sorted(times)[len(times) // 2], "threads": torch.get_num_threads()}))
+"""
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def step_of(output: str) -> float:
+    return json.loads(output.strip().splitlines()[-1])["step_s"]
+
+
+def alone(script: Path, steps: int, pinned: bool) -> float:
+    env = dict(os.environ)
+    kwargs = {}
+    if pinned:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        cpu = min(os.sched_getaffinity(0))
+        kwargs["preexec_fn"] = lambda: os.sched_setaffinity(0, {cpu})
+    done = subprocess.run(
+        [sys.executable, str(script), str(steps)], capture_output=True, text=True, env=env,
+        check=True, **kwargs,
+    )  # fmt: skip
+    return step_of(done.stdout)
+
+
+def by_hand(script: Path, steps: int) -> tuple[float, list[float]]:
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(steps)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(JOBS)
+    ]
+    outs = [p.communicate()[0] for p in procs]
+    return time.monotonic() - start, [step_of(o) for o in outs]
+
+
+def td(env: dict[str, str], *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "torchdoctor", *args], capture_output=True, text=True, env=env,
+        check=True,
+    ).stdout  # fmt: skip
+
+
+def jobs(env: dict[str, str]) -> list[dict]:
+    return json.loads(td(env, "queue", "--json"))["jobs"]
+
+
+def through_queue(script: Path, steps: int, env: dict[str, str]) -> tuple[float, list[float]]:
+    start = time.monotonic()
+    ids = [td(env, "submit", "-q", "--cpus", "1", "--", sys.executable, str(script), str(steps)).strip()
+           for _ in range(JOBS)]  # fmt: skip
+    for job_id in ids:
+        td(env, "queue", "wait", job_id)
+    makespan = time.monotonic() - start
+    steps_s = [step_of(td(env, "queue", "logs", job_id)) for job_id in ids]
+    return makespan, steps_s
+
+
+def latency(env: dict[str, str], rounds: int = 5) -> list[float]:
+    """Submit-to-start of a trivial job on an idle queue whose scheduler already runs."""
+    out = []
+    for _ in range(rounds):
+        job_id = td(env, "submit", "-q", "--", "true").strip()
+        td(env, "queue", "wait", job_id)
+        job = next(j for j in jobs(env) if str(j["id"]) == job_id)
+        out.append(job["started_at"] - job["submitted_at"])
+    return out
+
+
+def scheduler_cpu(env: dict[str, str], seconds: float) -> float:
+    """Share of one core the idle scheduler used over ``seconds``."""
+    from torchdoctor.coordination.queue.paths import queue_paths
+    from torchdoctor.coordination.queue.store import QueueStore
+
+    store = QueueStore(queue_paths(env).db)
+    pid = int(store.meta("scheduler_pid"))
+    store.close()
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    before, t0 = cpu(), time.monotonic()
+    time.sleep(seconds)
+    return (cpu() - before) / (time.monotonic() - t0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    card = Scorecard("queue_contention")
+    with tempfile.TemporaryDirectory(prefix="tdq-bench-") as tmp:
+        script = Path(tmp) / "job.py"
+        script.write_text(JOB)
+        env = {
+            **os.environ,
+            "XDG_STATE_HOME": f"{tmp}/state",
+            "XDG_RUNTIME_DIR": f"{tmp}/run",
+            "TORCHDOCTOR_QUEUE_IDLE_EXIT_S": "120",
+        }
+        try:
+            log("alone...")
+            alone_default = alone(script, args.steps, pinned=False)
+            alone_core = alone(script, args.steps, pinned=True)
+            log("by hand...")
+            hand_span, hand_steps = by_hand(script, args.steps)
+            log("through the queue...")
+            queue_span, queue_steps = through_queue(script, args.steps, env)
+            waits = latency(env)
+            idle = scheduler_cpu(env, args.idle_seconds)
+        finally:
+            _stop_scheduler(env)
+    ratio = queue_span / hand_span
+    card.check(
+        "makespan, queue / by hand", ratio,
+        f"{ratio:.2f} ({queue_span:.1f} s vs {hand_span:.1f} s)", at_most=1.0,
+    )  # fmt: skip
+    worst = max(queue_steps) / alone_core
+    card.check(
+        "queued job step time / alone on the same core (worst of 4)", worst,
+        f"{worst:.2f} ({max(queue_steps) * 1e3:.1f} ms vs {alone_core * 1e3:.1f} ms)", at_most=1.2,
+    )  # fmt: skip
+    card.info(
+        "by hand: job step time / alone with default threads (worst of 4)",
+        f"{max(hand_steps) / alone_default:.2f} ({max(hand_steps) * 1e3:.1f} ms vs "
+        f"{alone_default * 1e3:.1f} ms)",
+    )
+    card.check(
+        "submit-to-start on an idle queue (median of 5)", statistics.median(waits),
+        f"{statistics.median(waits):.3f} s (max {max(waits):.3f} s)", at_most=0.5,
+    )  # fmt: skip
+    card.check(
+        "idle scheduler CPU", idle * 100, f"{idle * 100:.3f} % of one core", at_most=0.1,
+    )  # fmt: skip
+    load = os.getloadavg()
+    card.info("load average at the end", f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    return card.exit_code()
+
+
+def _stop_scheduler(env: dict[str, str]) -> None:
+    import signal
+
+    from torchdoctor.coordination.queue.paths import queue_paths
+    from torchdoctor.coordination.queue.processes import is_alive
+    from torchdoctor.coordination.queue.store import QueueStore
+
+    db = queue_paths(env).db
+    if not db.exists():
+        return
+    store = QueueStore(db)
+    pid, start = store.meta("scheduler_pid"), store.meta("scheduler_start")
+    store.close()
+    if pid and start and start != "None" and is_alive(int(pid), int(start)):
+        os.kill(int(pid), signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
