@@ -134,7 +134,7 @@ def scheduler_cpu(env: dict[str, str], seconds: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     args = parser.parse_args()
     card = Scorecard("queue_contention")
@@ -150,11 +150,14 @@ def main() -> int:
         try:
             log("alone...")
             alone_default = alone(script, args.steps, pinned=False)
-            alone_core = alone(script, args.steps, pinned=True)
             log("by hand...")
             hand_span, hand_steps = by_hand(script, args.steps)
-            log("through the queue...")
+            log("through the queue, between two runs alone on one core...")
+            # The per-job baseline is taken right before and right after the queued jobs, so
+            # that other load on the machine weighs on both sides alike.
+            before = alone(script, args.steps, pinned=True)
             queue_span, queue_steps = through_queue(script, args.steps, env)
+            alone_core = (before + alone(script, args.steps, pinned=True)) / 2
             waits = latency(env)
             idle = scheduler_cpu(env, args.idle_seconds)
         finally:
