@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.summary import RunSummary, summarize
-from torchdoctor.sampling.types import HostInfo
+from torchdoctor.sampling.types import usable_cpus_of
 
 # Environment a distributed job's network needs on the cluster as it had in the recording.
 NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
@@ -95,7 +95,7 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         rss_peak=_int(summary.job_rss.peak),
         cores_peak=_cores(summary.job_cpu_pct.peak),
         cores_mean=_cores(summary.job_cpu_pct.mean),
-        usable_cpus=_usable_cpus(host, summary),
+        usable_cpus=usable_cpus_of(host),
         step_count=step_count,
         step_s=step_s,
         overhead_s=overhead,
@@ -109,14 +109,6 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         network_env={k: v for k, v in env.items() if k.startswith(NETWORK_ENV_PREFIXES)},
         findings=[f.id for f in findings],
     )
-
-
-def _usable_cpus(host: dict, summary: RunSummary) -> float | None:
-    """The machine's one definition (HostInfo.usable_cpus), from the recorded host info."""
-    try:
-        return HostInfo(**host).usable_cpus
-    except TypeError:  # a recording from another version of the host description
-        return summary.usable_cpus
 
 
 def _int(value: float | None) -> int | None:
