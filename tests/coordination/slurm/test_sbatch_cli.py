@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import run_td
-from tests.coordination.slurm.conftest import TRAIN
+from tests.coordination.slurm.conftest import DDP_CMD, TRAIN
 from torchdoctor.coordination.slurm.notation import MIB, parse_memory
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.summary import summarize
@@ -88,3 +88,13 @@ def _fmt(n: float) -> str:
     from torchdoctor.units import fmt_bytes
 
     return fmt_bytes(n)
+
+
+def test_a_torchrun_recording_sizes_per_rank(ddp_recording: Path) -> None:
+    """A 2-rank torchrun recording: 2 ranks per node, steps counted per rank, agent included."""
+    res = run_td("sbatch", "--from", str(ddp_recording), "--", *DDP_CMD)
+    assert res.returncode == 0, res.stderr
+    assert "--nproc-per-node=2" in res.stdout
+    assert re.search(r"^# time: 30 steps x ", res.stdout, re.M)
+    assert "for the recorder, +" in res.stdout  # torchrun's agent was recorded: not added twice
+    assert "recording is of" not in res.stderr  # torchrun ... ddp_train.py is this job

@@ -53,7 +53,8 @@ def recorded(**changes) -> RecordedJob:
         overhead_s=10.0,
         num_workers=2,
         advised_workers=None,
-        advised_threads=None,
+        torch_threads=4,
+        contended=False,
         gpus_used=1,
         gpu_memory_peak=30 * GIB,
         gpu_name="NVIDIA A100-SXM4-40GB",
@@ -148,6 +149,14 @@ def test_cpus_count_advised_workers_and_threads_leave_them_room() -> None:
     assert sbatch_lines(text)["cpus-per-task"] == "7"  # 1 + 6 workers, 1 rank
     assert "advised by diagnose" in comment_above(text, "cpus-per-task")
     assert "export OMP_NUM_THREADS=1" in text  # 7 CPUs less 6 workers
+
+
+def test_a_contended_recording_is_sized_from_the_threads_it_ran() -> None:
+    # other programs left the job 0.6 cores of the 16 it could use; it ran 4 torch threads
+    text, notes = script_for(recorded(contended=True, cores_peak=0.6, num_workers=0))
+    assert sbatch_lines(text)["cpus-per-task"] == "4"
+    assert "export OMP_NUM_THREADS=4" in text
+    assert any("cpu-contention" in n for n in notes)
 
 
 def test_time_is_steps_times_step_time_plus_margin_rounded_to_minutes() -> None:

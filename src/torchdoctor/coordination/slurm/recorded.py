@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchdoctor.diagnosis.rules.cpu_saturated import CONTENTION_ID
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.summary import RunSummary, summarize
 from torchdoctor.sampling.types import usable_cpus_of
@@ -35,12 +36,13 @@ class RecordedJob:
     cores_peak: float | None  # CPU use of the whole job at its peak, in cores
     cores_mean: float | None
     usable_cpus: float | None  # what the job could have used where it was recorded
-    step_count: int | None
+    step_count: int | None  # steps of one rank
     step_s: float | None  # wall time per job step (1 / steps per second, ranks in parallel)
     overhead_s: float | None  # start-up and shut-down: the run's wall time outside its steps
     num_workers: int | None  # DataLoader workers per rank, as the job ran
     advised_workers: int | None  # what the diagnosis advises (dataloader-bound)
-    advised_threads: int | None  # torch threads per process the diagnosis advises
+    torch_threads: int | None  # torch.get_num_threads() of the main process, as it ran
+    contended: bool  # other programs took the CPUs (diagnosis: cpu-contention)
     gpus_used: int  # GPUs holding the job's memory
     gpu_memory_peak: int | None  # bytes, the most the job held on one GPU
     gpu_name: str | None
@@ -68,21 +70,26 @@ def read_recorded_job(path: str | os.PathLike[str]) -> RecordedJob:
 
 def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> RecordedJob:
     steps = summary.steps or {}
-    step_count = steps.get("step_count") or None
+    # Steps of one rank (the job's count adds every rank's): ranks step in parallel.
+    per_rank = steps.get("per_rank") or []
+    step_count = max((r["step_count"] for r in per_rank), default=None) or (
+        steps.get("step_count") or None
+    )
     steps_per_s = steps.get("steps_per_s")
     step_s = 1.0 / steps_per_s if steps_per_s else None
     overhead = None
     if step_s is not None and step_count and summary.duration_s is not None:
         overhead = max(0.0, summary.duration_s - step_count * step_s)
-    ranks = len(steps.get("per_rank") or []) or summary.roles.get("trainer", 0) or 1
+    ranks = len(per_rank) or summary.roles.get("trainer", 0) or 1
     gpu_peaks = [g for g in summary.gpus if g.job_memory_peak]
     top = max(gpu_peaks, key=lambda g: g.job_memory_peak or 0, default=None)
-    advised_workers = advised_threads = None
-    for finding in findings:
-        if "num_workers" in finding.settings and advised_workers is None:
-            advised_workers = int(finding.settings["num_workers"])
-        if "torch.num_threads" in finding.settings and advised_threads is None:
-            advised_threads = int(finding.settings["torch.num_threads"])
+    # Thread advice is left out on purpose: the diagnosis sizes threads to the recording
+    # machine's CPUs (or to what other programs left of them); on an allocation of its own
+    # the rank's threads follow the CPUs sized here.
+    advised_workers = next(
+        (int(f.settings["num_workers"]) for f in findings if "num_workers" in f.settings), None
+    )
+    threads = summary.settings.get("torch.num_threads")
     return RecordedJob(
         path=str(path),
         command=summary.command,
@@ -101,7 +108,8 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         overhead_s=overhead,
         num_workers=loader["num_workers"] if loader else None,
         advised_workers=advised_workers,
-        advised_threads=advised_threads,
+        torch_threads=threads if isinstance(threads, int) else None,
+        contended=any(f.id == CONTENTION_ID for f in findings),
         gpus_used=len(gpu_peaks),
         gpu_memory_peak=top.job_memory_peak if top else None,
         gpu_name=top.name if top else None,

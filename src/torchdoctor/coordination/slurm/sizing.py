@@ -155,11 +155,17 @@ def _cpus(job: RecordedJob, ranks: int, notes: list[str]) -> tuple[Figure, Figur
             else "as the job ran"
         )
         parts.append(f"1 + {workers} DataLoader workers per rank ({source})")
-    cpus = Figure(
-        per_rank * ranks,
-        f"{' / '.join(parts)} -> {per_rank} per rank x {_n(ranks, 'rank')}",
-    )
-    if (
+    if job.contended:
+        # What the job got is not what it needs: count the threads it ran instead.
+        threads = min(job.torch_threads or 1, math.ceil(job.usable_cpus or 1))
+        per_rank = max(per_rank, threads + workers)
+        parts.append(f"{threads} torch threads + workers, as it ran")
+        notes.append(
+            "other programs took the recorded run's CPUs (diagnose: cpu-contention): its CPU use "
+            "understates what it needs and its steps are slower than on CPUs of its own; CPUs "
+            "are sized from the threads it ran, and the time limit errs long"
+        )
+    elif (
         job.cores_peak is not None
         and job.usable_cpus
         and job.cores_peak >= CPU_LIMITED_SHARE * job.usable_cpus
@@ -168,16 +174,17 @@ def _cpus(job: RecordedJob, ranks: int, notes: list[str]) -> tuple[Figure, Figur
             f"the recorded run used all {job.usable_cpus:g} CPUs it had: on a larger node it may "
             "use more; measure there with `torchdoctor tune`"
         )
-    if job.advised_threads:
-        threads = Figure(job.advised_threads, "torch threads per process advised by diagnose")
-    else:
-        threads = Figure(
-            max(1, per_rank - workers),
-            f"the rank's {per_rank} CPUs less its {workers} DataLoader workers"
-            if workers
-            else "the rank's CPUs",
-        )
-    return cpus, threads
+    cpus = Figure(
+        per_rank * ranks,
+        f"{' / '.join(parts)} -> {per_rank} per rank x {_n(ranks, 'rank')}",
+    )
+    threads_figure = Figure(
+        max(1, per_rank - workers),
+        f"the rank's {per_rank} CPUs less its {workers} DataLoader workers"
+        if workers
+        else "the rank's CPUs",
+    )
+    return cpus, threads_figure
 
 
 def _memory(job: RecordedJob, ranks: int) -> Figure | None:
