@@ -10,6 +10,7 @@ import click
 
 from torchdoctor.cli.common import job_name
 from torchdoctor.coordination.slurm import client
+from torchdoctor.coordination.slurm.network import doctor_network_env
 from torchdoctor.coordination.slurm.notation import require_duration
 from torchdoctor.coordination.slurm.recorded import read_recorded_job
 from torchdoctor.coordination.slurm.script import ScriptOptions, job_folder, render_script
@@ -85,6 +86,15 @@ from torchdoctor.units import fmt_duration
     metavar="FILE",
     help="Write the script here (default: stdout; with --submit, DIR/<name>.sbatch).",
 )
+@click.option(
+    "--doctor",
+    "doctor_json",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    metavar="FILE",
+    help="`torchdoctor doctor --json` output from a cluster node: its network fixes "
+    "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) go into the script.",
+)
 @click.option("--submit", is_flag=True, help="Submit with `sbatch --parsable`; print the job id.")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
@@ -101,21 +111,21 @@ def command(
     signal_checkpoint: bool,
     recordings: str,
     out: str | None,
+    doctor_json: str | None,
     submit: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Write an sbatch script for CMD, sized from its recording: memory, CPUs, GPUs, time.
+
+    Without --from, the recording of the local queue's last successful run of exactly this
+    command is used.
 
     Each figure is commented in the script with where it came from. Every node runs its
     torchrun under torchdoctor's recorder, one recording per node in DIR/slurm-<job id>/,
     which `torchdoctor diagnose` and `torchdoctor slurm status JOBID` read afterwards.
     """
     args = list(argv)
-    if recording is None:
-        raise UserError(
-            "no recording to size the job from: give --from RECORDING "
-            f"(record it first with `torchdoctor run -- {' '.join(args)}`)"
-        )
+    recording = recording or _last_recording_of(args)
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps}: give the number of steps the job runs (1 or more)")
     request = JobRequest(
@@ -126,6 +136,7 @@ def command(
         time_limit_s=None if time_text == "auto" else require_duration(time_text, "--time"),
         steps=steps,
         gpu_type=gpu_type,
+        network_env=doctor_network_env(doctor_json) if doctor_json else {},
     )
     recorded = read_recorded_job(recording)
     size = size_job(recorded, request)
@@ -162,6 +173,22 @@ def command(
             f"follow it with `torchdoctor slurm status {job_id}`",
             err=True,
         )
+
+
+def _last_recording_of(argv: list[str]) -> str:
+    """Without --from: the recording of the local queue's last successful run of this command."""
+    from torchdoctor.coordination.queue.client import last_run_of
+
+    job = last_run_of(argv)
+    if job is not None and job.recording and Path(job.recording).exists():
+        click.echo(
+            f"torchdoctor: sizing from the queue's last run of it: {job.recording}", err=True
+        )
+        return job.recording
+    raise UserError(
+        "no recording to size the job from: give --from RECORDING (record it first with "
+        f"`torchdoctor run -- {' '.join(argv)}`, or run it once with `torchdoctor submit`)"
+    )
 
 
 def _job_name(given: str | None, argv: list[str]) -> str:

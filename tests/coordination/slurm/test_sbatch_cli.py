@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -98,3 +99,40 @@ def test_a_torchrun_recording_sizes_per_rank(ddp_recording: Path) -> None:
     assert re.search(r"^# time: 30 steps x ", res.stdout, re.M)
     assert "for the recorder, +" in res.stdout  # torchrun's agent was recorded: not added twice
     assert "recording is of" not in res.stderr  # torchrun ... ddp_train.py is this job
+
+
+def test_without_from_the_queues_last_run_of_the_command_is_used(queue_env) -> None:
+    q = queue_env()
+    cmd = [sys.executable, str(TRAIN), "--steps", "5", "--batch-size", "4"]
+    job_id = q.submit("--", *cmd)
+    assert q.wait(job_id) == 0
+    recording = q.job(job_id).recording
+    res = q.td("sbatch", "--", *cmd)
+    assert res.returncode == 0, res.stderr
+    assert f"sizing from the queue's last run of it: {recording}" in res.stderr
+    assert f"# Sized from recording {recording} " in res.stdout
+    # another command has no run in the queue: the error says how to get a recording
+    res = q.td("sbatch", "--", sys.executable, str(TRAIN), "--steps", "6")
+    assert res.returncode == 2 and "no recording to size the job from" in res.stderr
+
+
+def test_doctors_network_fix_goes_into_the_script(train_recording: Path, tmp_path: Path) -> None:
+    """A real `doctor --json` that finds the interface settings wrong: its fix is exported."""
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="nosuch0", GLOO_SOCKET_IFNAME="nosuch0")
+    doctor = run_td("doctor", "--json", "--only", "network", env=env)
+    report = tmp_path / "doctor.json"
+    report.write_text(doctor.stdout)
+    checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+    fixed = re.search(r"GLOO_SOCKET_IFNAME=(\S+)", checks["network.gloo_socket_ifname"]["fix"])
+    res = run_td(
+        "sbatch", "--from", str(train_recording), "--doctor", str(report),
+        "--", sys.executable, str(TRAIN),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert f"export GLOO_SOCKET_IFNAME={fixed.group(1)}" in res.stdout
+    assert "# GLOO_SOCKET_IFNAME: torchdoctor doctor (network.gloo_socket_ifname)" in res.stdout
+    assert "NCCL_SOCKET_IFNAME=nosuch0" not in res.stdout
+    bad = tmp_path / "not-doctor.json"
+    bad.write_text("{}")
+    res = run_td("sbatch", "--from", str(train_recording), "--doctor", str(bad), "--", "x.py")
+    assert res.returncode == 2 and "is not the output of `torchdoctor doctor --json`" in res.stderr

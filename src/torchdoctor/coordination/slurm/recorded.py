@@ -16,9 +16,6 @@ from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.summary import RunSummary, summarize
 from torchdoctor.sampling.types import usable_cpus_of
 
-# Environment a distributed job's network needs on the cluster as it had in the recording.
-NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-
 
 @dataclass(slots=True)
 class RecordedJob:
@@ -47,7 +44,7 @@ class RecordedJob:
     gpu_memory_peak: int | None  # bytes, the most the job held on one GPU
     gpu_name: str | None
     gpu_memory_total: int | None
-    network_env: dict[str, str] = field(default_factory=dict)
+    network_env: dict[str, str] = field(default_factory=dict)  # the recorded env of interest
     findings: list[str] = field(default_factory=list)  # ids of the diagnosis' findings
 
 
@@ -114,7 +111,7 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         gpu_memory_peak=top.job_memory_peak if top else None,
         gpu_name=top.name if top else None,
         gpu_memory_total=top.memory_total if top else None,
-        network_env={k: v for k, v in env.items() if k.startswith(NETWORK_ENV_PREFIXES)},
+        network_env=dict(env),  # coordination.slurm.network picks the network settings
         findings=[f.id for f in findings],
     )
 

@@ -172,9 +172,11 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
     ]
     if size.network_env:
         lines.append(
-            "# network settings the recorded run had (check them on a node: `torchdoctor doctor`)"
+            "# network: which interface the ranks use (check on a node: torchdoctor doctor)"
         )
-        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(size.network_env.items())]
+        for key, figure in sorted(size.network_env.items()):
+            lines.append(f"# {key}: {figure.source}")
+            lines.append(f"export {key}={shlex.quote(str(figure.value))}")
     lines += [
         "",
         f"# {ranks} rank{'s' if ranks != 1 else ''} per node: {size.ranks_per_node.source}",

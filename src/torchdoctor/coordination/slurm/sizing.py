@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from torchdoctor.coordination.slurm.command import job_identity
+from torchdoctor.coordination.slurm.figure import Figure
+from torchdoctor.coordination.slurm.network import recorded_network_env
 from torchdoctor.coordination.slurm.notation import MIB, format_memory
 from torchdoctor.coordination.slurm.recorded import RecordedJob
 from torchdoctor.errors import UserError
@@ -38,14 +39,6 @@ CPU_LIMITED_SHARE = 0.9
 
 
 @dataclass(slots=True)
-class Figure:
-    """One figure of the script, and where it came from (written beside it as a comment)."""
-
-    value: Any
-    source: str
-
-
-@dataclass(slots=True)
 class JobRequest:
     """What the user asked on the command line; None: size it from the recording."""
 
@@ -56,6 +49,7 @@ class JobRequest:
     time_limit_s: int | None = None  # None: --time auto
     steps: int | None = None
     gpu_type: str | None = None
+    network_env: dict[str, Figure] = field(default_factory=dict)  # e.g. from doctor's advice
 
 
 @dataclass(slots=True)
@@ -71,7 +65,7 @@ class JobSize:
     time_limit_s: Figure  # int seconds
     gpu_memory_per_gpu: Figure | None = None  # bytes the job needs on each GPU
     gpu_type: str | None = None
-    network_env: dict[str, str] = field(default_factory=dict)
+    network_env: dict[str, Figure] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said on stderr and in the script
 
 
@@ -103,7 +97,7 @@ def size_job(job: RecordedJob, request: JobRequest) -> JobSize:
         time_limit_s=time_limit,
         gpu_memory_per_gpu=_gpu_memory(job) if gpus.value else None,
         gpu_type=request.gpu_type,
-        network_env=dict(job.network_env),
+        network_env={**recorded_network_env(job.network_env), **request.network_env},
         notes=notes,
     )
 
