@@ -58,7 +58,7 @@ class SlurmCluster:
             list(argv), env=self.env, capture_output=True, text=True, timeout=60, check=check
         )
 
-    def wait_for_job(self, job_id: str, deadline_s: float = 240.0) -> dict[str, str]:
+    def wait_for_job(self, job_id: str, deadline_s: float = 600.0) -> dict[str, str]:
         """Poll scontrol until the job reaches a final state; its fields."""
         from torchdoctor.coordination.slurm.client import parse_pairs
 

@@ -21,7 +21,9 @@ from torchdoctor.coordination.slurm.notation import parse_memory
 from torchdoctor.recording import open_recording
 
 _WHY = why_not_startable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
+# The module's fixtures record a job, start a cluster and run a job on it before the first test
+# body: on a loaded 2-CPU machine that can pass the suite's 300 s per-test limit.
+pytestmark = [pytest.mark.skipif(_WHY is not None, reason=_WHY or ""), pytest.mark.timeout(900)]
 HOST = socket.gethostname().split(".")[0]
 # Generous: under the load of a shared CI machine a 20-step job can take minutes; the limit
 # sized from a recording is tested in test_script.py.
