@@ -9,11 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_td
 from tests.coordination.slurm.conftest import DDP_CMD, TRAIN
 from torchdoctor.coordination.slurm.notation import MIB, parse_memory
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.summary import summarize
+
+# The session fixtures record real jobs before the first test: slow on a loaded machine.
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_script_is_sized_from_the_recording(train_recording: Path) -> None:
