@@ -100,7 +100,7 @@ def test_a_torchrun_recording_sizes_per_rank(ddp_recording: Path) -> None:
     """A 2-rank torchrun recording: 2 ranks per node, steps counted per rank, agent included."""
     res = run_td("sbatch", "--from", str(ddp_recording), "--", *DDP_CMD)
     assert res.returncode == 0, res.stderr
-    assert "--nproc-per-node=2" in res.stdout
+    assert "--nproc-per-node 2" in res.stdout
     assert re.search(r"^# time: 30 steps x ", res.stdout, re.M)
     assert "for the recorder, +" in res.stdout  # torchrun's agent was recorded: not added twice
     assert "recording is of" not in res.stderr  # torchrun ... ddp_train.py is this job

@@ -98,21 +98,21 @@ def test_ddp_shape_one_task_per_node_all_gpus_visible_srun_c_explicit() -> None:
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
     assert re.search(r'^srun .*-c "\$SLURM_CPUS_PER_TASK"', text, re.M)
     assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in text
-    assert "port=$(( 20000 + SLURM_JOB_ID % 40000 ))" in text
-    torchrun = next(line for line in text.splitlines() if "torch.distributed.run" in line)
+    assert "export MASTER_ADDR=${nodes[0]}" in text
+    assert "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 40000 ))" in text
+    # every node: torchdoctor launch (torchrun with every rank recorded), its node rank and
+    # the job's folder expanded on that node, the user's script and arguments after it
+    node = next(line for line in text.splitlines() if line.startswith("  bash -c "))
     for part in (
-        "python -m torch.distributed.run",
-        '--nnodes="$SLURM_NNODES"',
-        "--nproc-per-node=4",
-        "--rdzv-backend=c10d",
-        '--rdzv-endpoint="$head:$port"',
-        '--rdzv-id="$SLURM_JOB_ID"',
+        '"$TORCHDOCTOR" launch --out "$JOB_RECORDINGS"',
+        '--nnodes "$SLURM_NNODES"',
+        '--node-rank "$SLURM_NODEID"',
+        '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"',
+        "--nproc-per-node 4",
     ):
-        assert part in torchrun
-    assert text.rstrip().endswith("train.py --epochs 3")
-    # every node records itself into the job's folder, one file per node
+        assert part in node
+    assert text.rstrip().endswith("  train.py --epochs 3")
     assert 'export JOB_RECORDINGS=/shared/runs/slurm-"$SLURM_JOB_ID"' in text
-    assert '"$TORCHDOCTOR" run --out "$JOB_RECORDINGS/$SLURMD_NODENAME.sqlite" --' in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid bash
 
 
@@ -188,10 +188,11 @@ def test_a_recording_of_another_command_is_said() -> None:
 
 def test_checkpoint_signal_only_when_asked() -> None:
     text, _ = script_for(recorded())
-    assert "--signal" not in text and "--signals-to-handle" not in text
+    assert "--signal" not in text and "PET_SIGNALS_TO_HANDLE" not in text
     text, _ = script_for(recorded(), signal=True)
     assert sbatch_lines(text)["signal"] == "USR1@90"
-    assert "--signals-to-handle=SIGTERM,SIGINT,SIGUSR1" in text
+    # torchrun's own option, by its environment form: it reaches torchrun through launch
+    assert "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in text
 
 
 def test_network_settings_of_the_recorded_run_are_carried_over() -> None:
@@ -206,7 +207,16 @@ def test_cpu_job_gets_no_gpu_request() -> None:
     opts = sbatch_lines(text)
     assert "gpus-per-node" not in opts
     assert opts["cpus-per-task"] == "2"
-    assert "--nproc-per-node=2" in text
+    assert "--nproc-per-node 2" in text
+
+
+def test_a_non_python_command_runs_under_run_and_torchrun_with_c10d() -> None:
+    text, _ = script_for(recorded(command=["./train.sh"]), command=["./train.sh", "--fast"])
+    node = next(line for line in text.splitlines() if line.startswith("  bash -c "))
+    assert '"$TORCHDOCTOR" run --out "$JOB_RECORDINGS/$SLURMD_NODENAME.sqlite" -- torchrun' in node
+    assert "--rdzv-backend c10d" in node and '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in node
+    assert text.rstrip().endswith("--no-python ./train.sh --fast")
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
 def test_bad_requests_say_what_to_do() -> None:

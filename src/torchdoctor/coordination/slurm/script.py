@@ -3,8 +3,8 @@
 Shape (torchtitan's and TorchX's): one task per node; ``--gpus-per-node`` (never
 ``--gpus-per-task``, which binds one GPU per task and hides the others from NCCL's NVLink
 detection); ``srun -c`` given explicitly (22.05 stopped passing ``--cpus-per-task`` on to srun);
-one torchrun per node meeting through a c10d rendezvous on the first node of the allocation,
-on a port derived from the job id so two jobs sharing a node do not collide;
+one torchrun per node (started by ``torchdoctor launch``) meeting on the first node of the
+allocation, on a port derived from the job id so two jobs sharing a node do not collide;
 ``OMP_NUM_THREADS`` per rank (Slurm sets none); ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA
 numbers GPUs as Slurm does; and ``CUDA_VISIBLE_DEVICES`` left to Slurm.
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchdoctor.coordination.slurm.command import torchrun_invocation
+from torchdoctor.coordination.slurm.command import is_python, torchrun_invocation
 from torchdoctor.coordination.slurm.notation import format_duration, format_memory
 from torchdoctor.coordination.slurm.sizing import JobSize
 from torchdoctor.units import fmt_bytes
@@ -51,13 +51,42 @@ def job_folder(recordings: Path, job_id: str) -> Path:
     return recordings / f"slurm-{job_id}"
 
 
-def node_command() -> list[str]:
-    """The recorder each node runs, up to the command it records (the one place this is chosen).
+def node_command(command: list[str], ranks: int) -> tuple[str, list[str], str]:
+    """How each node starts the job under the recorder - the one place this is chosen.
 
-    ``torchdoctor run --out FILE -- CMD`` records CMD's whole process tree - torchrun and the
-    ranks it starts - into one file per node.
+    Returns the ``bash -c`` line run on each node, the words after it (the user's command,
+    reaching that line as "$@"), and a comment saying what runs. srun runs no shell, so what
+    differs per node ($SLURM_NODEID, $SLURMD_NODENAME) is expanded there, by that bash.
+
+    A Python script or module goes through ``torchdoctor launch``: torchrun with every rank
+    recorded and instrumented, one recording per node in the job's folder, rendezvous on the
+    first node (launch's static one: node rank $SLURM_NODEID). Anything else runs as
+    ``torchdoctor run -- torchrun --no-python CMD`` with a c10d rendezvous there.
     """
-    return ['"$TORCHDOCTOR"', "run", "--out", '"$JOB_RECORDINGS/$SLURMD_NODENAME.sqlite"', "--"]
+    if is_python(command[0]) and torchdoctor_has("launch"):
+        script = command[1:]
+        torchrun_invocation(command)  # the same checks: a script or -m module after python
+        line = (
+            'exec "$TORCHDOCTOR" launch --out "$JOB_RECORDINGS" --nnodes "$SLURM_NNODES" '
+            '--node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR" '
+            f'--master-port "$MASTER_PORT" --nproc-per-node {ranks} -- "$@"'
+        )
+        return line, script, "torchdoctor launch: torchrun with every rank recorded"
+    launcher, rest = torchrun_invocation(command)
+    line = (
+        'exec "$TORCHDOCTOR" run --out "$JOB_RECORDINGS/$SLURMD_NODENAME.sqlite" -- '
+        + " ".join(shlex.quote(w) for w in launcher)
+        + f' --nnodes "$SLURM_NNODES" --nproc-per-node {ranks} --rdzv-backend c10d'
+        ' --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID" "$@"'
+    )
+    return line, rest, "torchdoctor run around torchrun: every rank recorded"
+
+
+def torchdoctor_has(command: str) -> bool:
+    """Whether this torchdoctor has a command (the CLI's modules appear as they are built)."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"torchdoctor.cli.{command}") is not None
 
 
 def render_script(size: JobSize, opts: ScriptOptions) -> str:
@@ -134,21 +163,7 @@ def _gpu_hint(size: JobSize, opts: ScriptOptions) -> str:
 
 def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
     ranks = size.ranks_per_node.value
-    launcher, script_args = torchrun_invocation(opts.command)
-    torchrun = [
-        *launcher,
-        '--nnodes="$SLURM_NNODES"',
-        f"--nproc-per-node={ranks}",
-        "--rdzv-backend=c10d",
-        '--rdzv-endpoint="$head:$port"',
-        '--rdzv-id="$SLURM_JOB_ID"',
-    ]
-    if opts.signal_checkpoint:
-        torchrun.append("--signals-to-handle=SIGTERM,SIGINT,SIGUSR1")
-    recorder = node_command()
-    # srun runs no shell: the per-node file name ($SLURMD_NODENAME) must be expanded on each
-    # node, so the recorder starts through `bash -c` and the command follows as "$@".
-    node_shell = "exec " + " ".join(_shell_word(w) for w in recorder) + ' "$@"'
+    node_line, node_args, what = node_command(opts.command, ranks)
     lines = [
         "",
         f"{RECORDINGS_MARKER}{opts.recordings}",
@@ -162,14 +177,19 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
         "",
         "# rendezvous on the allocation's first node, on a port derived from the job id",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        "head=${nodes[0]}",
-        f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
+        "export MASTER_ADDR=${nodes[0]}",
+        f"export MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
         "",
         f"# threads per rank: {size.threads_per_rank.source}",
         f"export OMP_NUM_THREADS={size.threads_per_rank.value}",
         "# CUDA numbers GPUs as Slurm and NVML do; CUDA_VISIBLE_DEVICES is Slurm's to set",
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
     ]
+    if opts.signal_checkpoint:
+        lines += [
+            "# torchrun passes SIGUSR1 on to the ranks instead of dying of it (PET_*: its options)",
+            "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        ]
     if size.network_env:
         lines.append(
             "# network: which interface the ranks use (check on a node: torchdoctor doctor)"
@@ -180,15 +200,10 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
     lines += [
         "",
         f"# {ranks} rank{'s' if ranks != 1 else ''} per node: {size.ranks_per_node.source}",
+        f"# each node: {what}",
         "# -c again on srun: since 22.05 srun does not inherit --cpus-per-task",
         'srun --ntasks-per-node=1 -c "$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
-        f"  bash -c {shlex.quote(node_shell)} node \\",
-        "  " + " ".join(torchrun) + " \\",
-        "  " + " ".join(shlex.quote(a) for a in script_args),
+        f"  bash -c {shlex.quote(node_line)} node \\",
+        "  " + " ".join(shlex.quote(a) for a in node_args),
     ]
     return lines
-
-
-def _shell_word(word: str) -> str:
-    """A word of the node's `bash -c` line: our "$VAR" expansions kept, the rest quoted."""
-    return word if word.startswith('"$') else shlex.quote(word)
