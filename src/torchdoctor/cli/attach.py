@@ -10,8 +10,8 @@ import click
 from torchdoctor.cli.command_line import one_line
 from torchdoctor.cli.common import (
     check_interval,
-    default_recording_path,
     interval_option,
+    new_recording,
     out_option,
     print_end_report,
     stderr_console,
@@ -20,7 +20,7 @@ from torchdoctor.cli.common import (
 from torchdoctor.cli.run import register_recording, unregister_recording
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
-from torchdoctor.recording import RecordingWriter, prepare_output
+from torchdoctor.recording import RecordingWriter
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
@@ -50,7 +50,7 @@ def command(
     if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
         raise UserError(f"no such process: {pid} (check the PID with `ps` or `torchdoctor top`)")
     argv = _cmdline(pid) or [f"pid-{pid}"]
-    path = prepare_output(out or default_recording_path(f"pid{pid}-{os.path.basename(argv[0])}"))
+    path = new_recording(out, f"pid{pid}-{os.path.basename(argv[0])}")
     console = stderr_console()
     if not quiet:
         console.print(

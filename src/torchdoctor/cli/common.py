@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import default_recording_path  # noqa: F401 - re-exported
+from torchdoctor.recording.paths import claim_recording_file, create_recording_file
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
 interval_option = click.option(
@@ -35,6 +35,11 @@ thresholds_option = click.option(
     metavar="FILE",
     help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] in pyproject.toml).",
 )
+
+
+def new_recording(out: str | None, name: str) -> Path:
+    """The recording file of this run, created now: --out exactly, else a fresh unique name."""
+    return claim_recording_file(out) if out else create_recording_file(name)
 
 
 def check_interval(interval: float) -> None:

@@ -37,7 +37,15 @@ def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) 
     paths = job_recording_paths(list(files))
     with contextlib.ExitStack() as stack:
         recordings = [stack.enter_context(open_recording(p)) for p in paths]
+        # What the findings rest on: a run still going, a damaged file.
+        notes = [
+            note if len(recordings) == 1 else f"{rec.path.name}: {note}"
+            for rec in recordings
+            for note in rec.notes()
+        ]
         findings = diagnose_job(recordings, thresholds)
+    for note in notes:
+        click.echo(f"torchdoctor: {note}", err=as_json)
     if as_json:
         click.echo(findings_to_json(findings))
     else:

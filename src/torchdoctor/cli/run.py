@@ -8,9 +8,9 @@ import click
 
 from torchdoctor.cli.common import (
     check_interval,
-    default_recording_path,
     interval_option,
     job_name,
+    new_recording,
     out_option,
     print_end_report,
     stderr_console,
@@ -18,7 +18,6 @@ from torchdoctor.cli.common import (
 )
 from torchdoctor.coordination.record import record_command
 from torchdoctor.launcher import resolve_command
-from torchdoctor.recording import prepare_output
 
 
 @click.command(
@@ -69,7 +68,7 @@ def command(
     outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
-    path = prepare_output(out or default_recording_path(job_name(args)))
+    path = new_recording(out, job_name(args))
     console = stderr_console()
     registered: list[bool] = []
     status = record_command(

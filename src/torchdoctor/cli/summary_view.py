@@ -12,8 +12,10 @@ from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate
 
 def render_summary(summary: RunSummary, console: Console) -> None:
     status = summary.exit_status
+    for line in summary.damage:
+        console.print(f"[yellow]{line}[/yellow]", markup=True)
     if not summary.complete:
-        ended = "recording cut short"
+        ended = summary.state or "recording cut short"
     elif status is not None:
         ended = f"exit status {status}"
     else:
@@ -22,6 +24,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         f"[bold]torchdoctor[/bold]: {one_line(summary.command) or '(unknown command)'}"
         f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples"
     )
+    if summary.state_hint:
+        console.print(f"[yellow]{summary.state_hint}[/yellow]", markup=True)
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("figure")
     table.add_column("mean", justify="right")

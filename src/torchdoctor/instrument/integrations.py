@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 from torchdoctor.errors import UserError
-from torchdoctor.instrument.watch import Watch, default_path, rank_path
+from torchdoctor.instrument.watch import Watch, default_name, rank_path
 
 LIGHTNING_CLASS = "TorchdoctorLightningCallback"
 HF_CLASS = "TorchdoctorTrainerCallback"
@@ -78,7 +78,10 @@ class WatchSession:
             return
         watch = None
         try:
-            watch = Watch(self._next_path(rank, world_size), **self.watch_kwargs)
+            path = self._next_path(rank, world_size)
+            # No out: a fresh file per fit, named uniquely when it is created.
+            name = _ranked_name(rank, world_size) if path is None else None
+            watch = Watch(path, name=name, **self.watch_kwargs)
             watch.start()
         except Exception as exc:
             if watch is not None:
@@ -111,9 +114,9 @@ class WatchSession:
                 2,
             )
 
-    def _next_path(self, rank: int | None, world_size: int | None) -> Path:
+    def _next_path(self, rank: int | None, world_size: int | None) -> Path | None:
         if self.out is None:
-            return _ranked(default_path(), rank, world_size)  # a fresh name every time
+            return None
         if not self.paths:
             return _ranked(self.out, rank, world_size)
         n = len(self.paths) + 1
@@ -124,6 +127,10 @@ class WatchSession:
             if not rank_path(path).exists():
                 return path
             n += 1
+
+
+def _ranked_name(rank: int | None, world_size: int | None) -> str:
+    return _ranked(Path(default_name()), rank, world_size).name
 
 
 def _ranked(path: Path, rank: int | None, world_size: int | None) -> Path:

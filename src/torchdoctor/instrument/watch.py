@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from torchdoctor.instrument.wire import WriterSink
-from torchdoctor.recording.paths import default_recording_path
+from torchdoctor.recording.paths import RUNS_FOLDER, SUFFIX, safe_name
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -36,10 +36,17 @@ def agent_module():
     return module
 
 
-def default_path(now: float | None = None) -> Path:
-    """``./torchdoctor-runs/<UTC time>-python-<script>.sqlite``, as ``torchdoctor run`` names it."""
+def default_name() -> str:
+    """``python-<script>``, as ``torchdoctor run`` names the recordings of a script."""
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
-    return default_recording_path(f"python-{script}", now)
+    return f"python-{script}"
+
+
+def default_path(now: float | None = None) -> Path:
+    """``./torchdoctor-runs/<UTC time>-python-<script>.sqlite``: the name a recording started
+    now would get (the file itself is created, uniquely, when the recording starts)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return RUNS_FOLDER / f"{stamp}-{safe_name(default_name())}{SUFFIX}"
 
 
 def rank_path(path: Path) -> Path:
@@ -61,7 +68,9 @@ class Watch:
         interval: float = DEFAULT_INTERVAL_S,
         instrument: bool = True,
         gpus: bool = True,
+        name: str | None = None,
     ) -> None:
+        """``name``: the name part of a default file name (``python-<script>`` unless given)."""
         from torchdoctor.recording.recorder import MAX_INTERVAL_S, MIN_INTERVAL_S
 
         if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
@@ -70,6 +79,9 @@ class Watch:
             raise UserError(
                 f"interval {interval} s is out of range: use {MIN_INTERVAL_S}-{MAX_INTERVAL_S} s"
             )
+        # Without ``out`` the file is named when it is created (start): a unique name.
+        self._named = out is not None
+        self._name = name or default_name()
         self.path = rank_path(Path(out) if out is not None else default_path())
         self.interval = interval
         self.instrument = instrument
@@ -88,7 +100,11 @@ class Watch:
     def start(self) -> Watch:
         if self._writer is not None:
             return self
-        from torchdoctor.recording import RecordingWriter, prepare_output
+        from torchdoctor.recording import (
+            RecordingWriter,
+            claim_recording_file,
+            create_recording_file,
+        )
         from torchdoctor.recording.metadata import run_metadata
         from torchdoctor.recording.recorder import Recorder
         from torchdoctor.sampling.host import HostReader
@@ -96,7 +112,11 @@ class Watch:
         from torchdoctor.sampling.job import JobReader
         from torchdoctor.sampling.sampler import Sampler
 
-        prepare_output(self.path, option="the out argument")
+        if self._named:
+            claim_recording_file(self.path, option="the out argument")
+        else:
+            rank = rank_path(Path("x")).stem[1:]  # ".rankN" in a distributed job, else ""
+            self.path = create_recording_file(self._name + rank, option="the out argument")
         gpus = None
         if self.gpus:
             from torchdoctor.sampling.gpus import GpuReader

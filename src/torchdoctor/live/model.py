@@ -80,6 +80,9 @@ class RecordingStatus:
     stalled_s: float | None = None  # seconds since the last step, when far over a step's time
     findings: list[FindingBrief] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
+    # Said when the recording is not being written as it should: its recorder died (cut
+    # short) or has written nothing for long. None while it is in progress and fresh.
+    recording_note: str | None = None
 
 
 @dataclass(slots=True)

@@ -29,6 +29,9 @@ MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however
 # No step for this many times the longest recent step (and the window): stalled. Generous,
 # because steps of a job starved of CPU vary a lot, and records reach the file in batches.
 STALLED_STEPS = 5.0
+# No sample for this many intervals (and at least STALE_MIN_S): the recorder is stuck.
+STALE_INTERVALS = 20
+STALE_MIN_S = 10.0
 # The diagnosis reads the whole recording, which grows: refreshes are spaced out so that all
 # recordings together use at most this share of one core on it.
 FINDINGS_CPU_SHARE = 0.005
@@ -80,6 +83,8 @@ class RecordingWatcher:
         if w.db is None:
             status.unavailable["steps"] = w.error or "recording not readable"
             return status
+        with contextlib.suppress(sqlite3.Error):  # the steps below say what cannot be read
+            status.recording_note = _recording_note(w.db, path, now)
         try:
             self._steps(w.db, now, status)
         except sqlite3.Error as exc:
@@ -181,3 +186,30 @@ class RecordingWatcher:
             )
             for f in found
         ]
+
+
+def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | None:
+    """A line when the recording is cut short (its recorder died while the job runs on) or has
+    had no sample for many intervals; None while it is written as it should be."""
+    import json
+
+    from torchdoctor.recording.state import (
+        IN_PROGRESS,
+        describe_state,
+        journal_is_wal,
+        recording_state,
+    )
+    from torchdoctor.units import fmt_duration
+
+    meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+    last = db.execute("SELECT MAX(t) FROM host_samples").fetchone()[0]
+    state = recording_state(meta, last, journal_is_wal(path), wal_beside=True)
+    interval = float(meta.get("interval_s") or 0.5)
+    if state.kind == IN_PROGRESS:
+        if last is None or now - last < max(STALE_INTERVALS * interval, STALE_MIN_S):
+            return None
+        return (
+            f"recording stalled: no sample for {fmt_duration(now - last)}"
+            f" (recorder pid {state.writer_pid})"
+        )
+    return describe_state(state, path, now)

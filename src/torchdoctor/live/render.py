@@ -348,6 +348,8 @@ def _job_lines(job: JobView) -> list[Text]:
             second.append("  ")
         if job.status:
             second.append(job.status, LEVEL_STYLE[job.status_level] or "green")
+        if rec is not None and rec.recording_note:
+            second.append(("  " if job.status else "") + rec.recording_note, "yellow")
         lines.append(second)
     return lines
 

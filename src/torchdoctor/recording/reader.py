@@ -12,6 +12,10 @@ fields of the dataclasses in :mod:`torchdoctor.sampling.types` and
 :mod:`torchdoctor.recording.records` (nested ``cpu`` split flattened as ``cpu_user``...);
 JSON columns (``per_core``, ``unavailable``, ``cmdline``...) come back decoded; ``per_core``
 holds one list per core: [user, nice, system, idle, iowait, irq, softirq, steal] in percent.
+
+``rec.state`` says whether the recording is complete, in progress (its writer alive) or cut
+short; ``rec.damage`` lists what a damaged file lost (empty when intact): such a file is read
+as far as it can be, and everything above works on what was read.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
+from torchdoctor.recording.salvage import is_damage, salvage
 from torchdoctor.recording.schema import (
     APPLICATION_ID,
     SCHEMA_VERSION,
@@ -32,18 +37,38 @@ from torchdoctor.recording.schema import (
     select_list,
     stored_columns,
 )
+from torchdoctor.recording.state import (
+    DEFAULT_CHECKPOINT_S,
+    RecordingState,
+    describe_state,
+    journal_is_wal,
+    missing_wal_hint,
+    recording_state,
+)
 
 
 class Recording:
     """A recording opened for reading. Use :func:`open_recording` to get one."""
 
-    def __init__(self, path: Path, db: sqlite3.Connection, schema_version: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        db: sqlite3.Connection,
+        schema_version: int,
+        damage: list[str] | None = None,
+        wal_beside: bool | None = None,
+    ) -> None:
         self.path = path
+        # Whether NAME.sqlite-wal existed before we opened it (opening creates one).
+        self._wal_beside = Path(f"{path}-wal").exists() if wal_beside is None else wal_beside
         self.schema_version = schema_version
+        # What a damaged file lost, one line each; empty for an intact recording.
+        self.damage: list[str] = list(damage or [])
         self._db = db
         self._db.row_factory = sqlite3.Row
+        self._state: RecordingState | None = None
         self.meta: dict[str, Any] = {
-            key: json.loads(value) for key, value in db.execute("SELECT key, value FROM meta")
+            key: json.loads(value) for key, value in self._fetch("SELECT key, value FROM meta")
         }
         self._stored: dict[str, set[str]] = {}
 
@@ -55,7 +80,7 @@ class Recording:
         return TABLES[self._check(table)].column_names
 
     def count(self, table: str) -> int:
-        return self._db.execute(f"SELECT COUNT(*) FROM {self._check(table)}").fetchone()[0]
+        return self._fetch(f"SELECT COUNT(*) FROM {self._check(table)}")[0][0]
 
     def rows(
         self,
@@ -81,22 +106,32 @@ class Recording:
         order = order_by or _default_order(table)
         if order:
             sql += f" ORDER BY {order}"
-        return [from_row(spec, dict(r)) for r in self._db.execute(sql, params)]
+        return [from_row(spec, dict(r)) for r in self._fetch(sql, params)]
 
     def iter_rows(self, table: str):
         """Stream every row of ``table`` (for exports of long recordings)."""
         spec = TABLES[self._check(table)]
         cols = self._select_list(table, spec.column_names)
-        order = _default_order(table)
-        sql = f"SELECT {cols} FROM {table}" + (f" ORDER BY {order}" if order else "")
-        for r in self._db.execute(sql):
-            yield from_row(spec, dict(r))
+        order = f"{_default_order(table) or 'rowid'}, rowid"
+        sql = f"SELECT rowid AS _rowid, {cols} FROM {table}"
+        done = 0  # rows yielded: a read that meets damage resumes after them, salvaged
+        while True:
+            try:
+                for r in self._db.execute(f"{sql} ORDER BY {order} LIMIT -1 OFFSET ?", (done,)):
+                    row = dict(r)
+                    del row["_rowid"]
+                    done += 1
+                    yield from_row(spec, row)
+                return
+            except sqlite3.DatabaseError as exc:
+                if not self._salvage_after(exc):
+                    raise
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read-only SQL query (for aggregates the helpers above do not cover)."""
         if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
             raise UserError("Recording.query runs SELECT statements only")
-        return [dict(r) for r in self._db.execute(sql, params)]
+        return [dict(r) for r in self._fetch(sql, params)]
 
     # -- convenience -------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:
@@ -122,14 +157,55 @@ class Recording:
         """End of the run; for a recording cut short, the last sample's time."""
         end = self.meta.get("ended_at")
         if end is None:
-            row = self._db.execute("SELECT MAX(t) FROM host_samples").fetchone()
-            end = row[0] if row else None
+            end = self._last_sample_at()
         return end
 
     @property
     def complete(self) -> bool:
         """False when the recorder stopped before it could write the end of the run."""
         return "ended_at" in self.meta
+
+    @property
+    def state(self) -> RecordingState:
+        """Complete, in progress (its writer alive, last write when), or cut short."""
+        if self._state is None:
+            self._state = recording_state(
+                self.meta, self._last_sample_at(), journal_is_wal(self.path), self._wal_beside
+            )
+        return self._state
+
+    def notes(self) -> list[str]:
+        """Lines to print before anything read from this recording: what a damaged file
+        lost, and unless complete its state (in progress: figures cover the run so far)."""
+        notes = list(self.damage)
+        if not self.complete:
+            notes.append(describe_state(self.state, self.path))
+        return notes
+
+    def _last_sample_at(self) -> float | None:
+        rows = self._fetch("SELECT MAX(t) FROM host_samples")
+        return rows[0][0] if rows else None
+
+    def _fetch(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        """Run ``sql``; a damaged file met on the way is salvaged once and the query rerun."""
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            if not self._salvage_after(exc):
+                raise
+            return self._db.execute(sql, params).fetchall()
+
+    def _salvage_after(self, exc: sqlite3.DatabaseError) -> bool:
+        """Switch to the readable part of a damaged file; False when that cannot help."""
+        if self.damage or not is_damage(exc):
+            return False
+        db, notes = salvage(self.path, str(exc))
+        self._db.close()
+        self._db = db
+        self._db.row_factory = sqlite3.Row
+        self._stored = {}  # the salvaged copy has every column of the current schema
+        self.damage = notes
+        return True
 
     def close(self) -> None:
         self._db.close()
@@ -161,27 +237,50 @@ def _default_order(table: str) -> str | None:
 
 
 def open_recording(path: str | os.PathLike[str]) -> Recording:
-    """Open a recording, checking that it is one and that this torchdoctor can read it."""
+    """Open a recording, checking that it is one and that this torchdoctor can read it.
+
+    A damaged file opens with what could be read of it (see ``Recording.damage``)."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"no such file: {str(p)!r}")
     if p.is_dir():
         raise UserError(f"{str(p)!r} is a folder, not a recording (.sqlite file)")
     with open(p, "rb") as fh:
-        head = fh.read(16)
-    if head != b"SQLite format 3\x00":
+        head = fh.read(100)
+    if not head:
+        raise NotARecordingError(
+            f"{str(p)!r} is empty: a recording that is just starting, or whose recorder stopped "
+            "before writing anything; wait a second and try again"
+        )
+    if head[:16] != b"SQLite format 3\x00":
         raise NotARecordingError(
             f"{str(p)!r} is not a torchdoctor recording (not a SQLite file); "
             "recordings are written by `torchdoctor run`"
         )
-    try:
-        db = _connect(p)
-        app_id = db.execute("PRAGMA application_id").fetchone()[0]
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise NotARecordingError(f"{str(p)!r} cannot be read as a recording: {exc}") from None
+    wal_beside = Path(f"{p}-wal").exists()
+    reason = _truncated(p, head, wal_beside)
+    if reason is None:
+        try:
+            db = _connect(p)
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc):
+                raise NotARecordingError(
+                    f"{str(p)!r} cannot be read as a recording: {exc}"
+                ) from None
+            reason = str(exc)
+    if reason is not None:
+        return _salvaged(p, reason)
     if app_id != APPLICATION_ID:
         db.close()
+        if app_id == 0 and tables == 0 and journal_is_wal(p):
+            # Written before recordings kept their schema in the main file: all in the WAL.
+            raise NotARecordingError(
+                f"{str(p)!r} holds nothing yet: its data is still in {p.name}-wal; "
+                f"{missing_wal_hint(p, DEFAULT_CHECKPOINT_S)}"
+            )
         raise NotARecordingError(
             f"{str(p)!r} is a SQLite file but not a torchdoctor recording; "
             "recordings are written by `torchdoctor run`"
@@ -192,7 +291,47 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
             f"{str(p)!r} comes from a newer torchdoctor (schema {version}; this one reads up to "
             f"{SCHEMA_VERSION}): upgrade with `pip install -U torchdoctor`"
         )
-    return Recording(p, db, version)
+    try:
+        return Recording(p, db, version, wal_beside=wal_beside)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if not is_damage(exc):
+            raise
+        return _salvaged(p, str(exc))
+
+
+def _salvaged(p: Path, reason: str) -> Recording:
+    wal_beside = Path(f"{p}-wal").exists()
+    db, notes = salvage(p, reason)
+    version = _header_int(p, 60)
+    return Recording(p, db, version or SCHEMA_VERSION, damage=notes, wal_beside=wal_beside)
+
+
+def _truncated(p: Path, head: bytes, wal_beside: bool) -> str | None:
+    """Why the file is shorter than its header says (a copy cut short), or None.
+
+    With a -wal beside it the pages past the end may be there: SQLite is left to judge."""
+    if len(head) < 100 or wal_beside:
+        return None if len(head) == 100 else "the file ends inside its header"
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    # The in-header size is valid only when the change counter matches its copy.
+    if pages == 0 or head[24:28] != head[92:96]:
+        return None
+    expected, actual = pages * page_size, p.stat().st_size
+    if actual < expected:
+        return f"the file holds {actual:,} of its {expected:,} bytes"
+    return None
+
+
+def _header_int(p: Path, offset: int) -> int | None:
+    try:
+        with open(p, "rb") as fh:
+            fh.seek(offset)
+            return int.from_bytes(fh.read(4), "big")
+    except OSError:
+        return None
 
 
 def _connect(p: Path) -> sqlite3.Connection:

@@ -58,10 +58,12 @@ class Recorder:
             self._stop.wait(max(0.0, min(next_at - time.monotonic(), flush_wait)))
 
     def _sample_once(self) -> bool:
+        if self.writer.stopped:
+            return False  # the writer said why (a full disk): sampling on would be wasted
         try:
             self.writer.write_snapshot(self.sampler.snapshot())
             self.samples += 1
-            return True
+            return not self.writer.stopped
         except Exception as exc:  # noqa: BLE001 - the job must outlive any sampling bug
             self.error = f"{type(exc).__name__}: {exc}"
             print(

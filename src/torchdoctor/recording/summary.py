@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.state import describe_state, missing_wal_hint
 from torchdoctor.sampling.types import usable_cpus_of
 
 
@@ -60,17 +61,36 @@ class RunSummary:
     # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    # One line: complete, in progress (writer alive, last write N s ago) or cut short.
+    state: str = ""
+    recording_state: str = ""  # torchdoctor.recording.state: COMPLETE, IN_PROGRESS...
+    state_hint: str | None = None  # a copy without its WAL: what it lacks, how to get it
+    damage: list[str] = field(default_factory=list)  # what a damaged file lost, one line each
 
 
 def summarize(rec: Recording) -> RunSummary:
+    """The figures of a whole recording, aggregated by SQLite: memory stays flat however long
+    the run (a week at 0.5 s is 1.2 million samples), nothing per sample is held here."""
     meta = rec.meta
-    host = rec.query(
-        "SELECT cpu_busy, cpu_iowait, mem_used, swap_in_per_s, swap_out_per_s FROM host_samples"
+    (host,) = rec.query(
+        "SELECT COUNT(*) AS n, AVG(cpu_busy) AS cpu_mean, MAX(cpu_busy) AS cpu_peak,"
+        " AVG(cpu_iowait) AS io_mean, MAX(cpu_iowait) AS io_peak,"
+        " AVG(mem_used) AS mem_mean, MAX(mem_used) AS mem_peak,"
+        " AVG(swap_in_per_s + swap_out_per_s) AS swap_mean,"
+        " MAX(swap_in_per_s + swap_out_per_s) AS swap_peak FROM host_samples"
     )
-    job = rec.query(
-        "SELECT t, SUM(cpu_percent) AS cpu, SUM(rss) AS rss, SUM(pss) AS pss,"
+    # Per sample time, the job's sums over its processes; then mean and peak of those sums.
+    # A PSS sum over a partial set of processes would understate the job: such samples skip.
+    (job,) = rec.query(
+        "SELECT COUNT(*) AS n, AVG(cpu) AS cpu_mean, MAX(cpu) AS cpu_peak,"
+        " AVG(rss) AS rss_mean, MAX(rss) AS rss_peak,"
+        " AVG(CASE WHEN n_pss = n THEN pss END) AS pss_mean,"
+        " MAX(CASE WHEN n_pss = n THEN pss END) AS pss_peak,"
+        " AVG(threads) AS threads_mean, MAX(threads) AS threads_peak,"
+        " AVG(n) AS n_mean, MAX(n) AS n_peak"
+        " FROM (SELECT t, SUM(cpu_percent) AS cpu, SUM(rss) AS rss, SUM(pss) AS pss,"
         " COUNT(pss) AS n_pss, SUM(threads) AS threads, COUNT(*) AS n"
-        " FROM process_samples GROUP BY t ORDER BY t"
+        " FROM process_samples GROUP BY t)"
     )
     roles: dict[str, int] = {}
     for p in rec.processes():
@@ -86,29 +106,34 @@ def summarize(rec: Recording) -> RunSummary:
         duration_s=(ended - started) if started is not None and ended is not None else None,
         exit_status=meta.get("exit_status"),
         complete=rec.complete,
-        samples=len(host) or len(job),
+        samples=host["n"] or job["n"],
         usable_cpus=usable_cpus_of(host_info),
-        host_cpu_busy_pct=Stat.of([r["cpu_busy"] for r in host]),
-        host_iowait_pct=Stat.of([r["cpu_iowait"] for r in host]),
-        host_mem_used=Stat.of([r["mem_used"] for r in host]),
-        host_swap_traffic=Stat.of([_add(r["swap_in_per_s"], r["swap_out_per_s"]) for r in host]),
-        job_cpu_pct=Stat.of([r["cpu"] for r in job]),
-        job_rss=Stat.of([r["rss"] for r in job]),
-        # A sum over a partial set of processes would understate the job: skip such samples.
-        job_pss=Stat.of([r["pss"] if r["n_pss"] == r["n"] else None for r in job]),
-        job_threads=Stat.of([r["threads"] for r in job]),
-        job_processes=Stat.of([r["n"] for r in job]),
+        host_cpu_busy_pct=_stat(host, "cpu"),
+        host_iowait_pct=_stat(host, "io"),
+        host_mem_used=_stat(host, "mem"),
+        host_swap_traffic=_stat(host, "swap"),
+        job_cpu_pct=_stat(job, "cpu"),
+        job_rss=_stat(job, "rss"),
+        job_pss=_stat(job, "pss"),
+        job_threads=_stat(job, "threads"),
+        job_processes=_stat(job, "n"),
         roles=roles,
         gpus=_gpus(rec),
         gpu_unavailable=_gpu_unavailable(meta.get("gpus")),
         steps=_steps(rec),
         evaluation=_evaluation(rec),
         settings=_settings(rec),
+        state=describe_state(rec.state, rec.path, hint=False),
+        state_hint=missing_wal_hint(rec.path, rec.state.checkpoint_every_s)
+        if rec.state.wal_missing
+        else None,
+        recording_state=rec.state.kind,
+        damage=list(rec.damage),
     )
 
 
-def _add(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a + b
+def _stat(row: dict[str, Any], prefix: str) -> Stat:
+    return Stat(row[f"{prefix}_mean"], row[f"{prefix}_peak"])
 
 
 def _gpu_unavailable(status: dict[str, Any] | None) -> str | None:
@@ -124,29 +149,29 @@ def _gpu_unavailable(status: dict[str, Any] | None) -> str | None:
 def _gpus(rec: Recording) -> list[GpuSummary]:
     names = {g["index"]: g.get("name") for g in (rec.meta.get("gpus") or {}).get("gpus", [])}
     rows = rec.query(
-        'SELECT "index" AS i, utilization_gpu AS u, memory_used AS m, memory_total AS total'
-        " FROM gpu_samples ORDER BY t"
+        'SELECT "index" AS i, AVG(utilization_gpu) AS u_mean, MAX(utilization_gpu) AS u_peak,'
+        " AVG(memory_used) AS m_mean, MAX(memory_used) AS m_peak,"
+        # the last total reported (a bare column beside MAX() comes from the row of the max)
+        ' (SELECT g2.memory_total FROM gpu_samples g2 WHERE g2."index" = g."index"'
+        " AND g2.memory_total IS NOT NULL ORDER BY g2.t DESC LIMIT 1) AS total"
+        ' FROM gpu_samples g GROUP BY "index" ORDER BY "index"'
     )
     job_mem = rec.query(
         "SELECT gpu_index AS i, MAX(s) AS peak FROM (SELECT gpu_index, t, SUM(used_memory) AS s"
         " FROM gpu_process_samples WHERE in_job = 1 GROUP BY gpu_index, t) GROUP BY gpu_index"
     )
     job_peak = {r["i"]: r["peak"] for r in job_mem}
-    out = []
-    for index in sorted({r["i"] for r in rows}):
-        mine = [r for r in rows if r["i"] == index]
-        totals = [r["total"] for r in mine if r["total"] is not None]
-        out.append(
-            GpuSummary(
-                index=index,
-                name=names.get(index),
-                utilization_gpu=Stat.of([r["u"] for r in mine]),
-                memory_used=Stat.of([r["m"] for r in mine]),
-                memory_total=totals[-1] if totals else None,
-                job_memory_peak=job_peak.get(index),
-            )
+    return [
+        GpuSummary(
+            index=r["i"],
+            name=names.get(r["i"]),
+            utilization_gpu=_stat(r, "u"),
+            memory_used=_stat(r, "m"),
+            memory_total=r["total"],
+            job_memory_peak=job_peak.get(r["i"]),
         )
-    return out
+        for r in rows
+    ]
 
 
 def _steps(rec: Recording) -> dict[str, Any] | None:

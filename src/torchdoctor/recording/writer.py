@@ -5,75 +5,82 @@ Durability contract: everything handed to the writer is committed at the latest
 loop), so a recorder killed with SIGKILL leaves a file that opens and holds all data older
 than that. WAL with ``synchronous=NORMAL`` loses no committed transaction when a process dies;
 only power loss could cost the last commits, which is an acceptable trade for a monitor.
+
+Copies: committed data sits in ``NAME.sqlite-wal`` until a checkpoint folds it into the main
+file, and people copy the .sqlite alone (``cp``, ``scp``) to look at a running job. The schema
+and metadata are written before WAL mode is switched on, and the WAL is checkpointed every
+``checkpoint_every_s`` (10 s), so the main file alone is a recording at most that old.
+
+A full disk (or any other write failure) stops the recording, never the job: one line says
+so, later data is dropped, and what was committed stays readable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import claim_recording_file
 from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.recording.schema import APPLICATION_ID, META_SQL, SCHEMA_VERSION, TABLES, to_row
+from torchdoctor.recording.state import writer_identity
 from torchdoctor.sampling.types import Snapshot
+from torchdoctor.units import fmt_bytes
 
-
-def prepare_output(path: str | os.PathLike[str], option: str = "--out") -> Path:
-    """Check that a recording can be created at ``path`` before anything is started.
-
-    ``option`` is how the user named the path (the CLI's --out, an API argument), for the
-    message that says what to change."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise UserError(
-            f"cannot create the output folder {str(folder)!r}: {str(blocker)!r} is a file, "
-            f"not a folder; choose another place with {option}"
-        )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create the output folder {str(folder)!r}: {exc.strerror}; "
-            f"choose another place with {option}"
-        ) from None
-    if target.exists() and target.is_dir():
-        raise UserError(f"{str(target)!r} is a folder; give {option} a file name ending in .sqlite")
-    if target.exists():
-        raise UserError(f"{str(target)!r} already exists; choose a new name with {option}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(
-            f"the output folder {str(folder)!r} is not writable; choose another place with {option}"
-        )
-    return target
+CHECKPOINT_EVERY_S = 10.0
+CACHE_KIB = 1024
+_SQLITE_FULL = 13
 
 
 class RecordingWriter:
-    """Buffers records and commits them in batches; safe to call from several threads."""
+    """Buffers records and commits them in batches; safe to call from several threads.
+
+    ``path`` is a new file, or the empty file :func:`~torchdoctor.recording.paths.
+    create_recording_file` made for this recording; never one that holds data.
+    ``on_stop`` receives the one line said when writing fails (default: printed on stderr).
+    """
 
     def __init__(
-        self, path: str | os.PathLike[str], meta: dict[str, Any], *, flush_every_s: float = 1.0
+        self,
+        path: str | os.PathLike[str],
+        meta: dict[str, Any],
+        *,
+        flush_every_s: float = 1.0,
+        checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+        on_stop: Callable[[str], None] | None = None,
     ) -> None:
         self.path = Path(path)
         self.flush_every_s = flush_every_s
+        self.checkpoint_every_s = checkpoint_every_s
+        self.stopped: str | None = None  # why writing stopped (the line that was said)
+        self._on_stop = on_stop or _print_stderr
         self._lock = threading.Lock()
         self._pending: dict[str, list[tuple]] = {name: [] for name in TABLES}
-        self._last_flush = time.monotonic()
+        self._last_flush = self._last_checkpoint = time.monotonic()
         self._closed = False
         self.rows_written: dict[str, int] = {name: 0 for name in TABLES}
+        if not self.path.exists():
+            claim_recording_file(self.path, option="another path")
+        elif self.path.is_dir() or self.path.stat().st_size > 0:
+            raise UserError(
+                f"{str(self.path)!r} already exists; choose a new name for the recording"
+            )
         try:
             self._db = sqlite3.connect(
                 str(self.path), check_same_thread=False, isolation_level=None
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            # Schema and metadata go straight into the main file (rollback journal), so a copy
+            # of it taken at any time after this is a recording; then WAL for the samples.
             self._db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._db.execute("BEGIN")
@@ -81,14 +88,30 @@ class RecordingWriter:
             for table in TABLES.values():
                 for stmt in table.create_sql():
                     self._db.execute(stmt)
-            self._set_meta_locked({"schema_version": SCHEMA_VERSION, **meta})
+            self._set_meta_locked(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "writer": writer_identity(),
+                    "checkpoint_every_s": checkpoint_every_s,
+                    **meta,
+                }
+            )
             self._db.execute("COMMIT")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            # Appends touch the last pages of each table and index: 1 MiB of page cache is
+            # plenty, and it is the bound of the writer's memory however long the run.
+            self._db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+            # A read opens NAME.sqlite-wal now: from here on, a file without one is a copy.
+            self._db.execute("SELECT COUNT(*) FROM meta").fetchone()
         except sqlite3.Error as exc:
             raise UserError(f"cannot create the recording {str(self.path)!r}: {exc}") from None
 
     # -- adding data -------------------------------------------------------------------
     def write_snapshot(self, snap: Snapshot) -> None:
         with self._lock:
+            if self.stopped:
+                return
             if snap.host is not None:
                 self._pending["host_samples"].append(to_row(TABLES["host_samples"], snap.host))
             for rows, table in (
@@ -114,14 +137,14 @@ class RecordingWriter:
 
     def set_meta(self, values: dict[str, Any]) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.stopped:
                 return
-            self._db.execute("BEGIN")
-            self._set_meta_locked(values)
-            self._db.execute("COMMIT")
+            self._write_locked(lambda: self._set_meta_locked(values))
 
     def _add(self, table: str, records: Iterable[Any]) -> None:
         with self._lock:
+            if self.stopped:
+                return
             self._queue_locked(table, records)
         self.maybe_flush()
 
@@ -142,19 +165,64 @@ class RecordingWriter:
 
     def flush(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.stopped:
                 return
             self._last_flush = time.monotonic()
-            if not any(self._pending.values()):
-                return
+            if any(self._pending.values()):
+                self._write_locked(self._insert_pending_locked)
+                for rows in self._pending.values():
+                    rows.clear()
+            if (
+                not self.stopped
+                and self._last_flush - self._last_checkpoint >= self.checkpoint_every_s
+            ):
+                self._last_checkpoint = self._last_flush
+                try:
+                    # PASSIVE: copies what no reader needs, never waits for one.
+                    self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    self._stop_locked(exc)
+
+    def _insert_pending_locked(self) -> None:
+        for name, rows in self._pending.items():
+            if rows:
+                self._db.executemany(TABLES[name].insert_sql(), rows)
+                self.rows_written[name] += len(rows)
+
+    def _write_locked(self, work: Callable[[], None]) -> None:
+        """One transaction; a failure stops the recording (said once), never raises."""
+        try:
             self._db.execute("BEGIN")
-            for name, rows in self._pending.items():
-                if rows:
-                    self._db.executemany(TABLES[name].insert_sql(), rows)
-                    self.rows_written[name] += len(rows)
+            work()
             self._db.execute("COMMIT")
-            for rows in self._pending.values():
-                rows.clear()
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            self._stop_locked(exc)
+
+    def _stop_locked(self, exc: sqlite3.Error) -> None:
+        for rows in self._pending.values():
+            rows.clear()
+        if self.stopped:
+            return
+        self.stopped = self._stop_message(exc)
+        self._on_stop(self.stopped)
+
+    def _stop_message(self, exc: sqlite3.Error) -> str:
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or "full" in str(exc):
+            try:
+                free = fmt_bytes(shutil.disk_usage(folder).free)
+            except OSError:
+                free = "unknown"
+            return (
+                f"torchdoctor: recording stopped: no space left on {folder} (free {free}); "
+                "the job keeps running; free space or pass --out elsewhere"
+            )
+        return (
+            f"torchdoctor: recording stopped: cannot write {self.path} ({exc}); the job keeps "
+            "running and the recording keeps what was written"
+        )
 
     def close(self, final_meta: dict[str, Any] | None = None) -> None:
         """Commit everything, write the end metadata and leave one self-contained file."""
@@ -162,18 +230,22 @@ class RecordingWriter:
         with self._lock:
             if self._closed:
                 return
-            if final_meta:
-                self._db.execute("BEGIN")
-                self._set_meta_locked(final_meta)
-                self._db.execute("COMMIT")
+            if not self.stopped:
+                end = {"closed_at": time.time(), **(final_meta or {})}
+                self._write_locked(lambda: self._set_meta_locked(end))
             self._closed = True
             try:
                 # Fold the WAL back so the recording is one file that can be copied alone.
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._db.execute("PRAGMA journal_mode=DELETE")
             except sqlite3.Error:
-                pass  # another reader holds the WAL open; the data is committed anyway
-            self._db.close()
+                pass  # another reader holds the WAL open, or no space: the data is committed
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+
+
+def _print_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _json_default(value: Any) -> Any:

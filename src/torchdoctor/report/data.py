@@ -158,6 +158,7 @@ def build_report_data(
         started_at=meta.get("started_at"),
         span_s=span,
         complete=rec.complete,
+        state_notes=rec.notes(),
         verdict=verdict,
         verdict_level=level,
         summary=summary,

@@ -157,7 +157,9 @@ def _nav(data: ReportData) -> str:
 
 def _summary(data: ReportData) -> str:
     parts = ['<section id="summary"><h2>Summary</h2>']
-    if not data.complete:
+    for note in data.state_notes:
+        parts.append(f'<div class="banner">{escape(note)}</div>')
+    if not data.complete and not data.state_notes:
         parts.append(
             '<div class="banner">This recording was cut short (the recorder stopped before the job '
             "ended): figures cover the time up to its last sample.</div>"

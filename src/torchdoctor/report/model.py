@@ -164,3 +164,5 @@ class ReportData:
     meta: list[MetaSection]
     events: list[EventRow]
     thresholds: list[tuple[str, str, str]]  # (metric, alert, best range) as applied
+    # what a damaged file lost, and a run in progress or cut short (banners above the summary)
+    state_notes: list[str] = field(default_factory=list)

@@ -341,7 +341,11 @@ def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
         ("working directory", text_or_na(meta.get("cwd"))),
         ("mode", text_or_na(meta.get("mode"))),
         ("started", fmt_utc(started)),
-        ("ended", fmt_utc(ended) + ("" if rec.complete else " (recording cut short: last sample)")),
+        (
+            "ended",
+            fmt_utc(ended)
+            + ("" if rec.complete else f" (recording {rec.state.kind}: last sample)"),
+        ),
         ("duration", fmt_duration(ended - started) if started and ended else "n/a"),
         ("exit status", exit_text(meta.get("exit_status"))),
         ("root process", f"pid {meta['root_pid']}" if meta.get("root_pid") else "n/a"),

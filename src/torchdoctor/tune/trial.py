@@ -21,7 +21,7 @@ from torchdoctor.errors import UserError
 from torchdoctor.instrument.agent import ENV_OVERRIDES, ENV_STOP_AFTER_STEPS, STOPPED_EXIT_STATUS
 from torchdoctor.instrument.collector import Collector
 from torchdoctor.launcher import ChildProcess, wait_for_signal
-from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.recording import RecordingWriter, create_recording_file, open_recording
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.sampling.sampler import Sampler
@@ -173,9 +173,9 @@ class TrialRunner:
 
         if self._gpus is None:
             self._gpus = GpuReader()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"trial-{index:02d}.sqlite"
-        log = self.folder / f"trial-{index:02d}.log"
+        # Two tunes given the same --out folder must not share a trial's file.
+        path = create_recording_file(f"trial-{index:02d}", folder=self.folder, stamp=False)
+        log = path.with_suffix(".log")
         env = self._env(config, purpose)
         meta = run_metadata(
             mode="tune-trial",

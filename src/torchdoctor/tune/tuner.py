@@ -57,22 +57,12 @@ def available_memory() -> int:
 
 
 def tune_folder(base: Path | None = None) -> Path:
-    """./torchdoctor-runs/tune-<UTC time>/ (a new one each time)."""
+    """./torchdoctor-runs/tune-<UTC time>/ (a new one each time, made by this call)."""
+    from torchdoctor.recording.paths import create_unique_folder
+
     root = base or Path("torchdoctor-runs")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    folder = root / f"tune-{stamp}"
-    n = 2
-    while folder.exists():
-        folder = root / f"tune-{stamp}-{n}"
-        n += 1
-    try:
-        folder.mkdir(parents=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create the folder {str(folder)!r} for the trials' recordings: "
-            f"{exc.strerror}; run tune from a writable folder or pass --out"
-        ) from None
-    return folder
+    return create_unique_folder(root / f"tune-{stamp}")
 
 
 def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config | None:

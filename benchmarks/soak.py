@@ -1,0 +1,265 @@
+"""Soak: does the recorder's memory stay flat, and how fast does a recording grow?
+
+Two parts, a few minutes in all (benchmark only, never in the test suite):
+
+  live    `torchdoctor run --interval 0.05` (20 samples/s, the fastest allowed, 40x the
+          default rate) on a 20-process job for --duration seconds. The torchdoctor process
+          (recorder, collector, writer) has its RSS and open descriptors read every second.
+          Target: RSS growth <= 5 MiB after the first minute, descriptors flat.
+  replay  24 h compressed into a minute or two: real snapshots of the same job, read once,
+          are written through the recording writer as fast as it takes them, with times
+          0.5 s apart (the default interval) and a commit per second of run time, as the
+          recorder commits: 24 h of the 1-process job (172,800 samples) and --replay-hours
+          (default 4) of the 20-process job (28,800 samples, 576,000 process rows: 3x the
+          rows of the day). This process' RSS, SQLite's own heap (sqlite3_memory_used) and
+          descriptors are read along the way; then the end-of-run summary is computed on each
+          file and its memory cost read. File sizes give the growth per hour.
+
+    python benchmarks/soak.py [--duration 150] [--replay-hours 4]
+
+Memory figures are the kernel's (VmRSS); the first minute (imports, SQLite's page cache
+filling to its bound, the WAL reaching its checkpoint size) is the baseline growth is
+measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.recording.summary import summarize
+from torchdoctor.sampling.host import HostReader
+from torchdoctor.sampling.job import JobReader
+from torchdoctor.sampling.sampler import Sampler
+
+MIB = 1 << 20
+DEFAULT_INTERVAL_S = 0.5
+# A 20-process job: one parent and 19 children that wake up now and then, like workers.
+JOB = (
+    "import subprocess, sys\n"
+    "kids = [subprocess.Popen([sys.executable, '-c',"
+    " 'import time\\nwhile True: time.sleep(0.2); sum(range(2000))']) for _ in range(19)]\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+    "for k in kids: k.kill()\n"
+    "for k in kids: k.wait()\n"
+)
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def load() -> str:
+    with open("/proc/loadavg") as fh:
+        return " ".join(fh.read().split()[:3])
+
+
+def live(duration: float, folder: Path) -> dict:
+    out = folder / "live.sqlite"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--interval", "0.05",
+         "--out", str(out), "--", sys.executable, "-c", JOB],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    readings: list[tuple[float, int, int]] = []
+    try:
+        assert run.stdout.readline() == "ready\n"
+        start = time.monotonic()
+        while time.monotonic() - start < duration:
+            readings.append((time.monotonic() - start, rss(run.pid), fds(run.pid)))
+            time.sleep(1.0)  # a fixed reading cadence, as a monitor would
+    finally:
+        run.stdin.close()
+        status = run.wait(120)
+    with open_recording(out) as rec:
+        samples = rec.count("host_samples")
+        rows = rec.count("process_samples")
+    after = [r for r in readings if r[0] >= 60.0] or readings
+    base = after[0]
+    return {
+        "status": status,
+        "samples": samples,
+        "process_rows": rows,
+        "rate": samples / duration,
+        "rss_start": readings[0][1],
+        "rss_60": base[1],
+        "rss_end": readings[-1][1],
+        "rss_max_after_60": max(r[1] for r in after),
+        "growth_after_60": max(r[1] for r in after) - base[1],
+        "fds_after_60": (min(r[2] for r in after), max(r[2] for r in after)),
+        "readings": readings,
+    }
+
+
+def sqlite_memory() -> int | None:
+    """SQLite's own heap in this process (page caches included), from the loaded library."""
+    import _sqlite3
+
+    for name in (_sqlite3.__file__, ctypes.util.find_library("sqlite3")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            lib.sqlite3_memory_used.restype = ctypes.c_int64
+            return lib.sqlite3_memory_used()
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def real_snapshots(n: int, only_root: bool) -> list:
+    """``n`` snapshots of a real 20-process job (or of its root alone)."""
+    job = subprocess.Popen(
+        [sys.executable, "-c", JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert job.stdout.readline() == "ready\n"
+        sampler = Sampler(HostReader(pid=job.pid), JobReader(job.pid), None)
+        snaps = []
+        for _ in range(n + 3):
+            snaps.append(sampler.snapshot())
+            time.sleep(0.05)
+        sampler.close()
+    finally:
+        job.stdin.close()
+        job.wait(60)
+    infos = [p for s in snaps for p in s.new_processes]
+    snaps = snaps[3:]  # past the first readings (no rates yet)
+    if only_root:
+        for s in snaps:
+            s.processes = [p for p in s.processes if p.pid == job.pid]
+        infos = [p for p in infos if p.pid == job.pid]
+    return snaps, infos
+
+
+def replay(hours: float, folder: Path, name: str, only_root: bool) -> dict:
+    snaps, infos = real_snapshots(20, only_root)
+    out = folder / f"{name}.sqlite"
+    t0 = time.time()
+    writer = RecordingWriter(
+        out,
+        {"command": ["soak", name], "started_at": t0, "interval_s": DEFAULT_INTERVAL_S},
+        flush_every_s=3600.0,  # flushing is driven below: once per 2 samples (1 s of run time)
+    )
+    n = int(hours * 3600 / DEFAULT_INTERVAL_S)
+    me = os.getpid()
+    trace: list[tuple[int, int, int | None, int]] = []
+    every = max(1, n // 12)
+    wall = time.monotonic()
+    for i in range(n):
+        snap = snaps[i % len(snaps)]
+        t = t0 + i * DEFAULT_INTERVAL_S
+        snap.t = t
+        if snap.host is not None:
+            snap.host.t = t
+        for p in snap.processes:
+            p.t = t
+        snap.new_processes = [] if i else infos  # each process described once, at the start
+        writer.write_snapshot(snap)
+        if i % 2 == 1:
+            writer.flush()
+        if i % every == 0 or i == n - 1:
+            trace.append((i, rss(me), sqlite_memory(), fds(me)))
+    writer.close({"ended_at": t0 + n * DEFAULT_INTERVAL_S, "exit_status": 0})
+    wall = time.monotonic() - wall
+    size = out.stat().st_size
+    before = rss(me)
+    with open_recording(out) as rec:
+        started = time.monotonic()
+        summary = summarize(rec)
+        summary_s = time.monotonic() - started
+        rows = rec.count("process_samples")
+    after = rss(me)
+    return {
+        "samples": n,
+        "process_rows": rows,
+        "processes": len(snaps[0].processes),
+        "wall_s": wall,
+        "size": size,
+        "per_hour": size / hours,
+        "trace": trace,
+        "summary_rss": after - before,
+        "summary_s": summary_s,
+        "summary_samples": summary.samples,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=150.0, help="live part, seconds")
+    parser.add_argument(
+        "--replay-hours", type=float, default=4.0, help="replayed run time of the 20-process job"
+    )
+    parser.add_argument(
+        "--day-hours", type=float, default=24.0, help="replayed run time of the 1-process job"
+    )
+    args = parser.parse_args()
+    print(f"load before: {load()}")
+    with tempfile.TemporaryDirectory(prefix="td-soak-") as tmp:
+        folder = Path(tmp)
+        lv = live(args.duration, folder)
+        print(f"\nlive: torchdoctor run --interval 0.05 on a 20-process job, {args.duration:.0f} s")
+        print(
+            f"  {lv['samples']} samples ({lv['rate']:.1f}/s), {lv['process_rows']:,} process rows,"
+            f" job exit {lv['status']}"
+        )
+        for t, r, f in lv["readings"][:: max(1, len(lv["readings"]) // 8)]:
+            print(f"  t={t:5.0f} s  RSS {r / MIB:6.1f} MiB  fds {f}")
+        lo, hi = lv["fds_after_60"]
+        print(
+            f"  RSS {lv['rss_start'] / MIB:.1f} MiB at start, {lv['rss_60'] / MIB:.1f} MiB at 60 s,"
+            f" {lv['rss_end'] / MIB:.1f} MiB at the end; growth after the first minute"
+            f" {lv['growth_after_60'] / MIB:.2f} MiB (target <= 5 MiB); fds {lo}-{hi}"
+        )
+        print(f"  load after live: {load()}")
+        for label, hours, only_root in (
+            ("1-process job", args.day_hours, True),
+            ("20-process job", args.replay_hours, False),
+        ):
+            rp = replay(hours, folder, label.split()[0], only_root)
+            print(
+                f"\nreplay: {label}, {hours:g} h at the default 0.5 s = {rp['samples']:,} samples,"
+                f" {rp['process_rows']:,} process rows, written in {rp['wall_s']:.0f} s"
+            )
+            for i, r, sq, f in rp["trace"][::2] + rp["trace"][-1:]:
+                sq_text = "n/a" if sq is None else f"{sq / MIB:.2f} MiB"
+                print(
+                    f"  after {i * DEFAULT_INTERVAL_S / 3600:5.1f} h: RSS {r / MIB:6.1f} MiB,"
+                    f" SQLite heap {sq_text}, fds {f}"
+                )
+            first = next((x for x in rp["trace"] if x[0] >= 7200), rp["trace"][0])
+            grown = max(x[1] for x in rp["trace"] if x[0] >= first[0]) - first[1]
+            print(f"  RSS growth after the first hour of run time: {grown / MIB:.2f} MiB")
+            print(
+                f"  file {rp['size'] / MIB:.1f} MiB: {rp['per_hour'] / MIB:.2f} MiB per hour of run"
+                f" ({rp['size'] / rp['samples']:.0f} bytes per sample of {rp['processes']} processes)"
+            )
+            print(
+                f"  end-of-run summary over the whole file: {rp['summary_s']:.1f} s,"
+                f" RSS +{rp['summary_rss'] / MIB:.1f} MiB ({rp['summary_samples']:,} samples)"
+            )
+    print(f"\nload after: {load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
