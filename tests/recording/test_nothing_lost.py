@@ -175,7 +175,7 @@ def test_a_recording_cut_in_half_shows_its_intact_part(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         assert run.stdout.readline() == "ready\n"
-        _wait_for(lambda: _count(full) >= 60)
+        _wait_for(lambda: _count(full) >= 150, timeout=120)
     finally:
         run.stdin.close()
         assert run.wait(120) == 0
@@ -183,7 +183,7 @@ def test_a_recording_cut_in_half_shows_its_intact_part(tmp_path: Path) -> None:
         all_host, all_procs = rec.count("host_samples"), rec.count("process_samples")
     half = tmp_path / "half.sqlite"
     data = full.read_bytes()
-    half.write_bytes(data[: len(data) // 2])
+    half.write_bytes(data[: len(data) // 2 + 100])  # mid-page, as a copy cut short is
 
     with open_recording(half) as rec:
         kept_host, kept_procs = rec.count("host_samples"), rec.count("process_samples")
@@ -202,7 +202,7 @@ def test_a_recording_cut_in_half_shows_its_intact_part(tmp_path: Path) -> None:
     exported = run_td("export", str(half), "--format", "csv", "--to", str(tmp_path / "csv"))
     assert exported.returncode == 0, exported.stderr
     lines = (tmp_path / "csv" / "host_samples.csv").read_text().splitlines()
-    assert len(lines) == kept_host + 1  # the header, then every readable row
+    assert len(lines) == kept_host + 1, (len(lines), kept_host)  # the header, then each row
     report = run_td("report", str(half), "--out", str(tmp_path / "half.html"))
     assert report.returncode == 0, report.stderr
     assert "recording damaged" in (tmp_path / "half.html").read_text()

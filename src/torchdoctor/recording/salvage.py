@@ -40,7 +40,10 @@ def salvage(path: Path, reason: str) -> tuple[sqlite3.Connection, list[str]]:
         for stmt in table.create_sql():
             dst.execute(stmt)
     notes = [f"recording damaged ({reason}): what follows is what could be read"]
-    meta_rows, meta_gaps = _copy(src, dst, "meta", ["key", "value"])
+    try:
+        meta_rows, meta_gaps = _copy(src, dst, "meta", ["key", "value"])
+    except sqlite3.Error:
+        meta_rows, meta_gaps = 0, []
     if meta_rows == 0:
         src.close()
         dst.close()
@@ -84,7 +87,11 @@ def _copy(
     """Copy readable rows, keeping rowids; the gaps as (last good rowid, next readable or None)."""
     # A recording from before a column was added lacks it: it stays NULL in the copy.
     stored = stored_columns(src, table)
+    if not stored:
+        raise sqlite3.DatabaseError("the table is missing from what is left of the schema")
     columns = [c for c in columns if c in stored]
+    # The column every real row fills: its time, or the meta table's key.
+    key = 1 + columns.index("t" if "t" in columns else columns[0])
     cols = ", ".join(quote(c) for c in columns)
     insert = f"INSERT INTO {table} (rowid, {cols}) VALUES (?, {', '.join('?' for _ in columns)})"
     copied = 0
@@ -98,8 +105,11 @@ def _copy(
                 f"SELECT rowid, {cols} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)
             )
             for row in cursor:
-                batch.append(row)
                 last = row[0]
+                if row[key] is None:
+                    # A page cut mid-way reads as zeros: cells whose every field is NULL.
+                    continue
+                batch.append(row)
                 if len(batch) >= _BATCH:
                     dst.executemany(insert, batch)
                     copied += len(batch)

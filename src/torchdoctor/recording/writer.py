@@ -39,6 +39,7 @@ from torchdoctor.units import fmt_bytes
 
 CHECKPOINT_EVERY_S = 10.0
 CACHE_KIB = 1024
+PAGE_SIZE = 8192
 _SQLITE_FULL = 13
 
 
@@ -81,6 +82,10 @@ class RecordingWriter:
             )
             # Schema and metadata go straight into the main file (rollback journal), so a copy
             # of it taken at any time after this is a recording; then WAL for the samples.
+            # 8 KiB pages: the whole schema (3.9 KB of SQL) fits in page 1, so a copy cut short
+            # anywhere still says which tables it holds; with 4 KiB it spills onto pages
+            # written after the tables' first pages, and a short copy loses it all.
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._db.execute(f"PRAGMA application_id={APPLICATION_ID}")
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._db.execute("BEGIN")
