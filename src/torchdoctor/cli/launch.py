@@ -83,8 +83,7 @@ def command(
     from torchdoctor.coordination.preflight import preflight
     from torchdoctor.coordination.record import record_command
     from torchdoctor.launcher import resolve_command
-    from torchdoctor.recording import prepare_output
-    from torchdoctor.recording.paths import default_recording_path
+    from torchdoctor.recording import create_recording_file
     from torchdoctor.sampling.gpus import GpuReader
 
     check_interval(interval)
@@ -99,7 +98,7 @@ def command(
     )
     console = stderr_console()
     name = f"{Path(script[-1] if script[0] == '-m' else script[0]).stem}-node{node_rank}"
-    path = prepare_output(Path(out) / default_recording_path(name).name, option="--out")
+    path = create_recording_file(name, folder=out, option="--out")
     fr_dir = path.resolve().with_suffix(".fr")
     gpus = GpuReader()
     gpu_count = len(gpus.status.gpus) if gpus.status.available else 0
