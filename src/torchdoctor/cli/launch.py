@@ -84,6 +84,7 @@ def command(
     from torchdoctor.coordination.record import record_command
     from torchdoctor.launcher import resolve_command
     from torchdoctor.recording import create_recording_file
+    from torchdoctor.recording.paths import removed_if_unused
     from torchdoctor.sampling.gpus import GpuReader
 
     check_interval(interval)
@@ -99,49 +100,52 @@ def command(
     console = stderr_console()
     name = f"{Path(script[-1] if script[0] == '-m' else script[0]).stem}-node{node_rank}"
     path = create_recording_file(name, folder=out, option="--out")
-    fr_dir = path.resolve().with_suffix(".fr")
-    gpus = GpuReader()
-    gpu_count = len(gpus.status.gpus) if gpus.status.available else 0
-    plan = plan_launch(
-        opts,
-        script,
-        env=dict(os.environ),
-        fr_dir=fr_dir,
-        gpu_count=gpu_count,
-        numa_binding=torchrun_supports_numa_binding(),
-    )
-    report = preflight(plan, gpu_status=gpus.status)
-    if not quiet:
-        console.print(
-            f"torchdoctor launch: {plan.nproc_per_node} rank(s) on node {plan.node_rank} of "
-            f"{plan.nnodes} (world size {plan.world_size}), rendezvous {plan.rendezvous}"
+    with removed_if_unused(path):  # an error before the job starts leaves no file
+        fr_dir = path.resolve().with_suffix(".fr")
+        gpus = GpuReader()
+        gpu_count = len(gpus.status.gpus) if gpus.status.available else 0
+        plan = plan_launch(
+            opts,
+            script,
+            env=dict(os.environ),
+            fr_dir=fr_dir,
+            gpu_count=gpu_count,
+            numa_binding=torchrun_supports_numa_binding(),
         )
-        for note in plan.notes:
-            console.print(f"  {note}")
-        for line in report.lines():
-            console.print(f"  {line}")
-    gpus.close()  # the recorder opens its own
-    if report.errors and not force:
-        raise UserError(
-            f"preflight found {len(report.errors)} error(s) ({report.errors[0]}); "
-            "fix them, or start anyway with --force"
+        report = preflight(plan, gpu_status=gpus.status)
+        if not quiet:
+            console.print(
+                f"torchdoctor launch: {plan.nproc_per_node} rank(s) on node {plan.node_rank} of "
+                f"{plan.nnodes} (world size {plan.world_size}), rendezvous {plan.rendezvous}"
+            )
+            for note in plan.notes:
+                console.print(f"  {note}")
+            for line in report.lines():
+                console.print(f"  {line}")
+        gpus.close()  # the recorder opens its own
+        if report.errors and not force:
+            raise UserError(
+                f"preflight found {len(report.errors)} error(s) ({report.errors[0]}); "
+                "fix them, or start anyway with --force"
+            )
+        try:
+            fr_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(
+                f"cannot create {str(fr_dir)!r}: {exc.strerror}; choose --out"
+            ) from None
+        executable = resolve_command(list(plan.argv))
+        started = time.time()
+        status = record_command(
+            executable,
+            plan.argv,
+            path,
+            interval,
+            instrument=True,
+            env=plan.env,
+            mode="launch",
+            meta={"launch": launch_meta(plan, report, started)},
         )
-    try:
-        fr_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create {str(fr_dir)!r}: {exc.strerror}; choose --out") from None
-    executable = resolve_command(list(plan.argv))
-    started = time.time()
-    status = record_command(
-        executable,
-        plan.argv,
-        path,
-        interval,
-        instrument=True,
-        env=plan.env,
-        mode="launch",
-        meta={"launch": launch_meta(plan, report, started)},
-    )
     if not quiet:
         console.print(f"torchdoctor launch: recording {path}")
         print_end_report(path, console, thresholds)

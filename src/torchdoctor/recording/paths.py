@@ -9,9 +9,11 @@ alike. Everything that starts a recording (run, attach, watch, tune trials, the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchdoctor.errors import UserError
@@ -67,6 +69,19 @@ def claim_recording_file(path: str | os.PathLike[str], option: str = "--out") ->
     if not _create_exclusively(target, option):
         raise UserError(f"{str(target)!r} already exists; choose a new name with {option}")
     return target
+
+
+@contextlib.contextmanager
+def removed_if_unused(path: Path) -> Iterator[Path]:
+    """Around the steps between creating a recording file and writing it: a failure there
+    (bad options, a preflight error) leaves no empty file behind."""
+    try:
+        yield path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
+        raise
 
 
 def prepare_folder(folder: Path, option: str = "--out") -> Path:

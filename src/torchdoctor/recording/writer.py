@@ -110,6 +110,11 @@ class RecordingWriter:
             # A read opens NAME.sqlite-wal now: from here on, a file without one is a copy.
             self._db.execute("SELECT COUNT(*) FROM meta").fetchone()
         except sqlite3.Error as exc:
+            with contextlib.suppress(OSError, sqlite3.Error, AttributeError):
+                self._db.close()
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()  # the file this recording claimed, never written
             raise UserError(f"cannot create the recording {str(self.path)!r}: {exc}") from None
 
     # -- adding data -------------------------------------------------------------------
