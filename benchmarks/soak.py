@@ -9,13 +9,12 @@ Two parts, a few minutes in all (benchmark only, never in the test suite):
   replay  24 h compressed into a minute or two: real snapshots of the same job, read once,
           are written through the recording writer as fast as it takes them, with times
           0.5 s apart (the default interval) and a commit per second of run time, as the
-          recorder commits: 24 h of the 1-process job (172,800 samples) and --replay-hours
-          (default 4) of the 20-process job (28,800 samples, 576,000 process rows: 3x the
-          rows of the day). This process' RSS, SQLite's own heap (sqlite3_memory_used) and
+          recorder commits: 24 h of the 1-process job (172,800 samples) and 24 h of the
+          20-process job (172,800 samples, 3.5 million process rows). This process' RSS, SQLite's own heap (sqlite3_memory_used) and
           descriptors are read along the way; then the end-of-run summary is computed on each
           file and its memory cost read. File sizes give the growth per hour.
 
-    python benchmarks/soak.py [--duration 150] [--replay-hours 4]
+    python benchmarks/soak.py [--duration 150] [--replay-hours 24] [--day-hours 24]
 
 Memory figures are the kernel's (VmRSS); the first minute (imports, SQLite's page cache
 filling to its bound, the WAL reaching its checkpoint size) is the baseline growth is
@@ -200,14 +199,28 @@ def replay(hours: float, folder: Path, name: str, only_root: bool) -> dict:
         "summary_rss": after - before,
         "summary_s": summary_s,
         "summary_samples": summary.samples,
+        "show_peak": peak_rss_of("show", str(out)),
+        "diagnose_peak": peak_rss_of("diagnose", str(out)),
     }
+
+
+def peak_rss_of(*args: str) -> int:
+    """Peak RSS of `torchdoctor ARGS` run to completion (what the end of a run does)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchdoctor", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_maxrss * 1024
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=150.0, help="live part, seconds")
     parser.add_argument(
-        "--replay-hours", type=float, default=4.0, help="replayed run time of the 20-process job"
+        "--replay-hours", type=float, default=24.0, help="replayed run time of the 20-process job"
     )
     parser.add_argument(
         "--day-hours", type=float, default=24.0, help="replayed run time of the 1-process job"
@@ -256,6 +269,10 @@ def main() -> int:
             print(
                 f"  end-of-run summary over the whole file: {rp['summary_s']:.1f} s,"
                 f" RSS +{rp['summary_rss'] / MIB:.1f} MiB ({rp['summary_samples']:,} samples)"
+            )
+            print(
+                f"  peak RSS of `torchdoctor show` {rp['show_peak'] / MIB:.0f} MiB,"
+                f" of `torchdoctor diagnose` {rp['diagnose_peak'] / MIB:.0f} MiB on that file"
             )
     print(f"\nload after: {load()}")
     return 0

@@ -249,3 +249,4 @@ def test_a_full_disk_stops_the_recording_with_one_line_and_spares_the_job(tmp_pa
     assert "the job keeps running; free space or pass --out elsewhere" in res.stderr
     assert res.stderr.count("recording stopped") == 1
     assert "internal error" not in res.stderr
+    assert "recording cut short (the recorder stopped before the job ended" in res.stderr

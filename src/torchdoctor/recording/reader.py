@@ -169,8 +169,14 @@ class Recording:
     def state(self) -> RecordingState:
         """Complete, in progress (its writer alive, last write when), or cut short."""
         if self._state is None:
+            from torchdoctor.recording.writer import STOPPED_HERE
+
             self._state = recording_state(
-                self.meta, self._last_sample_at(), journal_is_wal(self.path), self._wal_beside
+                self.meta,
+                self._last_sample_at(),
+                journal_is_wal(self.path),
+                self._wal_beside,
+                stopped_here=str(self.path.resolve()) in STOPPED_HERE,
             )
         return self._state
 

@@ -66,12 +66,18 @@ def writer_alive(identity: dict[str, Any] | None) -> bool | None:
 
 
 def recording_state(
-    meta: dict[str, Any], last_write_at: float | None, journal_is_wal: bool, wal_beside: bool
+    meta: dict[str, Any],
+    last_write_at: float | None,
+    journal_is_wal: bool,
+    wal_beside: bool,
+    stopped_here: bool = False,
 ) -> RecordingState:
+    """``stopped_here``: a writer of this process stopped writing it (and could not say so)."""
     identity = meta.get("writer") if isinstance(meta.get("writer"), dict) else None
     every = float(meta.get("checkpoint_every_s") or DEFAULT_CHECKPOINT_S)
     complete = "ended_at" in meta
-    closed = "closed_at" in meta  # the writer finished its file, without the end of the run
+    # the writer finished its file without the end of the run, or stopped (a full disk)
+    closed = "closed_at" in meta or stopped_here
     if complete:
         kind = COMPLETE
     elif closed:

@@ -41,6 +41,8 @@ CHECKPOINT_EVERY_S = 10.0
 CACHE_KIB = 1024
 PAGE_SIZE = 8192
 _SQLITE_FULL = 13
+# Recordings whose writer in this process stopped (a full disk): their file could not say so.
+STOPPED_HERE: set[str] = set()
 
 
 class RecordingWriter:
@@ -216,6 +218,7 @@ class RecordingWriter:
         if self.stopped:
             return
         self.stopped = self._stop_message(exc)
+        STOPPED_HERE.add(str(self.path.resolve()))
         self._on_stop(self.stopped)
 
     def _stop_message(self, exc: sqlite3.Error) -> str:
