@@ -82,3 +82,9 @@ def _three_figures(value: float) -> str:
     """``value`` (below 1000) to three significant figures: 1.50, 42.1, 812."""
     digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they will round
     return f"{value:.{digits}f}"
+
+
+def one_line(argv: list[str], limit: int = 100) -> str:
+    """A job's command line on one line (scripts passed with -c hold newlines), cut at ``limit``."""
+    text = " ".join(" ".join(argv).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -169,8 +169,9 @@ def test_process_detail_shows_command_environment_and_history(torch_job, collect
     screen = show(build_view(readings, TH, state))
     assert f"process {torch_job.pid}  trainer  of job {torch_job.pid}" in screen.text
     cmd_at = screen.lines.index(screen.line_with("cmd "))
-    full_command = "".join(line.strip() for line in screen.lines[cmd_at : cmd_at + 3])
-    assert "train.py --td-live" in full_command
+    # the command wraps at the screen's width, wherever the path of the checkout puts it
+    full_command = " ".join(line.strip() for line in screen.lines[cmd_at : cmd_at + 3])
+    assert "train.py" in full_command and "--td-live" in full_command
     assert "OMP_NUM_THREADS=1" in screen.line_with("env ")
     # The module's collector has read the job at least 3 times by now.
     refreshes = int(re.search(r"history: last (\d+) refreshes", screen.text).group(1))

@@ -7,7 +7,6 @@ import time
 
 import click
 
-from torchdoctor.cli.command_line import one_line
 from torchdoctor.cli.common import (
     check_interval,
     interval_option,
@@ -25,6 +24,7 @@ from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
 from torchdoctor.sampling.sampler import Sampler
+from torchdoctor.units import one_line
 
 
 @click.command("attach")

@@ -119,7 +119,7 @@ def show(job_id: int, thresholds: str | None) -> None:
 
     from rich.console import Console
 
-    from torchdoctor.cli.command_line import one_line
+    from torchdoctor.units import one_line
 
     with _queue() as queue:
         job = queue.job(job_id)

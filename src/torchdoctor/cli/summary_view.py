@@ -5,9 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from torchdoctor.cli.command_line import one_line
 from torchdoctor.recording.summary import RunSummary
-from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate
+from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 
 
 def render_summary(summary: RunSummary, console: Console) -> None:

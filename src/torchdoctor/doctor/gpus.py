@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pwd
 
-from torchdoctor.cli.command_line import one_line
 from torchdoctor.doctor.check import ERROR, OK, SKIPPED, WARNING, Check
 from torchdoctor.doctor.facts import Facts
 from torchdoctor.sampling import procfs
 from torchdoctor.sampling.gpu_topology import LEVEL_ACROSS_SOCKETS, P2P_STATUS, TOPOLOGY_LEVELS
 from torchdoctor.sampling.types import GpuInfo
-from torchdoctor.units import fmt_bytes
+from torchdoctor.units import fmt_bytes, one_line
 
 
 def _no_gpus(name: str, facts: Facts) -> Check | None:

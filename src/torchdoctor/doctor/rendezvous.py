@@ -12,10 +12,10 @@ import ipaddress
 import os
 import socket
 
-from torchdoctor.cli.command_line import one_line
 from torchdoctor.doctor.check import ERROR, OK, SKIPPED, WARNING, Check
 from torchdoctor.doctor.facts import Facts
 from torchdoctor.sampling import procfs
+from torchdoctor.units import one_line
 
 DEFAULT_PORT = 29500  # torchrun's default --master-port
 CONNECT_TIMEOUT_S = 3.0
