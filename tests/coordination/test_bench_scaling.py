@@ -34,7 +34,10 @@ def test_one_and_two_ranks_give_e2_and_say_where_the_loss_goes(tmp_path: Path) -
     (line,) = result["explanation"]
     assert line.startswith(f"2 ranks: E = {two['efficiency']:.2f}")
     assert f"{two['cores_per_rank']:g} cores per rank" in line and "Main loss: " in line
-    assert result["recommendation"].startswith(("Run 2 ranks", "Stay at 1 rank"))
+    assert result["recommendation"].startswith(
+        ("Run 2 ranks", "Stay at 1 rank", "2 ranks measured")
+    )
+    assert one["others_cpu"] is not None
     assert (tmp_path / "scaling-1.sqlite").is_file() and (tmp_path / "scaling-2.sqlite").is_file()
 
 

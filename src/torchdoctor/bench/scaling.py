@@ -40,6 +40,7 @@ class Trial:
     straggle_s: float | None = None
     cores_per_rank: float | None = None
     per_rank_batch: int | None = None
+    others_cpu: float | None = None  # % of the usable CPUs other processes took meanwhile
     measured_steps: int = 0
     error: str | None = None
     efficiency: float | None = None
@@ -169,6 +170,10 @@ def measure_trial(trial: Trial, warmup: int) -> None:
             # one rank without a process group: the trainer's steps
             ranks = []
         trial.cores_per_rank = round(ctx.usable_cpus / trial.nproc, 2)
+        busy = [v for _, v in ctx.host_series("cpu_busy")]
+        job = [v for _, v in ctx.job_cpu_series]
+        if busy and job:
+            trial.others_cpu = round(max(statistics.mean(busy) - statistics.mean(job), 0.0), 1)
         rate = 0.0
         step_times, waits, computes, owns, exposed = [], [], [], [], []
         by_pid: dict[int, list[dict]] = {}
@@ -244,7 +249,13 @@ def analyse(result: ScalingResult) -> None:
     for t in failed:
         result.explanation.append(f"{t.nproc} ranks: not measured: {t.error}")
     measured = [t for t in result.trials if t.efficiency is not None and t.nproc > 1]
-    if best.nproc > 1:
+    if best.nproc > 1 and best.efficiency > 1.05:
+        result.recommendation = (
+            f"{best.nproc} ranks measured faster than {best.nproc}x one rank (E = "
+            f"{best.efficiency:.2f}): the 1-rank trial was disturbed; measure again before "
+            "deciding."
+        )
+    elif best.nproc > 1:
         result.recommendation = (
             f"Run {best.nproc} ranks: {best.samples_per_s:.0f} samples/s, "
             f"E({best.nproc}) = {best.efficiency:.2f}."
@@ -299,10 +310,22 @@ def _explain(t: Trial, base: Trial, keep: str) -> str:
     parts = ", ".join(
         f"{k} {v * 1000:.1f} ms" for k, v in sorted(losses.items(), key=lambda kv: -kv[1])
     )
+    note = ""
+    if t.efficiency > 1.05:
+        note = (
+            f" E above 1: one rank with {base.cores_per_rank:g} threads computed slower per "
+            f"sample than each of {t.nproc} single-thread ranks"
+            + (
+                f" (other processes took {base.others_cpu:g} % of the CPUs during that trial)"
+                if base.others_cpu
+                else ""
+            )
+            + "; the 1-rank baseline is the outlier, measure again on a quiet machine."
+        )
     return (
         f"{t.nproc} ranks: E = {t.efficiency:.2f}; step {t.step_s * 1000:.1f} ms against "
         f"{ideal * 1000:.1f} ms ideal ({keep} kept); per step: {parts or 'no split available'}; "
-        f"{t.cores_per_rank:g} cores per rank. Main loss: {_main_loss(t, base)}."
+        f"{t.cores_per_rank:g} cores per rank. Main loss: {_main_loss(t, base)}.{note}"
     )
 
 

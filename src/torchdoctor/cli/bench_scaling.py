@@ -82,13 +82,13 @@ def command(
     click.echo(f"scaling of {' '.join(script)} ({keep} kept, {steps} measured steps per trial)")
     click.echo(
         f"{'ranks':>5}  {'samples/s':>10}  {'E(N)':>5}  {'step ms':>8}  {'data ms':>8}  "
-        f"{'comm ms':>8}  {'straggle ms':>11}  {'cores/rank':>10}"
+        f"{'comm ms':>8}  {'straggle ms':>11}  {'cores/rank':>10}  {'others CPU':>10}"
     )
     for t in result.trials:
         click.echo(
             f"{t.nproc:>5}  {_f(t.samples_per_s, 0):>10}  {_f(t.efficiency, 2):>5}  "
             f"{_ms(t.step_s):>8}  {_ms(t.data_wait_s):>8}  {_ms(t.exposed_comm_s):>8}  "
-            f"{_ms(t.straggle_s):>11}  {_f(t.cores_per_rank, 2):>10}"
+            f"{_ms(t.straggle_s):>11}  {_f(t.cores_per_rank, 2):>10}  {_f(t.others_cpu, 0) + ' %':>10}"
         )
     for line in result.explanation:
         click.echo(line)
