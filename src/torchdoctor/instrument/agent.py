@@ -841,6 +841,8 @@ class Agent:
         self.eval_ns = 0
         self.autocast_dtype = None
         self.scaler_used = False
+        if self.distributed is not None:
+            self.distributed.step_closed()
         self._after_step(now)
 
     def _after_step(self, now: int) -> None:

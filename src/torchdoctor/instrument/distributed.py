@@ -80,6 +80,8 @@ class RankInstrument:
         self.seen_backward = False
         self.ddp = None  # weakref to the first DistributedDataParallel that ran forward
         self.ddp_iteration = -1
+        self.comm_step = -1  # the step whose DDP figures ``comm`` holds
+        self.comm = None
         self.device_sent = False
         self.depth = 0  # nested forward calls (a DDP inside a DDP wrapper counts once)
         self.next_sampler_id = 0
@@ -154,28 +156,35 @@ class RankInstrument:
     # -- per step -----------------------------------------------------------------------------
 
     def step_values(self, now: int) -> list | None:
-        """The extra values of the step ending now (perf_counter_ns), in STEP_FIELDS order;
-        None when this rank showed nothing of its own (no DDP forward, no backward)."""
-        values = None
-        if self.seen_forward or self.seen_backward or self.optimizer_start is not None:
-            opt = now - self.optimizer_start if self.optimizer_start is not None else None
-            values = [
-                self.forward_ns if self.seen_forward else None,
-                self.backward_ns if self.seen_backward else None,
-                opt,
-                None,
-                None,
-                None,
-            ]
+        """The extra values of the step under way (perf_counter_ns ``now``), in STEP_FIELDS
+        order; None when this rank showed nothing of its own (no DDP forward, no backward).
+        Reading does not reset: the agent may read a candidate step before the real one ends
+        (:meth:`step_closed` starts the next)."""
+        if not (self.seen_forward or self.seen_backward or self.optimizer_start is not None):
+            return None
+        opt = now - self.optimizer_start if self.optimizer_start is not None else None
+        values = [
+            self.forward_ns if self.seen_forward else None,
+            self.backward_ns if self.seen_backward else None,
+            opt,
+            None,
+            None,
+            None,
+        ]
+        step = self.agent.step
+        if self.comm_step != step:
+            self.comm_step = step
+            self.comm = None
             ddp = self.ddp() if self.ddp is not None else None
-            step = self.agent.step
             if ddp is not None and (step < _DDP_POLL_FIRST or step % _DDP_POLL_EVERY < 2):
-                comm = self._ddp_runtime(ddp)
-                if comm is not None:
-                    values[3:6] = comm
+                self.comm = self._ddp_runtime(ddp)
+        if self.comm is not None:
+            values[3:6] = self.comm
+        return values
+
+    def step_closed(self) -> None:
         self.forward_ns = self.backward_ns = 0
         self.optimizer_start = None
-        return values
 
     def _ddp_runtime(self, ddp):
         data = ddp._get_ddp_logging_data()
