@@ -1,4 +1,4 @@
-"""`torchdoctor bench scaling`: real trials at 1 and 2 ranks of a DDP script (gloo, CPU)."""
+"""`torchdoctor.coordination.scaling`: real trials at 1 and 2 ranks of a DDP script (gloo, CPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
-from torchdoctor.bench.scaling import Trial, parse_sizes, trial_args
+from torchdoctor.coordination.scaling import Trial, parse_sizes, trial_args
 from torchdoctor.errors import UserError
 
 JOB = str(Path(__file__).resolve().parent / "jobs" / "ddp_job.py")
@@ -55,7 +55,7 @@ def test_sizes_and_kept_batch() -> None:
 
 
 def test_low_efficiency_names_cores_per_rank() -> None:
-    from torchdoctor.bench.scaling import ScalingResult, analyse
+    from torchdoctor.coordination.scaling import ScalingResult, analyse
 
     base = Trial(1, "a", 0, samples_per_s=1000, step_s=0.1, data_wait_s=0.001,
                  exposed_comm_s=0.0, compute_s=0.09, cores_per_rank=2, per_rank_batch=64)  # fmt: skip

@@ -1,4 +1,4 @@
-"""`torchdoctor bench scaling -- SCRIPT ARGS`: E(N) of the user's script at 1, 2, 4... ranks."""
+"""`torchdoctor.coordination.scaling -- SCRIPT ARGS`: E(N) of the user's script at 1, 2, 4... ranks."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def command(
     import dataclasses
     import json
 
-    from torchdoctor.bench.scaling import bench_scaling, parse_sizes
     from torchdoctor.coordination.launch import split_script
+    from torchdoctor.coordination.scaling import bench_scaling, parse_sizes
 
     script = split_script(list(argv))
     sizes = parse_sizes(nproc)
@@ -71,7 +71,7 @@ def command(
     def on_trial(t) -> None:
         if not as_json:
             state = f"{t.samples_per_s:.0f} samples/s" if t.samples_per_s else f"failed: {t.error}"
-            console.print(f"torchdoctor bench scaling: {t.nproc} rank(s): {state}")
+            console.print(f"torchdoctor.coordination.scaling: {t.nproc} rank(s): {state}")
 
     result = bench_scaling(
         script, sizes, steps, folder, keep=keep, global_batch=global_batch, on_trial=on_trial
