@@ -137,6 +137,7 @@ def command(
         steps=steps,
         gpu_type=gpu_type,
         network_env=doctor_network_env(doctor_json) if doctor_json else {},
+        node_cpus=client.largest_node_cpus(partition),
     )
     recorded = read_recorded_job(recording)
     size = size_job(recorded, request)

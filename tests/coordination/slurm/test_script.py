@@ -151,6 +151,17 @@ def test_cpus_count_advised_workers_and_threads_leave_them_room() -> None:
     assert "export OMP_NUM_THREADS=1" in text  # 7 CPUs less 6 workers
 
 
+def test_cpus_never_exceed_the_largest_node() -> None:
+    # 1 + 6 advised workers on a cluster of 2-CPU nodes: asking 7 would stay pending for ever
+    text, notes = script_for(
+        recorded(num_workers=0, advised_workers=6, cores_peak=1.0), node_cpus=2
+    )
+    assert sbatch_lines(text)["cpus-per-task"] == "2"
+    assert "largest node" in comment_above(text, "cpus-per-task")
+    assert any("largest node has 2" in n for n in notes)
+    assert "export OMP_NUM_THREADS=1" in text
+
+
 def test_a_contended_recording_is_sized_from_the_threads_it_ran() -> None:
     # other programs left the job 0.6 cores of the 16 it could use; it ran 4 torch threads
     text, notes = script_for(recorded(contended=True, cores_peak=0.6, num_workers=0))

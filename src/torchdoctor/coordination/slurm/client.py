@@ -134,6 +134,23 @@ def jobcomp_job(job_id: str, conf: dict[str, str]) -> dict[str, str] | None:
     return found
 
 
+def largest_node_cpus(partition: str | None = None) -> int | None:
+    """CPUs of the largest node in ``partition`` (or the default one), None when unknown.
+
+    A job asking more CPUs per task than any node has stays pending for ever
+    (Reason=PartitionConfig): the sizing caps its request here.
+    """
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return None
+    argv = [sinfo, "-h", "-o", "%c"] + (["-p", partition] if partition else [])
+    res = _run(argv)
+    if res.returncode != 0:
+        return None
+    counts = [int(f.rstrip("+")) for f in res.stdout.split() if f.rstrip("+").isdigit()]
+    return max(counts) if counts else None
+
+
 def cluster_gpu_types() -> tuple[str, ...]:
     """The GPU gres the cluster's nodes declare (``gpu:a100:4``), for the script's hint."""
     sinfo = shutil.which("sinfo")

@@ -50,6 +50,7 @@ class JobRequest:
     steps: int | None = None
     gpu_type: str | None = None
     network_env: dict[str, Figure] = field(default_factory=dict)  # e.g. from doctor's advice
+    node_cpus: int | None = None  # CPUs of the cluster's largest node (sinfo), when known
 
 
 @dataclass(slots=True)
@@ -85,6 +86,20 @@ def size_job(job: RecordedJob, request: JobRequest) -> JobSize:
             "are the recording's per-rank figures x ranks per node, not measured at this size"
         )
     cpus, threads = _cpus(job, ranks.value, notes)
+    if request.node_cpus and cpus.value > request.node_cpus:
+        # More CPUs per task than any node has: Slurm would keep the job pending for ever.
+        notes.append(
+            f"the recording asks {cpus.value} CPUs per node but the largest node has "
+            f"{request.node_cpus}: asked {request.node_cpus}; the DataLoader workers and torch "
+            "threads then share them"
+        )
+        cpus = Figure(
+            request.node_cpus, f"{cpus.source}; capped at the largest node's CPUs (sinfo)"
+        )
+        threads = Figure(
+            min(threads.value, max(1, request.node_cpus // ranks.value)),
+            f"{threads.source}, within the node's {request.node_cpus} CPUs",
+        )
     mem = _memory(job, ranks.value)
     time_limit = _time_limit(job, request, notes)
     return JobSize(
