@@ -250,3 +250,17 @@ def test_a_full_disk_stops_the_recording_with_one_line_and_spares_the_job(tmp_pa
     assert res.stderr.count("recording stopped") == 1
     assert "internal error" not in res.stderr
     assert "recording cut short (the recorder stopped before the job ended" in res.stderr
+
+
+def test_a_torn_json_cell_of_a_salvaged_page_reads_as_unknown():
+    # A page salvaged from a file cut mid-way can end inside a JSON cell: that one value is
+    # unknown, the row and the rest of the table still read (export met one such cell).
+    from torchdoctor.recording.schema import TABLES, from_row
+
+    table = TABLES["host_samples"]
+    json_cols = [c.name for c in table.columns if c.kind == "json"]
+    assert json_cols
+    row = {c.name: None for c in table.columns}
+    row.update({"t": 1.0, json_cols[0]: '{"user": 1.0, "sys'})
+    decoded = from_row(table, row)
+    assert decoded["t"] == 1.0 and decoded[json_cols[0]] is None

@@ -146,7 +146,12 @@ def from_row(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     for col in table.columns:
         if col.kind == "json" and out.get(col.name) is not None:
-            out[col.name] = json.loads(out[col.name])
+            try:
+                out[col.name] = json.loads(out[col.name])
+            except ValueError:
+                # Only a damaged file holds such a cell (the writer stores json.dumps text):
+                # a page salvaged from a cut file can end inside one. The value is unknown.
+                out[col.name] = None
     return out
 
 
