@@ -117,7 +117,9 @@ def test_two_rank_gloo_job_via_generated_script(cluster, ddp_recording, tmp_path
     fields = cluster.wait_for_job(job_id)
     out = (tmp_path / f"slurm-{job_id}.out").read_text(errors="replace")
     assert fields["JobState"] == "COMPLETED", out + cluster.logs()
-    ranks = re.findall(r"rank (\d) of 2 on \S+: weights (\S+)", out)
+    # Both ranks write to one output file: their lines may run together ("...0.2336rank 1 of
+    # 2..."), so the weight is matched by its own format, not up to the next space.
+    ranks = re.findall(r"rank (\d) of 2 on [^:\s]+: weights (-?\d+\.\d{6})", out)
     assert sorted(r for r, _ in ranks) == ["0", "1"], out
     assert len({w for _, w in ranks}) == 1  # gradients were all-reduced: same weights
     (path,) = (tmp_path / f"slurm-{job_id}").glob("*.sqlite")
