@@ -169,9 +169,12 @@ def test_process_detail_shows_command_environment_and_history(torch_job, collect
     screen = show(build_view(readings, TH, state))
     assert f"process {torch_job.pid}  trainer  of job {torch_job.pid}" in screen.text
     cmd_at = screen.lines.index(screen.line_with("cmd "))
-    # the command wraps at the screen's width, wherever the path of the checkout puts it
-    full_command = " ".join(line.strip() for line in screen.lines[cmd_at : cmd_at + 3])
-    assert "train.py" in full_command and "--td-live" in full_command
+    # the command wraps at the screen's width between arguments, wherever the path of the
+    # checkout puts the break: each argument stays whole on one line (a CI checkout under a longer
+    # path once cut "train.py" into "train" / ".py")
+    command_lines = [line.strip() for line in screen.lines[cmd_at : cmd_at + 4]]
+    assert any("train.py" in line for line in command_lines)
+    assert any("--td-live" in line for line in command_lines)
     assert "OMP_NUM_THREADS=1" in screen.line_with("env ")
     # The module's collector has read the job at least 3 times by now.
     refreshes = int(re.search(r"history: last (\d+) refreshes", screen.text).group(1))
@@ -190,3 +193,17 @@ def test_gpu_process_outside_any_job_is_named(collector):
         other.kill()
         other.wait()
     assert f"[0] {other.pid} sleep 1.0G" in screen.line_with("on GPU:")
+
+
+def test_a_wrapped_command_breaks_between_arguments_and_cuts_only_what_is_too_long():
+    from torchdoctor.live.render import _wrapped
+
+    script = "/tmp/pytest-of-root/pytest-169/job0/train.py"
+    cmd = f"/check/work/main/.venv/bin/python3 {script} --td-live " + "x" * 150
+    lines = [line.plain for line in _wrapped("cmd ", cmd, 80, max_lines=4)]
+    # the script would straddle column 80 on the first line: it starts the second, whole
+    assert lines[0] == "cmd /check/work/main/.venv/bin/python3"
+    assert lines[1].startswith(f"    {script} --td-live x")
+    assert all(len(line) <= 80 for line in lines)
+    # only the argument longer than a line is cut, and it reads back whole
+    assert lines[1].split(" --td-live ")[1] + "".join(line[4:] for line in lines[2:]) == "x" * 150

@@ -8,6 +8,7 @@ above the alert limit; the figure is always printed too, so nothing depends on c
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 from rich.console import Console, Group
@@ -440,7 +441,9 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
 def _wrapped(label: str, text: str, width: int, max_lines: int) -> list[Text]:
     """``label`` then ``text`` cut into lines of the width, indented under the label."""
     room = max(width - len(label), 10)
-    chunks = [text[i : i + room] for i in range(0, len(text), room)] or [""]
+    # Break between arguments where one fits, so a path is not cut in two and copies back whole;
+    # only an argument longer than the line is cut.
+    chunks = textwrap.wrap(text, room, break_on_hyphens=False) or [""]
     if len(chunks) > max_lines:
         chunks = chunks[:max_lines]
         chunks[-1] = chunks[-1][:-1] + "…"
