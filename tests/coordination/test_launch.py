@@ -106,6 +106,25 @@ def test_healthy_two_rank_job_records_both_ranks_and_finds_nothing(healthy) -> N
     assert not found & DISTRIBUTED_RULES
 
 
+def test_show_and_diagnose_agree_on_the_two_rank_jobs_step_figures(healthy) -> None:
+    _, rec = healthy
+    shown = run_td("show", "--json", str(rec))
+    assert shown.returncode == 0, shown.stderr
+    diagnosed = run_td("diagnose", "--json", str(rec))
+    assert diagnosed.returncode == 0, diagnosed.stderr
+    steps = json.loads(shown.stdout)["steps"]
+    assert json.loads(diagnosed.stdout)["recordings"][0]["steps"] == steps
+    # The job's rate is one rank's steps per second (the ranks' mean), never their sum; its
+    # samples per second are every rank's samples together.
+    ranks = steps["per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    rates = [r["steps_per_s"] for r in ranks]
+    assert steps["steps_per_s"] == pytest.approx(sum(rates) / 2)
+    assert steps["samples_per_s"] == pytest.approx(sum(r["samples_per_s"] for r in ranks))
+    assert steps["batch_size"] == 512
+    assert steps["samples_per_s"] == pytest.approx(2 * 512 * steps["steps_per_s"], rel=0.5)
+
+
 def test_port_29500_taken_does_not_stop_the_job(healthy) -> None:
     res, rec = healthy
     assert res.returncode == 0

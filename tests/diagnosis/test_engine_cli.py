@@ -62,7 +62,9 @@ def test_diagnose_json_is_the_documented_form(tmp_path):
     result = run_td("diagnose", "--json", str(path))
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert list(data) == ["findings"]
+    assert list(data) == ["findings", "recordings"]
+    [entry] = data["recordings"]
+    assert entry["path"] == str(path) and entry["steps"]["step_count"] > 0
     first = data["findings"][0]
     for key in (
         "id",
@@ -95,9 +97,10 @@ def test_healthy_recording_prints_a_clean_bill(tmp_path):
     result = run_td("diagnose", str(job.write(tmp_path / "ok.sqlite")))
     assert result.returncode == 0
     assert "no problems found" in result.stdout
-    assert json.loads(run_td("diagnose", "--json", str(tmp_path / "ok.sqlite")).stdout) == {
-        "findings": []
-    }
+    assert (
+        json.loads(run_td("diagnose", "--json", str(tmp_path / "ok.sqlite")).stdout)["findings"]
+        == []
+    )
 
 
 def test_thresholds_file_overrides_the_table(tmp_path):

@@ -7,7 +7,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_td
+from torchdoctor import open_recording
+from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.thresholds import Thresholds
 
 SCRIPT = textwrap.dedent(
     """
@@ -27,7 +32,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_show_json_reports_steps_settings_and_loader(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """One real `torchdoctor run` of SCRIPT, shared by the tests of this module."""
+    tmp_path = tmp_path_factory.mktemp("show-steps")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     rec = tmp_path / "r.sqlite"
@@ -36,6 +44,11 @@ def test_show_json_reports_steps_settings_and_loader(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout == "trained\n"
+    return rec
+
+
+def test_show_json_reports_steps_settings_and_loader(recorded: Path) -> None:
+    rec = recorded
     shown = run_td("show", "--json", str(rec))
     assert shown.returncode == 0, shown.stderr
     steps = json.loads(shown.stdout)["steps"]
@@ -47,3 +60,19 @@ def test_show_json_reports_steps_settings_and_loader(tmp_path: Path) -> None:
     assert loader["num_workers"] == 0 and loader["batch_size"] == 8
     text = run_td("show", str(rec)).stdout
     assert "steps: 12, median" in text
+
+
+def test_show_and_diagnose_agree_on_the_step_figures(recorded: Path) -> None:
+    shown = run_td("show", "--json", str(recorded))
+    diagnosed = run_td("diagnose", "--json", str(recorded))
+    assert shown.returncode == 0 and diagnosed.returncode == 0, diagnosed.stderr
+    steps = json.loads(shown.stdout)["steps"]
+    [entry] = json.loads(diagnosed.stdout)["recordings"]
+    assert entry["steps"] == steps
+    assert steps["steps_per_s"] > 0 and steps["samples_per_s"] == pytest.approx(
+        8 * steps["steps_per_s"]
+    )
+    # ... and the rules read that same summary.
+    with open_recording(recorded) as rec:
+        summary = DiagnosisContext(rec, Thresholds()).step_summary
+    assert summary is not None and summary.to_dict() == steps

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from torchdoctor.recording.steps import step_stats, warmup_steps
+from torchdoctor.recording.steps import (
+    quantile,
+    step_samples,
+    step_stats,
+    step_wait_s,
+    warmup_steps,
+)
 
 
 def _steps(pid, rank, n, wall, wait, batch=None, first_wall=5.0):
@@ -68,3 +75,29 @@ def test_unknown_batch_size_gives_no_samples_per_second():
 def test_no_steps():
     s = step_stats([], [], [])
     assert s.step_count == 0 and s.median_step_s is None and s.data_wait_fraction is None
+
+
+def test_a_step_waits_no_longer_than_it_lasted():
+    rows = _steps(1, None, 12, wall=0.1, wait=0.3, batch=4)  # a wait measured across a boundary
+    s = step_stats(rows, [], [])
+    assert s.data_wait_fraction == pytest.approx(1.0)
+    assert s.per_rank[0].data_wait_fraction == pytest.approx(1.0)
+    assert s.mean_data_wait_s == pytest.approx(0.1) and s.p90_data_wait_s == pytest.approx(0.1)
+
+
+def test_an_epochs_short_last_batch_keeps_the_batch_size_and_the_window():
+    rows = _steps(1, None, 21, wall=0.1, wait=0.0, batch=32)
+    rows[-1]["batch_size"] = rows[-1]["samples"] = 8
+    s = step_stats(rows, [], [])
+    assert s.batch_size == 32
+    assert s.mean_step_s == pytest.approx(0.1)
+    # the measured steps' span: from the first one after warm-up to the end of the last
+    assert s.t_start == pytest.approx(rows[2]["t_start"]) and s.t_end == rows[-1]["t_end"]
+
+
+def test_the_step_helpers():
+    assert step_wait_s({"wall_s": 0.2, "data_wait_s": None}) == 0.0
+    assert step_samples({"samples": None, "batch_size": 16}) == 16
+    assert step_samples({"samples": None, "batch_size": None}, fallback=8) == 8
+    assert step_samples({"samples": 3, "batch_size": 16}) == 3
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0 and math.isnan(quantile([], 0.9))

@@ -44,9 +44,10 @@ def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) 
             for note in rec.notes()
         ]
         findings = diagnose_job(recordings, thresholds)
+        text = findings_to_json(findings, recordings) if as_json else None
     for note in notes:
         click.echo(f"torchdoctor: {note}", err=as_json)
     if as_json:
-        click.echo(findings_to_json(findings))
+        click.echo(text)
     else:
         render_findings(findings)

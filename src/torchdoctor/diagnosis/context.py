@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,7 +16,7 @@ from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import decode_json, warmup_steps
+from torchdoctor.recording.steps import StepStats, decode_json, warmup_steps
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
@@ -29,6 +28,7 @@ WORKER_ROLE = "dataloader-worker"
 # recording cut short, is not judged: the rules say so instead (rule short_recording).
 MIN_EVIDENCE_S = 3.0
 MIN_EVIDENCE_SAMPLES = 6
+MIN_STEADY_STEPS = 3  # steady steps the step figures of a verdict rest on
 # Without steps, the run's start-up (imports, data set loading) is left out: this share of it,
 # at most STARTUP_MAX_S.
 STARTUP_SHARE = 0.2
@@ -48,26 +48,6 @@ class Span:
     @property
     def duration(self) -> float:
         return self.t_end - self.t_start
-
-
-@dataclass(slots=True)
-class StepSummary:
-    """Steady-state step figures (warm-up steps left out), over all compute processes."""
-
-    count: int  # steady steps used for the figures
-    total_count: int  # every recorded step
-    median_wall_s: float
-    p90_wall_s: float
-    mean_wall_s: float
-    mean_data_wait_s: float
-    median_data_wait_s: float
-    p90_data_wait_s: float
-    data_wait_share: float  # 0-1: data wait over step wall time, summed over steady steps
-    steps_per_s: float
-    samples_per_s: float | None
-    batch_size: int | None
-    t_start: float
-    t_end: float
 
 
 class DiagnosisContext:
@@ -268,39 +248,18 @@ class DiagnosisContext:
         return out
 
     @cached_property
-    def step_summary(self) -> StepSummary | None:
-        steps = self.steady_steps
-        if len(steps) < 3:
+    def step_summary(self) -> StepStats | None:
+        """The recording's step summary (the one ``show`` prints); None when fewer than
+        ``MIN_STEADY_STEPS`` steady steps carry it, too few for a verdict on steps."""
+        stats = self.recording.step_stats()
+        if (
+            stats is None
+            or stats.measured_steps < MIN_STEADY_STEPS
+            or stats.steps_per_s is None
+            or stats.data_wait_fraction is None
+        ):
             return None
-        walls = [s["wall_s"] for s in steps]
-        waits = [min(s["data_wait_s"] or 0.0, s["wall_s"]) for s in steps]
-        total_wall = sum(walls)
-        # Throughput from the process with the most steps: ranks run side by side.
-        by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for s in steps:
-            by_pid[s["pid"]].append(s)
-        main = max(by_pid.values(), key=len)
-        span = main[-1]["t_end"] - main[0]["t_start"]
-        steps_per_s = len(main) / span if span > 0 else 0.0
-        samples = [s["samples"] or s["batch_size"] for s in main]
-        samples_per_s = sum(samples) / span * len(by_pid) if span > 0 and all(samples) else None
-        sizes = [s["batch_size"] for s in steps if s["batch_size"]]
-        return StepSummary(
-            count=len(steps),
-            total_count=len(self.steps),
-            median_wall_s=statistics.median(walls),
-            p90_wall_s=_quantile(walls, 0.9),
-            mean_wall_s=total_wall / len(walls),
-            mean_data_wait_s=sum(waits) / len(waits),
-            median_data_wait_s=statistics.median(waits),
-            p90_data_wait_s=_quantile(waits, 0.9),
-            data_wait_share=sum(waits) / total_wall if total_wall > 0 else 0.0,
-            steps_per_s=steps_per_s,
-            samples_per_s=samples_per_s,
-            batch_size=statistics.mode(sizes) if sizes else None,
-            t_start=steps[0]["t_start"],
-            t_end=steps[-1]["t_end"],
-        )
+        return stats
 
     # -- in-job records -----------------------------------------------------------------
     @cached_property
@@ -502,16 +461,6 @@ def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float, float] 
 
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q
-    lo = math.floor(pos)
-    hi = math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def _num(x: float) -> str:

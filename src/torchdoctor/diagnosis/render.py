@@ -8,7 +8,12 @@ JSON form, stable for tools and CI checks::
                                  "t_start": float | null, "t_end": float | null}],
                    "recommendation": str, "expected_effect": str, "confidence": 0..1,
                    "settings": {machine-readable fix, e.g. "num_workers": 2},
-                   "details": str}]}
+                   "details": str}],
+     "recordings": [{"path": str, "steps": {...} | null}]}
+
+``recordings`` has one entry per recording diagnosed: ``steps`` is the step summary the rules
+read, the same object as ``torchdoctor show --json`` prints under ``steps``
+(:class:`torchdoctor.recording.steps.StepStats`), null when the job recorded no steps.
 
 Times are UNIX seconds; ``settings`` keys are DataLoader arguments (``num_workers``,
 ``prefetch_factor``, ``persistent_workers``, ``pin_memory``, ``batch_size``), ``device``,
@@ -27,17 +32,27 @@ from rich.table import Table
 from rich.text import Text
 
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.recording.reader import Recording
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_rate
 
 STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def findings_to_dict(findings: list[Finding]) -> dict[str, Any]:
-    return {"findings": [dataclasses.asdict(f) for f in findings]}
+def findings_to_dict(
+    findings: list[Finding], recordings: list[Recording] | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"findings": [dataclasses.asdict(f) for f in findings]}
+    if recordings is not None:
+        out["recordings"] = [
+            {"path": str(rec.path), "steps": stats.to_dict() if stats is not None else None}
+            for rec in recordings
+            for stats in [rec.step_stats()]
+        ]
+    return out
 
 
-def findings_to_json(findings: list[Finding]) -> str:
-    return json.dumps(findings_to_dict(findings), indent=2)
+def findings_to_json(findings: list[Finding], recordings: list[Recording] | None = None) -> str:
+    return json.dumps(findings_to_dict(findings, recordings), indent=2)
 
 
 def format_value(ev: Evidence) -> str:

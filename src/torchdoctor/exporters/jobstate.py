@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.exporters.tail import RecordingTail
+from torchdoctor.recording.steps import step_samples, step_wait_s
 
 PROCESS_COLUMNS = [
     "t",
@@ -232,8 +233,8 @@ class JobState:
                 s = self.steps[rank] = RankSteps()
             s.steps += 1
             s.wall_s += row["wall_s"] or 0.0
-            s.data_wait_s += row["data_wait_s"] or 0.0
-            n = row["samples"] if row["samples"] is not None else row["batch_size"]
+            s.data_wait_s += step_wait_s(row)
+            n = step_samples(row)
             if n is not None:
                 s.samples += n
                 s.samples_known = True

@@ -26,6 +26,7 @@ from typing import Any
 from torchdoctor.errors import UserError
 from torchdoctor.exporters.jobstate import PROCESS_COLUMNS, STEP_COLUMNS, JobState
 from torchdoctor.exporters.tail import RecordingTail
+from torchdoctor.recording.steps import step_samples, step_wait_s
 
 FLUSH_EVERY_S = 5.0  # the live writer's cadence: TensorBoard sees new points within this
 _HOST_COLUMNS = ["t", "cpu_iowait", "swap_used", "swap_in_per_s"]
@@ -139,8 +140,8 @@ class ScalarWriter:
             wall, t = row["wall_s"], row["t_end"]
             self._add(f"{prefix}/time_seconds", wall, t, n)
             if wall and wall > 0:
-                self._add(f"{prefix}/data_wait_ratio", row["data_wait_s"] / wall, t, n)
-                samples = row["samples"] if row["samples"] is not None else row["batch_size"]
+                self._add(f"{prefix}/data_wait_ratio", step_wait_s(row) / wall, t, n)
+                samples = step_samples(row)
                 if samples is not None:
                     self._add(f"{prefix}/samples_per_second", samples / wall, t, n)
 

@@ -45,6 +45,7 @@ from torchdoctor.recording.state import (
     missing_wal_hint,
     recording_state,
 )
+from torchdoctor.recording.steps import StepStats, step_stats
 
 
 class Recording:
@@ -147,6 +148,15 @@ class Recording:
 
     def steps(self) -> list[dict[str, Any]]:
         return self.rows("steps")
+
+    def step_stats(self) -> StepStats | None:
+        """The job's step summary (:mod:`torchdoctor.recording.steps`), None without steps.
+
+        ``show``, ``diagnose`` and ``report`` all print this one summary of the recording."""
+        steps = self.steps()
+        if not steps:
+            return None
+        return step_stats(steps, self.rows("dataloaders"), self.rows("settings"))
 
     @property
     def started_at(self) -> float | None:

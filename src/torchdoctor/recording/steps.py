@@ -1,7 +1,23 @@
 """Step figures of a recording: step time, data-wait share, throughput, per rank.
 
 Pure functions over the rows of the ``steps``, ``dataloaders`` and ``settings`` tables (as
-:meth:`Recording.rows` returns them), so ``show --json``, the diagnosis and tune agree.
+:meth:`Recording.rows` returns them). :class:`StepStats` is the one step summary of a recording:
+``show``, ``diagnose`` (its rules and its ``--json``), ``report`` and ``top`` all print it, and the
+exporters and tune count a step's data wait and samples with :func:`step_wait_s` and
+:func:`step_samples`.
+
+The definitions, once:
+
+- a step's data wait is at most its wall time (:func:`step_wait_s`): a step cannot have waited
+  longer than it lasted, and a wait measured across a boundary must not make a share above 100 %;
+- a rank's rate is its measured steps over the sum of their wall times (evaluation between steps
+  is not in those walls, see below);
+- the job's ``steps_per_s`` is the steps of *one* rank per second: ranks step side by side (DDP
+  keeps them in lock-step), so it is the mean of the ranks' rates, never their sum;
+- the job's ``samples_per_s`` is the sum of the ranks' own rates: each rank consumes its own
+  batches. It is None when one rank's batch size is unknown, rather than a guess;
+- ``batch_size`` is the most common batch size of the measured steps (an epoch's short last batch
+  does not hide it).
 
 Warm-up rule: in every process, the first ``warmup_steps(n)`` of its ``n`` steps are left out
 of the figures: ``max(1, min(5, n // 10))`` steps, i.e. at least the first step (it carries
@@ -17,6 +33,7 @@ sums up those events.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -54,10 +71,16 @@ class StepStats:
     warmup_rule: str
     median_step_s: float | None
     p90_step_s: float | None
-    data_wait_fraction: float | None
-    steps_per_s: float | None  # job steps per second (ranks step in parallel: their mean)
+    data_wait_fraction: float | None  # data wait / step wall time, over all measured steps
+    steps_per_s: float | None  # steps of one rank per second (the mean of the ranks' rates)
     samples_per_s: float | None  # all ranks together
-    batch_size: int | None
+    batch_size: int | None  # the most common batch size of the measured steps
+    mean_step_s: float | None = None
+    mean_data_wait_s: float | None = None
+    median_data_wait_s: float | None = None
+    p90_data_wait_s: float | None = None
+    t_start: float | None = None  # the measured steps' time span (UNIX seconds)
+    t_end: float | None = None
     per_rank: list[RankStats] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # the main process' settings
     dataloaders: list[dict[str, Any]] = field(default_factory=list)
@@ -72,14 +95,29 @@ class StepStats:
 WARMUP_RULE = "first max(1, min(5, n // 10)) steps of each process excluded"
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of an already sorted list."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = (len(sorted_values) - 1) * q
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default) of ``values``; NaN when there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q
     lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_wait_s(row: dict[str, Any]) -> float:
+    """A step's data wait in seconds, at most its wall time (see the module doc)."""
+    return min(float(row.get("data_wait_s") or 0.0), float(row.get("wall_s") or 0.0))
+
+
+def step_samples(row: dict[str, Any], fallback: int | None = None) -> int | None:
+    """Samples a step consumed: what the agent counted, else its batch size, else ``fallback``
+    (the DataLoader's batch size); None when none is known."""
+    for n in (row.get("samples"), row.get("batch_size")):
+        if n is not None:
+            return n
+    return fallback
 
 
 def decode_json(value: Any) -> Any:
@@ -107,14 +145,14 @@ def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> Ra
     measured = rows[skip:]
     walls = sorted(float(r["wall_s"]) for r in measured)
     total_wall = sum(walls)
-    total_wait = sum(float(r["data_wait_s"] or 0.0) for r in measured)
+    total_wait = sum(step_wait_s(r) for r in measured)
     # Steps follow each other: their walls add up to the time from the first one's start to
     # the last one's end, less the evaluations between them (not training).
     steps_per_s = len(measured) / total_wall if total_wall > 0 else None
     samples = 0
     known = True
     for r in measured:
-        n = r.get("samples") or r.get("batch_size") or fallback_batch
+        n = step_samples(r, fallback_batch)
         if n is None:
             known = False
             break
@@ -126,7 +164,7 @@ def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> Ra
         step_count=len(rows),
         measured_steps=len(measured),
         median_step_s=statistics.median(walls),
-        p90_step_s=_percentile(walls, 0.9),
+        p90_step_s=quantile(walls, 0.9),
         data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
         steps_per_s=steps_per_s,
         samples_per_s=samples_per_s,
@@ -169,22 +207,30 @@ def step_stats(
     for rows in by_pid.values():
         ordered = sorted(rows, key=lambda r: r["step"])
         measured_rows.extend(ordered[warmup_steps(len(ordered)) :])
-    walls = sorted(float(r["wall_s"]) for r in measured_rows)
+    walls = [float(r["wall_s"]) for r in measured_rows]
+    waits = [step_wait_s(r) for r in measured_rows]
     total_wall = sum(walls)
-    total_wait = sum(float(r["data_wait_s"] or 0.0) for r in measured_rows)
     rates = [s.steps_per_s for s in per_rank if s.steps_per_s is not None]
     samples = [s.samples_per_s for s in per_rank]
-    batch_sizes = {r.get("batch_size") for r in measured_rows if r.get("batch_size")}
+    batch_sizes = [r["batch_size"] for r in measured_rows if r.get("batch_size")]
+    starts = [r["t_start"] for r in measured_rows if r.get("t_start") is not None]
+    ends = [r["t_end"] for r in measured_rows if r.get("t_end") is not None]
     return StepStats(
         step_count=len(steps_rows),
         measured_steps=len(measured_rows),
         warmup_rule=WARMUP_RULE,
         median_step_s=statistics.median(walls) if walls else None,
-        p90_step_s=_percentile(walls, 0.9) if walls else None,
-        data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
+        p90_step_s=quantile(walls, 0.9) if walls else None,
+        data_wait_fraction=(sum(waits) / total_wall) if total_wall > 0 else None,
         steps_per_s=statistics.fmean(rates) if rates else None,
         samples_per_s=sum(samples) if samples and None not in samples else None,
-        batch_size=batch_sizes.pop() if len(batch_sizes) == 1 else None,
+        batch_size=statistics.mode(batch_sizes) if batch_sizes else None,
+        mean_step_s=statistics.fmean(walls) if walls else None,
+        mean_data_wait_s=statistics.fmean(waits) if waits else None,
+        median_data_wait_s=statistics.median(waits) if waits else None,
+        p90_data_wait_s=quantile(waits, 0.9) if waits else None,
+        t_start=min(starts) if starts else None,
+        t_end=max(ends) if ends else None,
         per_rank=per_rank,
         settings=settings,
         dataloaders=dataloaders,

@@ -7,6 +7,7 @@ from typing import Any
 
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.state import describe_state, missing_wal_hint
+from torchdoctor.recording.steps import evaluation_stats
 from torchdoctor.sampling.types import usable_cpus_of
 
 
@@ -57,7 +58,7 @@ class RunSummary:
     roles: dict[str, int]  # distinct processes seen per role
     gpus: list[GpuSummary]
     gpu_unavailable: str | None
-    steps: dict[str, Any] | None = None  # recording.steps.step_stats as a dict, when recorded
+    steps: dict[str, Any] | None = None  # Recording.step_stats() as a dict, when recorded
     # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -175,25 +176,13 @@ def _gpus(rec: Recording) -> list[GpuSummary]:
 
 
 def _steps(rec: Recording) -> dict[str, Any] | None:
-    if rec.count("steps") == 0:
-        return None
-    try:
-        from torchdoctor.recording.steps import step_stats
-    except ImportError:
-        return None
-    import dataclasses
-
-    stats = step_stats(rec.rows("steps"), rec.rows("dataloaders"), rec.rows("settings"))
-    return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+    stats = rec.step_stats()
+    return stats.to_dict() if stats is not None else None
 
 
 def _evaluation(rec: Recording) -> dict[str, Any] | None:
     rows = rec.query("SELECT pid, kind, detail FROM events WHERE kind = 'evaluation'")
     if not rows:
-        return None
-    try:
-        from torchdoctor.recording.steps import evaluation_stats
-    except ImportError:
         return None
     stats = evaluation_stats(rows)
     return stats.to_dict() if stats is not None else None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import decode_json
+from torchdoctor.recording.steps import decode_json, step_samples, step_wait_s
 from torchdoctor.tune.space import Config
 
 BLOCKS = 4  # the measured window is cut into this many blocks to see the spread within a run
@@ -60,10 +60,10 @@ def _window(rows: list[dict[str, Any]], warmup: int) -> StepWindow | None:
     if span <= 0:
         return None
     n = len(measured)
-    samples = [r["samples"] for r in measured]
+    samples = [step_samples(r) for r in measured]
     samples_per_s = sum(samples) / span if all(s for s in samples) else None
     wall = sum(r["wall_s"] for r in measured)
-    wait = sum(r["data_wait_s"] for r in measured)
+    wait = sum(step_wait_s(r) for r in measured)
     return StepWindow(
         steps=n,
         warmup=warmup,

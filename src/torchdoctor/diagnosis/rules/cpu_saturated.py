@@ -27,7 +27,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     usable = ctx.usable_cpus
     summary = ctx.step_summary
     waits = (
-        summary is not None and summary.data_wait_share * 100 >= ctx.thresholds.data_wait_alert_pct
+        summary is not None
+        and summary.data_wait_fraction * 100 >= ctx.thresholds.data_wait_alert_pct
     )
     if job_span is None:
         assert host_span is not None

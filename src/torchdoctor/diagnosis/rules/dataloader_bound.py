@@ -40,12 +40,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     summary = ctx.step_summary
     if summary is None:
         return []
-    share = summary.data_wait_share
+    share = summary.data_wait_fraction
     if share * 100 < ctx.thresholds.data_wait_alert_pct:
         return []
     loader = training_loader(ctx)
     wait = summary.mean_data_wait_s
-    compute = max(summary.mean_wall_s - wait, 1e-6)
+    compute = max(summary.mean_step_s - wait, 1e-6)
     t0, t1 = summary.t_start, summary.t_end
     current = loader["num_workers"] if loader else None
 
@@ -56,7 +56,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     threads = _trainer_threads(ctx)
     # CPU time is what the job consumed, contention or not; the CPUs it can have are what it
     # used plus what sat idle (other processes take the rest).
-    measured_cpu = (job_cores or 0.0) * summary.mean_wall_s
+    measured_cpu = (job_cores or 0.0) * summary.mean_step_s
     cpu_per_step = measured_cpu
     if not current:
         # The main process loads on its intra-op threads: a one-thread worker needs at most
@@ -65,7 +65,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     available = ctx.available_cores(t0, t1) or ctx.usable_cpus
     workers, predicted = size_workers(load_per_batch, compute, cpu_per_step, available)
     needed = max(1, math.ceil(load_per_batch / compute))
-    helps = predicted < 0.9 * summary.mean_wall_s
+    helps = predicted < 0.9 * summary.mean_step_s
     fit_threads = _threads_beside_workers(
         threads, workers, load_per_batch if not current else None, worker_cores,
         compute, predicted, available,
@@ -74,8 +74,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     evidence = [
         Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
         Evidence("mean data wait per step", round(wait, 6), "s", t0, t1),
-        Evidence("mean step time", round(summary.mean_wall_s, 6), "s", t0, t1),
-        Evidence("steady steps measured", summary.count, "steps", t0, t1),
+        Evidence("mean step time", round(summary.mean_step_s, 6), "s", t0, t1),
+        Evidence("steady steps measured", summary.measured_steps, "steps", t0, t1),
         Evidence("usable CPUs", ctx.usable_cpus, "CPUs"),
     ]
     if loader is not None:
@@ -105,7 +105,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             f"{workers} and persistent_workers=True so batches are prepared in parallel."
         )
         settings = {"num_workers": workers, "persistent_workers": True}
-        expected = _expected(summary.mean_wall_s, predicted)
+        expected = _expected(summary.mean_step_s, predicted)
     elif workers > (current or 0) and helps:
         settings = {"num_workers": workers, "persistent_workers": True}
         bursty = summary.p90_data_wait_s > 4 * max(summary.median_data_wait_s, 1e-4)
@@ -131,7 +131,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         )
         recommendation = (
             f"DataLoader({args}): {share * 100:.0f} % of each step waits for data "
-            f"({fmt_duration(wait)} of {fmt_duration(summary.mean_wall_s)}){idle_text}. "
+            f"({fmt_duration(wait)} of {fmt_duration(summary.mean_step_s)}){idle_text}. "
             f"Loading one batch takes about {fmt_duration(load_per_batch)} against "
             f"{fmt_duration(compute)} of compute"
             + (
@@ -145,11 +145,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             )
             + thread_text
         )
-        expected = _expected(summary.mean_wall_s, predicted)
+        expected = _expected(summary.mean_step_s, predicted)
     elif idle is not None and idle >= 1.0:
         recommendation = (
             f"{share * 100:.0f} % of each step waits for data ({fmt_duration(wait)} of "
-            f"{fmt_duration(summary.mean_wall_s)}), but more workers would shorten the step by less "
+            f"{fmt_duration(summary.mean_step_s)}), but more workers would shorten the step by less "
             "than 10 %: the model's own compute sets the pace. Make each batch cheaper to "
             "produce (cache decoded samples, store the data set as tensors) if it matters."
         )
@@ -183,7 +183,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             evidence=evidence,
             recommendation=recommendation,
             expected_effect=expected,
-            confidence=0.9 if summary.count >= 20 else 0.7,
+            confidence=0.9 if summary.measured_steps >= 20 else 0.7,
             settings=settings,
             details=details,
         )

@@ -46,7 +46,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         if summary is not None:
             evidence.append(
                 Evidence(
-                    "data wait share of step time", round(summary.data_wait_share * 100, 1), "%"
+                    "data wait share of step time", round(summary.data_wait_fraction * 100, 1), "%"
                 )
             )
         settings: dict[str, object] = {}

@@ -23,7 +23,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     ]
     if summary is not None:
         evidence.append(
-            Evidence("data wait share of step time", round(summary.data_wait_share * 100, 1), "%")
+            Evidence(
+                "data wait share of step time", round(summary.data_wait_fraction * 100, 1), "%"
+            )
         )
     return [
         Finding(

@@ -39,7 +39,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         return []
     typical = summary.median_data_wait_s
     gap = statistics.median(gaps)
-    if gap < MIN_GAP_FACTOR * max(summary.median_wall_s, 1e-4):
+    if gap < MIN_GAP_FACTOR * max(summary.median_step_s, 1e-4):
         return []
     lost = sum(max(g - typical, 0.0) for g in gaps)
     total = sum(s["wall_s"] for s in steps)
