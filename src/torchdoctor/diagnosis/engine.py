@@ -19,6 +19,11 @@ def rules() -> list[ModuleType]:
     return sorted(modules, key=lambda m: bool(getattr(m, "AFTER_OTHERS", False)))
 
 
+def rule_ids() -> list[str]:
+    """Every finding id the diagnosis can report, sorted."""
+    return sorted({m.ID for m in rules()})
+
+
 def diagnose(recording: Recording, thresholds: Thresholds | None = None) -> list[Finding]:
     """Every rule's findings for ``recording``, sorted by severity, then confidence.
 

@@ -22,8 +22,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
+from torchdoctor.diagnosis.engine import rule_ids
+from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
 from torchdoctor.errors import UserError
-from torchdoctor.exporters.findings import FindingsCache
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
 from torchdoctor.exporters.tail import RecordingTail
@@ -52,7 +53,7 @@ def parse_listen(text: str, option: str) -> tuple[str, int]:
 class _JobSource:
     """One recording followed by a collector: its state and its findings, kept between scrapes."""
 
-    def __init__(self, path: Path, findings: FindingsCache | None) -> None:
+    def __init__(self, path: Path, findings: BudgetedDiagnosis | None) -> None:
         self.path = path
         self.run_id = path.stem
         self._findings = findings
@@ -79,9 +80,14 @@ class _JobSource:
         return self.state
 
     def findings(self, jobs: int = 1) -> dict[str, bool] | None:
+        """{rule id: reported now}, one 0/1 series per rule; None while no diagnosis worked."""
         if self._findings is None:
             return None
-        return self._findings.active(self.path, jobs)
+        found = self._findings.latest(self.path, jobs).findings
+        if found is None:
+            return None
+        ids = {f.id for f in found}
+        return {rule: rule in ids for rule in rule_ids()}
 
     def close(self) -> None:
         if self.state is not None:
@@ -104,7 +110,7 @@ class JobCollector:
     """
 
     def __init__(self, recording: str | Path, *, findings: bool = True) -> None:
-        self._source = _JobSource(Path(recording), FindingsCache() if findings else None)
+        self._source = _JobSource(Path(recording), BudgetedDiagnosis() if findings else None)
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -144,7 +150,7 @@ class HostCollector:
         self._host = host
         self._gpus = gpus
         self._jobs = jobs
-        self._findings = FindingsCache() if findings else None
+        self._findings = BudgetedDiagnosis() if findings else None
         self._sources: dict[Path, _JobSource] = {}
         self._lock = threading.Lock()
 

@@ -3,28 +3,25 @@ findings.
 
 The recorder announces each recording in :mod:`torchdoctor.live.registry`. Step figures come
 from the recent rows of the ``steps`` table (read-only SQLite queries, the recorder keeps
-writing); findings from the diagnosis, re-run on a slower tier because it reads the whole
-recording. A recording without steps (no instrumentation) or a diagnosis that fails still
+writing); findings from the diagnosis, re-run within a CPU budget because it reads the whole
+recording (:mod:`torchdoctor.diagnosis.rediagnosis`). A recording without steps (no instrumentation) or a diagnosis that fails still
 shows what it can, with the reason for the rest: the live view never stops over them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
 from torchdoctor.live.model import FindingBrief, RecordingStatus
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.thresholds import Thresholds
 
 WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
-FINDINGS_EVERY_S = 30.0
-# While the diagnosis says it has too little evidence (a job's first seconds), sooner.
-FINDINGS_EARLY_EVERY_S = 5.0
 MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
 # No step for this many times the longest recent step (and the window): stalled. Generous,
 # because steps of a job starved of CPU vary a lot, and records reach the file in batches.
@@ -32,9 +29,6 @@ STALLED_STEPS = 5.0
 # No sample for this many intervals (and at least STALE_MIN_S): the recorder is stuck.
 STALE_INTERVALS = 20
 STALE_MIN_S = 10.0
-# The diagnosis reads the whole recording, which grows: refreshes are spaced out so that all
-# recordings together use at most this share of one core on it.
-FINDINGS_CPU_SHARE = 0.005
 _STEP_COLUMNS = (
     "pid",
     "rank",
@@ -53,9 +47,6 @@ class _Watched:
     path: Path
     db: sqlite3.Connection | None
     error: str | None
-    findings: list[FindingBrief] = field(default_factory=list)
-    findings_error: str | None = None
-    findings_due: float = 0.0  # monotonic time
 
 
 class RecordingWatcher:
@@ -65,6 +56,7 @@ class RecordingWatcher:
         self.thresholds = thresholds
         self.window_s = window_s
         self._watched: dict[Path, _Watched] = {}
+        self._diagnosis = BudgetedDiagnosis(thresholds)
 
     def status(self, path: Path, now: float | None = None) -> RecordingStatus:
         now = time.time() if now is None else now
@@ -89,10 +81,15 @@ class RecordingWatcher:
             self._steps(w.db, now, status)
         except sqlite3.Error as exc:
             status.unavailable["steps"] = f"cannot read the steps of {path}: {exc}"
-        self._refresh_findings(w)
-        status.findings = list(w.findings)
-        if w.findings_error:
-            status.unavailable["findings"] = w.findings_error
+        latest = self._diagnosis.latest(path, len(self._watched))
+        status.findings = [
+            FindingBrief(
+                id=f.id, severity=f.severity, title=f.title, recommendation=f.recommendation
+            )
+            for f in latest.findings or []
+        ]
+        if latest.error:
+            status.unavailable["findings"] = latest.error
         return status
 
     def forget_except(self, keep: set[Path]) -> None:
@@ -102,6 +99,7 @@ class RecordingWatcher:
                 w = self._watched.pop(path)
                 if w.db is not None:
                     w.db.close()
+        self._diagnosis.forget_except(keep)
 
     def close(self) -> None:
         self.forget_except(set())
@@ -155,37 +153,6 @@ class RecordingWatcher:
         # The most starved process is the one that holds the others back.
         shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
         status.data_wait_share = max(shares) if shares else None
-
-    def _refresh_findings(self, w: _Watched) -> None:
-        mono = time.monotonic()
-        if mono < w.findings_due:
-            return
-        cpu0 = time.thread_time()
-        from torchdoctor.diagnosis.engine import diagnose
-        from torchdoctor.recording.reader import open_recording
-
-        # A rule that fails reports on stderr, which would scribble over the live screen.
-        complaints = io.StringIO()
-        try:
-            with open_recording(w.path) as rec, contextlib.redirect_stderr(complaints):
-                found = diagnose(rec, self.thresholds)
-        except Exception as exc:  # a diagnosis failure must never take the live view down
-            w.findings_error = f"diagnosis failed: {type(exc).__name__}: {exc}"
-            return
-        finally:
-            spent = time.thread_time() - cpu0
-            share = FINDINGS_CPU_SHARE / max(len(self._watched), 1)
-            w.findings_due = mono + max(FINDINGS_EVERY_S, spent / share)
-        if any(f.id == "short-recording" for f in found):
-            w.findings_due = mono + max(FINDINGS_EARLY_EVERY_S, spent / share)
-        reported = complaints.getvalue().strip().splitlines()
-        w.findings_error = reported[0] if reported else None
-        w.findings = [
-            FindingBrief(
-                id=f.id, severity=f.severity, title=f.title, recommendation=f.recommendation
-            )
-            for f in found
-        ]
 
 
 def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | None:
