@@ -98,4 +98,8 @@ def test_preflight_refuses_a_taken_port_and_too_many_ranks_per_gpu() -> None:
         e.startswith("network.rendezvous: ") and "the port is in use by PID" in e
         for e in report.errors
     )
-    assert any("2 ranks on 1 GPU(s): ranks would share a GPU" in e for e in report.errors)
+    # the doctor's own check, on the GPUs the launcher read
+    assert any(
+        e.startswith("gpus.visible: ") and "2 ranks per node planned on 1 visible GPU(s)" in e
+        for e in report.errors
+    )

@@ -7,15 +7,13 @@ here. torchrun (``python -m torch.distributed.run``) does rendezvous, restarts a
 
 from __future__ import annotations
 
-import fcntl
 import os
-import socket
-import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.sampling import network
 
 # Env read by the in-rank instrumentation (instrument/distributed.py): where ranks write their
 # flight-recorder dumps when a collective times out or torchrun stops them.
@@ -105,34 +103,6 @@ def check_options(opts: LaunchOptions) -> None:
         )
 
 
-def egress_interface(address: str, port: int = 9) -> tuple[str, str] | None:
-    """(interface, local IPv4 address) this host uses to reach ``address``, or None.
-
-    A UDP connect sends nothing: it only asks the kernel's routing table for the source
-    address; the interface holding that address is the one gloo must bind to.
-    """
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((address, port))
-            local = s.getsockname()[0]
-    except OSError:
-        return None
-    for _, name in socket.if_nameindex():
-        if _ipv4_of(name) == local:
-            return name, local
-    return None
-
-
-def _ipv4_of(ifname: str) -> str | None:
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", ifname.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
 def plan_launch(
     opts: LaunchOptions,
     script: list[str],
@@ -195,12 +165,13 @@ def plan_launch(
         ]
         rendezvous = f"static {addr}:{port}"
         if opts.nnodes > 1:
-            found = egress_interface(addr, port)
-            if found is not None:
+            ip = network.resolve_ipv4(addr)
+            route = network.route_to(ip) if ip is not None else None
+            if route is not None:
                 # gloo binds the address gethostname() resolves to, which is often loopback.
-                put("GLOO_SOCKET_IFNAME", found[0], f"the interface that reaches {addr}")
+                put("GLOO_SOCKET_IFNAME", route.interface, f"the interface that reaches {addr}")
                 if gpu_count:
-                    put("NCCL_SOCKET_IFNAME", found[0], f"the interface that reaches {addr}")
+                    put("NCCL_SOCKET_IFNAME", route.interface, f"the interface that reaches {addr}")
     if numa_binding and gpu_count:
         args.append("--numa-binding=node")  # each rank's CPUs on its GPU's NUMA node
         notes.append("--numa-binding=node: each rank runs on the cores of its GPU's NUMA node")

@@ -1,7 +1,8 @@
 """The checks ``launch`` runs before it starts anything: the doctor's checks that decide
 whether a distributed job can start on this node (route and interfaces, rendezvous endpoint
-and port, /dev/shm, CPU oversubscription, GPUs, stale settings), plus one of its own: no more
-ranks than GPUs. An error refuses the launch (unless --force).
+and port, /dev/shm, CPU oversubscription, the GPUs visible to it and no more ranks than those,
+stale settings). An error refuses the launch (unless --force). The checks are the doctor's
+own (:mod:`torchdoctor.doctor`): this module only picks them and sorts their outcomes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ PREFLIGHT_CHECKS = (
 
 
 def preflight(plan, *, gpu_status=None) -> PreflightReport:
-    """Check the node for ``plan`` (a LaunchPlan) with the doctor's checks."""
+    """Check the node for ``plan`` (a LaunchPlan) with the doctor's checks; ``gpu_status``
+    is the GPUs as the launcher read them (None: the checks read them)."""
     from torchdoctor.doctor import ERROR, OK, WARNING, Plan, run_checks
 
     report = PreflightReport()
@@ -62,6 +64,7 @@ def preflight(plan, *, gpu_status=None) -> PreflightReport:
         nnodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
         env=env,
+        gpu_status=gpu_status,
     )
     for check in run_checks(doctor_plan, PREFLIGHT_CHECKS):
         line = f"{check.name}: {check.saw}" + (f"; fix: {check.fix}" if check.fix else "")
@@ -71,18 +74,4 @@ def preflight(plan, *, gpu_status=None) -> PreflightReport:
             report.warnings.append(line)
         elif check.status == OK:
             report.passed.append(check.name)
-    _check_gpus(plan, gpu_status, report)
     return report
-
-
-def _check_gpus(plan, gpu_status, report: PreflightReport) -> None:
-    if gpu_status is None or not gpu_status.available or not gpu_status.gpus:
-        return
-    n = len(gpu_status.gpus)
-    if plan.nproc_per_node > n:
-        report.errors.append(
-            f"{plan.nproc_per_node} ranks on {n} GPU(s): ranks would share a GPU; "
-            f"use --nproc-per-node {n}"
-        )
-    else:
-        report.passed.append(f"{plan.nproc_per_node} rank(s) on {n} GPU(s), one each")

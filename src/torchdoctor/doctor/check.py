@@ -42,6 +42,8 @@ class Plan:
     ``env`` is the environment the run will get (default: this process's). ``nvml_module`` is
     the NVML bindings (``None``: the installed ``pynvml``; tests pass their fake) and
     ``pid_namespace`` how NVML's PIDs map to ours (``None``: detected from /proc).
+    ``gpu_status`` is the GPUs as the caller already read them (``launch`` has; ``None``: the
+    checks read them).
     """
 
     master_addr: str | None = None
@@ -53,6 +55,7 @@ class Plan:
     nvml_module: Any = None
     pid_namespace: Any = None
     bench: bool = False
+    gpu_status: Any = None  # a torchdoctor.sampling.types.GpuStatus
 
     def __post_init__(self) -> None:
         if self.master_addr is None:

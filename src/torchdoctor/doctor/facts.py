@@ -83,6 +83,8 @@ class Facts:
 
     @property
     def gpu_status(self) -> GpuStatus:
+        if self.plan.gpu_status is not None:
+            return self.plan.gpu_status
         return self._gpus[0]
 
     @property
