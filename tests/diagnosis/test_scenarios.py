@@ -67,9 +67,18 @@ def assert_worker_advice(findings: list[dict], minimum: int) -> None:
             # fewer workers than a quiet machine gets: only other programs' load may cause it
             assert "cpu-contention" in [x["id"] for x in findings]
     else:
-        # No fix to apply: a modest wait is then only info (a busy machine may shrink it).
+        # No workers advised: true only when the CPUs left to the job already set the step's
+        # pace. The finding's own evidence must show it: the CPU work of a step spread over the
+        # CPUs other programs left is most of the step (so no overlap of loading can shorten
+        # it), those CPUs are fewer than the job may use, and cpu-contention names the cause.
         assert "no CPU to run on" in f["recommendation"]
-        assert "cpu-contention" in [x["id"] for x in findings]
+        ev = {e["label"]: e["value"] for e in f["evidence"]}
+        cpu_work = ev.get("CPU work per step with one-thread workers", ev["job CPU time per step"])
+        available = ev["CPUs available to the job"]
+        assert available < ev["usable CPUs"] - 0.25, ev
+        assert cpu_work / available >= 0.5 * ev["mean step time"], ev
+        contention = find(findings, "cpu-contention")
+        assert contention["severity"] in ("warning", "critical")
 
 
 def test_healthy_job_gets_no_alarm(tmp_path):

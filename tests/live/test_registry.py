@@ -142,3 +142,46 @@ def test_a_job_under_torchdoctor_run_shows_step_rate_and_starvation(
     line = screen.lines[screen.lines.index(screen.line_with(f"job {torch_job.pid}")) + 1]
     assert "10.0 step/s" in line and "data wait 40%" in line
     assert screen.colour_of("40%", after=f"job {torch_job.pid}") == "red"
+
+
+def test_top_finds_a_real_recorded_job_and_shows_its_rate_and_finding(runtime_dir, tmp_path):
+    """The whole path a user takes: `torchdoctor run` announces the job, top finds its live
+    recording, reads its steps and diagnoses it, and the job's line says what holds it back."""
+    from tests.conftest import REPO, TORCHDOCTOR
+
+    pytest.importorskip("torch")
+    path = tmp_path / "live.sqlite"
+    run = subprocess.Popen(
+        [*TORCHDOCTOR, "run", "--quiet", "--out", str(path), "--", sys.executable,
+         str(REPO / "examples" / "scenarios" / "data_bound.py"), "--steps", "5000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir)},
+    )  # fmt: skip
+    collector = TopCollector(Thresholds(), gpu_reader=GpuReader(fake_nvml.scenario("no_driver")))
+    job = None
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert run.poll() is None, run.stderr.read()
+            assert time.monotonic() < deadline, f"top never showed the finding: {job}"
+            readings = collector.read()
+            mine = [j for j in readings.jobs if j.recording and j.recording.path == str(path)]
+            job = mine[0] if mine else None
+            if job and "dataloader-bound" in {f.id for f in job.recording.findings}:
+                break
+            time.sleep(0.5)  # top's own refresh pace: the recording grows between looks
+        screen = show(build_view(readings, Thresholds(), UiState()), height=200)
+    finally:
+        collector.close()
+        run.terminate()  # the recorder forwards it to the job and closes the recording
+        run.wait(timeout=60)
+    (entry,) = [e for e in registry.active() if e.recording_path == path] or [None]
+    assert entry is None, "the recorder did not unregister the job when it ended"
+    assert job.recording.steps > 0 and job.recording.step_rate_per_s > 0
+    line = screen.lines[screen.lines.index(screen.line_with(f"job {job.root_pid}")) + 1]
+    assert f"{job.recording.step_rate_per_s:.1f} step/s" in line
+    assert f"data wait {100 * job.recording.data_wait_share:.0f}%" in line
+    # The job's status is its worst finding: dataloader-bound, or on a machine that other
+    # processes keep busy, the contention that comes first
+    shown = [f for f in job.recording.findings if f.title[:30] in line]
+    assert shown and shown[0].severity in ("warning", "critical"), (line, job.recording.findings)
