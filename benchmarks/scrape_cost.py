@@ -181,7 +181,7 @@ def main() -> int:
         runtime.mkdir(mode=0o700)
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # a registry of our own
         from torchdoctor.exporters.prometheus import HostCollector, JobCollector, registry_for
-        from torchdoctor.live.registry import active, register
+        from torchdoctor.recording.registry import active, register
         from torchdoctor.sampling.host import HostReader
 
         jobs: list[_Job] = []

@@ -108,8 +108,8 @@ def process_count() -> int:
 
 
 def torch_jobs() -> str:
-    from torchdoctor.live import registry
     from torchdoctor.live.discover import TorchProcessFinder
+    from torchdoctor.recording import registry
 
     found = TorchProcessFinder().scan()
     return f"{len(found.roots)} ({len(registry.active())} recorded by `torchdoctor run`)"

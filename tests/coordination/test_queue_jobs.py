@@ -222,3 +222,21 @@ def test_two_torchrun_jobs_submitted_together_both_succeed(queue_env, tmp_path):
     assert ja.master_port != jb.master_port
     assert ja.started_at < jb.ended_at and jb.started_at < ja.ended_at  # they ran side by side
     assert f"port {ja.master_port}" in q.log(a)
+
+
+def test_a_running_queued_job_is_announced_so_top_and_the_exporter_find_it(
+    queue_env, tmp_path, monkeypatch
+):
+    from torchdoctor.recording import registry
+
+    q = queue_env()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", q.env["XDG_RUNTIME_DIR"])
+    gate = tmp_path / "gate"
+    job_id = q.submit("--", *_gate_job(gate, 0))
+    running = q.until(lambda: (j := q.job(job_id)).state == "running" and j.job_pid and j)
+    # the supervisor announces the job once it runs (the store says running a moment before)
+    (entry,) = q.until(lambda: [e for e in registry.active() if e.pid == running.job_pid])
+    assert entry.recording_path == Path(running.recording).resolve()
+    gate.touch()
+    assert q.wait(job_id) == 0
+    assert [e for e in registry.active() if e.pid == running.job_pid] == []

@@ -11,10 +11,10 @@ import pytest
 
 from tests import fake_nvml
 from tests.live.screen import show
-from torchdoctor.live import registry
 from torchdoctor.live.collect import TopCollector
 from torchdoctor.live.model import UiState, build_view
 from torchdoctor.live.recordings import RecordingWatcher
+from torchdoctor.recording import registry
 from torchdoctor.recording.records import StepRecord
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.sampling.gpus import GpuReader

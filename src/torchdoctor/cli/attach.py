@@ -16,10 +16,9 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
-from torchdoctor.cli.run import register_recording, unregister_recording
 from torchdoctor.errors import UserError
 from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
-from torchdoctor.recording import RecordingWriter
+from torchdoctor.recording import RecordingWriter, registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
@@ -74,7 +73,7 @@ def command(
         job = JobReader(pid)
         recorder = Recorder(Sampler(HostReader(pid=pid), job, gpus), writer, interval)
         recorder.start()
-        registered = register_recording(pid, path)
+        registered = registry.announce(pid, path)
         stopped_by = None
         while job.root_alive():
             signum = wait_for_signal(min(interval, 0.5))
@@ -83,7 +82,7 @@ def command(
                 break
         recorder.stop()
         if registered:
-            unregister_recording(pid)
+            registry.withdraw(pid)
         writer.close(
             {"ended_at": time.time(), "exit_status": None, "stopped_by_signal": stopped_by}
         )

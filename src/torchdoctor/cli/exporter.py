@@ -89,7 +89,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def _recorded_jobs() -> list[Path]:
     """Recordings of the jobs running now, as `torchdoctor run` and `attach` announce them."""
-    from torchdoctor.live.registry import active
+    from torchdoctor.recording.registry import active
 
     try:
         return [entry.recording_path for entry in active()]

@@ -70,15 +70,12 @@ def command(
     executable = resolve_command(args)
     path = new_recording(out, job_name(args))
     console = stderr_console()
-    registered: list[bool] = []
     status = record_command(
         executable,
         args,
         path,
         interval,
         instrument=not no_instrument,
-        on_started=lambda pid: registered.append(register_recording(pid, path)),
-        on_ended=lambda pid: unregister_recording(pid) if any(registered) else None,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
     if not quiet:
@@ -102,25 +99,3 @@ def _start_outputs(path: Path, outputs, quiet: bool):
     from torchdoctor.exporters.run_outputs import RunOutputs
 
     return RunOutputs(path, outputs, quiet=quiet)
-
-
-def register_recording(pid: int, path: Path) -> bool:
-    """Let `torchdoctor top` find this job's recording; best effort."""
-    try:
-        from torchdoctor.live.registry import register
-    except ImportError:
-        return False
-    try:
-        register(pid, str(path.resolve()))
-        return True
-    except OSError:
-        return False
-
-
-def unregister_recording(pid: int) -> None:
-    try:
-        from torchdoctor.live.registry import unregister
-
-        unregister(pid)
-    except (ImportError, OSError):
-        pass

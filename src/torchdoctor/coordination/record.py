@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.launcher import ChildProcess, hold_signals, release_signals
+from torchdoctor.recording import registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.recording.writer import RecordingWriter
@@ -78,6 +79,8 @@ def record_command(
         # From here on the job runs: nothing of ours may stop us from waiting for it and
         # returning its status. Each step fails alone, says so once, and the rest goes on.
         recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval))
+        # `top` and the host exporter find every recorded job, whichever command started it.
+        announced = _safely(lambda: registry.announce(child.pid, path))
         if on_started is not None:
             _safely(lambda: on_started(child.pid))
         status = child.wait(on_signal)
@@ -88,6 +91,8 @@ def record_command(
         if served is not None:
             _safely(writer.flush)
             _safely(served.close)
+        if announced:
+            _safely(lambda: registry.withdraw(child.pid))
         if on_ended is not None:
             _safely(lambda: on_ended(child.pid))
         _safely(lambda: writer.close({"ended_at": time.time(), "exit_status": status}))

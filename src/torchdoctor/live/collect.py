@@ -14,7 +14,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-from torchdoctor.live import registry
 from torchdoctor.live.discover import TorchProcessFinder
 from torchdoctor.live.model import (
     ENV_OF_INTEREST,
@@ -25,6 +24,7 @@ from torchdoctor.live.model import (
     env_of_interest,
 )
 from torchdoctor.live.recordings import RecordingWatcher
+from torchdoctor.recording import registry
 from torchdoctor.sampling import procfs
 from torchdoctor.sampling.gpus import GpuReader
 from torchdoctor.sampling.host import HostReader

@@ -1,7 +1,7 @@
 """What the recordings of jobs under ``torchdoctor run`` say right now: step rate, data wait,
 findings.
 
-The recorder announces each recording in :mod:`torchdoctor.live.registry`. Step figures come
+Each recorded job announces itself in :mod:`torchdoctor.recording.registry`. Step figures come
 from the recent rows of the ``steps`` table (read-only SQLite queries, the recorder keeps
 writing); findings from the diagnosis, re-run within a CPU budget because it reads the whole
 recording (:mod:`torchdoctor.diagnosis.rediagnosis`). A recording without steps (no instrumentation) or a diagnosis that fails still

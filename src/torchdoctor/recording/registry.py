@@ -1,7 +1,8 @@
 """Which jobs are being recorded right now, so that ``torchdoctor top`` can find their recordings.
 
-``torchdoctor run`` calls :func:`register` once the job's process has started and
-:func:`unregister` when it ends. Each entry is one small JSON file named after the PID, in a
+Every recorded job announces itself: `torchdoctor run`, `attach`, a queued job and a
+`launch` (all through :func:`announce` once the job's process has started and :func:`withdraw`
+when it ends), so that `top` and the host exporter find it. Each entry is one small JSON file named after the PID, in a
 folder only this user can write: ``$XDG_RUNTIME_DIR/torchdoctor`` or ``/tmp/torchdoctor-$UID``.
 An entry whose process is gone (or whose PID now belongs to another process) is stale: a
 recorder killed with SIGKILL never unregisters, so :func:`active` prunes such entries.
@@ -74,6 +75,21 @@ def unregister(pid: int) -> None:
     if folder is not None:
         with contextlib.suppress(FileNotFoundError):
             (folder / f"{pid}.json").unlink()
+
+
+def announce(pid: int, recording_path: str | os.PathLike[str]) -> bool:
+    """:func:`register`, best effort: a job that cannot be announced is still recorded."""
+    try:
+        register(pid, recording_path)
+        return True
+    except OSError:  # ProcessLookupError included: the job ended before it was announced
+        return False
+
+
+def withdraw(pid: int) -> None:
+    """:func:`unregister`, best effort."""
+    with contextlib.suppress(OSError):
+        unregister(pid)
 
 
 def active() -> list[RegistryEntry]:
