@@ -21,11 +21,16 @@ Two loops: "train" is a small MLP at about 1 ms per step (the issue's target: <=
 "tiny" does almost nothing per step (a DataLoader handing out ready batches and one SGD step on
 one parameter), so its difference is the absolute per-step cost of the hooks (<= 20 us).
 
+Start-up: ``python -c pass`` as ``torchdoctor run`` starts it (the bootstrap first on
+PYTHONPATH, a real collector's address set), against the same command with the bootstrap left
+off, round by round: what every Python process of a job pays that never imports torch. CPU
+time of the child (rusage) and its wall time.
+
 Then the transport: the cost inside the job of shipping one batch of 128 step records as
 JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a pipe and a
 per-process file (receivers drain in another process).
 
-    python benchmarks/instrument_overhead.py [--rounds 61] [--steps 80]
+    python benchmarks/instrument_overhead.py [--rounds 61] [--steps 80] [--startup-only]
 """
 
 from __future__ import annotations
@@ -139,11 +144,59 @@ def quiet_stderr():
         os.close(devnull)
 
 
-def run_round(torch, loop, steps, variant, agent) -> float:
-    if variant == "torchdoctor":
-        agent.arm()
+class Variant:
+    """What a round of one variant switches on before its steps and off after them."""
+
+    def __init__(self, name: str, on=None, off=None) -> None:
+        self.name = name
+        self.on = on or (lambda: None)
+        self.off = off or (lambda: None)
+
+
+def attribution_variants(torch) -> list[Variant]:
+    """Each of the hooks the agent puts on a training step, alone and empty, without
+    torchdoctor: what torch itself charges for the hook being there."""
+    import torch.optim.optimizer as optimizer_mod
+    import torch.utils.data.dataloader as dataloader_mod
+
+    handles = []
+
+    def hook_on():
+        handles.append(optimizer_mod.register_optimizer_step_post_hook(lambda o, a, k: None))
+
+    def hook_off():
+        handles.pop().remove()
+
+    backward = torch.autograd.backward
+
+    def pass_backward(*args, **kwargs):
+        return backward(*args, **kwargs)
+
+    iterator = dataloader_mod._BaseDataLoaderIter
+    next_ = iterator.__next__
+
+    def pass_next(self):
+        return next_(self)
+
+    def set_backward(value):
+        torch.autograd.backward = value
+
+    def set_next(value):
+        iterator.__next__ = value
+
+    return [
+        Variant("opt-hook", hook_on, hook_off),
+        Variant(
+            "wrap-backward", lambda: set_backward(pass_backward), lambda: set_backward(backward)
+        ),
+        Variant("wrap-next", lambda: set_next(pass_next), lambda: set_next(next_)),
+    ]
+
+
+def run_round(torch, loop, steps, variant: Variant) -> float:
+    variant.on()
     t0 = time.process_time()
-    if variant == "profiler":
+    if variant.name == "profiler":
         from torch.profiler import ProfilerActivity, profile
 
         with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]):
@@ -151,8 +204,7 @@ def run_round(torch, loop, steps, variant, agent) -> float:
     else:
         loop(steps)
     elapsed = time.process_time() - t0
-    if variant == "torchdoctor":
-        agent.uninstall()
+    variant.off()
     return elapsed / steps
 
 
@@ -174,18 +226,23 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     agent = Agent()
     agent.sinks.append(SocketSink(address))
     loops = build_loops(torch)
-    variants = ("plain", "torchdoctor", "profiler")
+    main = [
+        Variant("plain"),
+        Variant("torchdoctor", agent.arm, agent.uninstall),
+        Variant("profiler"),
+    ]
     results = {}
     for name, loop in loops.items():
         n = steps if name == "train" else steps * 10
-        for variant in variants:  # warm-up: caches, allocator, lazy imports
-            run_round(torch, loop, max(20, n // 10), variant, agent)
-        times: dict[str, list[float]] = {v: [] for v in variants}
+        chosen = main + attribution_variants(torch) if name == "train" else main
+        for variant in chosen:  # warm-up: caches, allocator, lazy imports
+            run_round(torch, loop, max(20, n // 10), variant)
+        times: dict[str, list[float]] = {v.name: [] for v in chosen}
         for r in range(rounds):
-            order = variants if r % 2 == 0 else tuple(reversed(variants))
-            for variant in order:
-                times[variant].append(run_round(torch, loop, n, variant, agent))
+            for variant in chosen if r % 2 == 0 else chosen[::-1]:
+                times[variant.name].append(run_round(torch, loop, n, variant))
         results[name] = times
+        variants = [v.name for v in chosen]
         best_plain = min(times["plain"])
         print(f"\n{name} loop: {rounds} rounds x {n} steps per variant, CPU us per step")
         print(
@@ -222,10 +279,104 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
         target="<= 10 µs",
     )
     card.info("torch.profiler on the same train loop", f"{100 * prof_extra / train_step:+.0f} %")
+    for variant, what in (
+        ("opt-hook", "an empty global optimizer step post-hook, no torchdoctor"),
+        ("wrap-backward", "a pass-through torch.autograd.backward wrapper, no torchdoctor"),
+        ("wrap-next", "a pass-through DataLoader iterator __next__ wrapper, no torchdoctor"),
+    ):
+        alone, alone_spread = paired_difference(
+            results["train"][variant], results["train"]["plain"]
+        )
+        card.info(what, f"{1e6 * alone:+.1f} µs ± {1e6 * alone_spread:.1f} µs per step")
     collector.stdin.close()
     received = collector.stdout.readline().strip()
     collector.wait(10)
     print(f"\n  steps the collector received from the instrumented rounds: {received}")
+
+
+def spawn_cost(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one child process run to its end."""
+    t0 = time.perf_counter()
+    pid = os.posix_spawn(argv[0], argv, env)
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv} exited with status {status}")
+    return usage.ru_utime + usage.ru_stime, wall
+
+
+def startup_rounds(rounds: int, plain: dict, instrumented: dict) -> dict[str, list]:
+    """(CPU, wall) seconds of ``python -c pass`` per variant, interleaved round by round."""
+    argv = [sys.executable, "-c", "pass"]
+    envs = {"plain": plain, "torchdoctor": instrumented}
+    for env in envs.values():  # warm-up: page cache (and the bytecode caches, where written)
+        for _ in range(5):
+            spawn_cost(argv, env)
+    costs: dict[str, list] = {"plain": [], "torchdoctor": []}
+    for r in range(rounds):
+        for variant in ("plain", "torchdoctor") if r % 2 == 0 else ("torchdoctor", "plain"):
+            costs[variant].append(spawn_cost(argv, envs[variant]))
+    return costs
+
+
+def describe_startup(costs: dict[str, list]) -> tuple[float, str]:
+    plain_cpu = [c for c, _ in costs["plain"]]
+    extra_cpu, spread_cpu = paired_difference([c for c, _ in costs["torchdoctor"]], plain_cpu)
+    extra_wall, spread_wall = paired_difference(
+        [w for _, w in costs["torchdoctor"]], [w for _, w in costs["plain"]]
+    )
+    text = (
+        f"{extra_cpu * 1e3:+.2f} ms ± {spread_cpu * 1e3:.2f} ms CPU"
+        f" ({100 * extra_cpu / statistics.median(plain_cpu):+.0f} % of"
+        f" {statistics.median(plain_cpu) * 1e3:.1f} ms), {extra_wall * 1e3:+.2f} ms"
+        f" ± {spread_wall * 1e3:.2f} ms wall"
+    )
+    return extra_cpu, text
+
+
+def measure_startup(rounds: int, card: Scorecard) -> None:
+    from torchdoctor.instrument.collector import Collector, bootstrap_env
+
+    class Discard:
+        def add_steps(self, rows):
+            pass
+
+        def add_dataloaders(self, rows):
+            pass
+
+        def add_settings(self, rows):
+            pass
+
+        def add_events(self, rows):
+            pass
+
+    collector = Collector(Discard())
+    hidden = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_") and k not in hidden
+    }
+    try:
+        # As installed: the bytecode caches are there (pip writes them; the warm-up does here).
+        cached = startup_rounds(rounds, base, bootstrap_env(base, collector.address))
+        # No usable cache (a read-only tree never compiled, PYTHONDONTWRITEBYTECODE): every
+        # process compiles what it loads, the standard library too in both variants.
+        with tempfile.TemporaryDirectory() as empty:
+            cold = {**base, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": empty}
+            uncached = startup_rounds(rounds // 4, cold, bootstrap_env(cold, collector.address))
+    finally:
+        collector.close()
+    print(f"\nstart-up of `python -c pass` under torchdoctor run, {rounds} rounds, paired")
+    extra, text = describe_startup(cached)
+    card.check(
+        "start-up cost of the bootstrap in a process that never imports torch (paired)",
+        extra * 1e3,
+        text,
+        at_most=3.0,
+        target="<= 3 ms",
+    )
+    card.info(
+        "the same without bytecode caches (every process compiles)", describe_startup(uncached)[1]
+    )
 
 
 def measure_transport(messages: int = 2000) -> None:
@@ -315,12 +466,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=61)
     parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--startup-only", action="store_true")
     args = parser.parse_args()
+    card = Scorecard("instrument_overhead")
+    measure_startup(max(args.rounds, 101), card)
+    if args.startup_only:
+        return card.exit_code()
     import torch
 
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, Python {sys.version.split()[0]}")
-    card = Scorecard("instrument_overhead")
     measure_overhead(torch, args.rounds, args.steps, card)
     measure_transport()
     return card.exit_code()

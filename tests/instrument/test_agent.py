@@ -8,6 +8,7 @@ import pytest
 
 from torchdoctor.instrument import agent as agent_mod
 from torchdoctor.instrument.agent import Agent, parse_overrides
+from torchdoctor.instrument.agent.steps import batch_len
 from torchdoctor.instrument.wire import decode
 
 torch = pytest.importorskip("torch")
@@ -132,11 +133,8 @@ def test_a_failing_sink_switches_the_agent_off_once_and_training_goes_on():
     a.arm()
     original_init = a._patches[0][2]
     a.stop_after = None
-    agent_mod.FLUSH_MAX_STEPS, saved = 2, agent_mod.FLUSH_MAX_STEPS
-    try:
-        model = _train(steps=8)  # the first flush raises inside the step hook
-    finally:
-        agent_mod.FLUSH_MAX_STEPS = saved
+    a.flush_max_steps = 2
+    model = _train(steps=8)  # the first flush raises inside the step hook
     assert isinstance(model, torch.nn.Linear)
     assert not a.active and "recording closed under us" in a.disabled_reason
     assert DataLoader.__init__ is original_init
@@ -150,7 +148,7 @@ def test_a_failing_sink_switches_the_agent_off_once_and_training_goes_on():
 def test_cuda_oom_is_recorded_with_its_step_and_batch_size(agent):
     _train(steps=3, batch_size=5)
     # What the CUDA caching allocator calls when an allocation fails, before it raises.
-    agent.on_cuda_oom(0, 2 << 30, 38 << 30, 1 << 20)
+    agent.cuda.on_oom(0, 2 << 30, 38 << 30, 1 << 20)
     _, _, _, events = agent.sink.records()
     (oom,) = [e for e in events if e.kind == "cuda-oom"]
     detail = json.loads(oom.detail)
@@ -200,12 +198,12 @@ def test_invalid_overrides_are_reported_not_applied():
 
 def test_batch_len_reads_common_batch_shapes():
     t = torch.Tensor
-    assert agent_mod._batch_len(torch.zeros(7, 3), t) == 7
-    assert agent_mod._batch_len((torch.zeros(5, 2), torch.zeros(5)), t) == 5
-    assert agent_mod._batch_len({"input_ids": torch.zeros(3, 9)}, t) == 3
-    assert agent_mod._batch_len(["a", "b"], t) == 2
-    assert agent_mod._batch_len(torch.tensor(1.0), t) is None
-    assert agent_mod._batch_len(object(), t) is None
+    assert batch_len(torch.zeros(7, 3), t) == 7
+    assert batch_len((torch.zeros(5, 2), torch.zeros(5)), t) == 5
+    assert batch_len({"input_ids": torch.zeros(3, 9)}, t) == 3
+    assert batch_len(["a", "b"], t) == 2
+    assert batch_len(torch.tensor(1.0), t) is None
+    assert batch_len(object(), t) is None
 
 
 def test_socket_sink_without_collector_drops_quietly(tmp_path):

@@ -18,16 +18,22 @@ def _torchdoctor_bootstrap():
         if flag in ("", "0", "false", "no", "off") and "_torchdoctor_agent" not in sys.modules:
             from importlib.machinery import SourceFileLoader
 
-            path = os.path.join(os.path.dirname(here), "agent.py")
+            # The agent is a package: its modules import each other relatively, and with
+            # __path__ and __package__ set they load as _torchdoctor_agent.<name>.
+            folder = os.path.join(os.path.dirname(here), "agent")
+            path = os.path.join(folder, "__init__.py")
             loader = SourceFileLoader("_torchdoctor_agent", path)
             agent = type(sys)("_torchdoctor_agent")
             agent.__file__ = path
             agent.__loader__ = loader
+            agent.__path__ = [folder]
+            agent.__package__ = "_torchdoctor_agent"
             sys.modules["_torchdoctor_agent"] = agent
             loader.exec_module(agent)
             agent.arm_from_env()
     except Exception:
-        sys.modules.pop("_torchdoctor_agent", None)
+        for name in [n for n in sys.modules if n.partition(".")[0] == "_torchdoctor_agent"]:
+            sys.modules.pop(name, None)
     _chain_sitecustomize(here)
 
 

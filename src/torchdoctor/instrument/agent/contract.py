@@ -1,0 +1,131 @@
+"""The agent's contract with the recorder side: wire version and step fields, environment
+variables, flush limits, tune's overrides, and the small helpers both sides use.
+
+Standard library only, and only what every Python start-up has loaded already: the agent is
+loaded into every Python process of a job, most of which never import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+WIRE_VERSION = 1
+ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
+ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
+ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
+ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+
+# Exit status of a process stopped by TORCHDOCTOR_STOP_AFTER_STEPS (EX_TEMPFAIL: Python itself
+# never uses it). The recording also gets a "stopped-after-steps" event.
+STOPPED_EXIT_STATUS = 75
+
+FLUSH_INTERVAL_S = 0.25
+FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
+VOLATILE_EVERY_NS = 2_000_000_000  # re-read changeable settings at most every 2 s
+FLUSH_MAX_STEPS = 128
+MAX_PENDING_MESSAGES = 512  # kept while the collector is slow; oldest dropped beyond
+# Backward passes without an optimizer step after which the loop is taken to update its
+# parameters by hand: gradient accumulation steps its optimizer long before this.
+BACKWARD_STEPS_TO_DECIDE = 64
+
+# Order of the values of one step on the wire; every message names it, so the collector never
+# depends on this module's version. Times are integer nanoseconds: JSON writes an int several
+# times faster than a float, and this is the bulk of what the job spends on shipping. Steps
+# without CUDA figures leave the trailing CUDA values out.
+STEP_FIELDS = (
+    "step",
+    "t_end_ns",
+    "wall_ns",
+    "data_wait_ns",
+    "batch_size",
+    "samples",
+    "autocast_dtype",
+    "grad_scaler",
+    "cuda_allocated",
+    "cuda_reserved",
+    "cuda_max_allocated",
+    "cuda_alloc_retries",
+    "cuda_ooms",
+    # Ranks only (instrument/distributed.py), after CUDA values padded with nulls.
+    "forward_ns",
+    "backward_ns",
+    "optimizer_ns",
+    "comm_ns",
+    "comm_overlap_ns",
+    "backward_compute_ns",
+)
+AGENT_STEP_VALUES = 13  # STEP_FIELDS up to cuda_ooms
+
+# tune's overrides: key -> accepted Python type.
+OVERRIDE_TYPES = {
+    "num_workers": int,
+    "prefetch_factor": int,
+    "pin_memory": bool,
+    "persistent_workers": bool,
+    "num_threads": int,
+}
+DATALOADER_OVERRIDES = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+
+# Process roles as the recording names them (sampling/roles.py holds the same vocabulary for
+# the rest of torchdoctor; the agent keeps its own copy, being standard-library only).
+TRAINER = "trainer"
+WORKER = "dataloader-worker"
+LAUNCHER = "launcher"
+RANK = "rank"
+MULTIPROCESSING_CHILD = "multiprocessing-child"
+FORKED_CHILD = "forked-child"
+
+perf_ns = time.perf_counter_ns
+now = time.time
+now_ns = time.time_ns
+
+
+def env_flag(value: str | None) -> bool:
+    """True for a set variable other than an explicit no ("", "0", "false", "no", "off")."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def parse_overrides(text: str | None) -> dict:
+    """Parse TORCHDOCTOR_OVERRIDES (a JSON object); raise ValueError saying what is wrong."""
+    if not text:
+        return {}
+    try:
+        import json
+
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_OVERRIDES} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
+    out = {}
+    for key, value in data.items():
+        kind = OVERRIDE_TYPES.get(key)
+        if kind is None:
+            known = ", ".join(sorted(OVERRIDE_TYPES))
+            raise ValueError(f"{ENV_OVERRIDES}: unknown key {key!r} (known: {known})")
+        # bool is an int in Python: reject it where a count is expected, and vice versa.
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{ENV_OVERRIDES}: {key} must be an integer, got {value!r}")
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"{ENV_OVERRIDES}: {key} must be true or false, got {value!r}")
+        out[key] = value
+    return out
+
+
+def dumps(value) -> str:
+    import json
+
+    return json.dumps(value, default=str, separators=(",", ":"))
+
+
+def qualname(obj) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
