@@ -31,8 +31,6 @@ Records leave the process in batches (at most every ``FLUSH_INTERVAL_S`` seconds
 ``SOCK_SEQPACKET`` connection to the collector, or to in-process sinks (``watch``).
 """
 
-from __future__ import annotations
-
 from .contract import (
     BACKWARD_STEPS_TO_DECIDE,
     ENV_COLLECTOR,

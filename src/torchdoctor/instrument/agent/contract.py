@@ -2,10 +2,11 @@
 variables, flush limits, tune's overrides, and the small helpers both sides use.
 
 Standard library only, and only what every Python start-up has loaded already: the agent is
-loaded into every Python process of a job, most of which never import torch.
+loaded into every Python process of a job, most of which never import torch. The modules that
+load at start-up (this one, sink, core, importwatch) do without ``from __future__ import
+annotations``, which would import the ``__future__`` module into every process: their
+annotations are ones Python 3.10 evaluates.
 """
-
-from __future__ import annotations
 
 import os
 import time

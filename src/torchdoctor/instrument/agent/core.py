@@ -6,8 +6,6 @@ torch is imported (:mod:`.steps`, :mod:`.loaders`, :mod:`.cuda`); this module lo
 Python start-up and holds only what a process that never imports torch needs.
 """
 
-from __future__ import annotations
-
 import atexit
 import os
 import sys

@@ -52,12 +52,17 @@ def install(agent, torch) -> None:
     import torch.utils.data.dataloader as dataloader_mod
 
     agent.torch = torch
-    counter = StepCounter(agent, torch)
-    loaders = Loaders(agent, torch)
-    cuda = CudaMemory(agent, torch)
-    counter.loaders = loaders
-    cuda.oom_observer = _oom_observer(agent, guard(agent, "cuda-oom", cuda.on_oom))
-    agent.counter, agent.loader_state, agent.cuda = counter, loaders, cuda
+    if agent.counter is None:
+        # Built once per agent: like the rest of its state they outlive an uninstall, and
+        # only a new process (or a new watch session) resets them.
+        counter = StepCounter(agent, torch)
+        loaders = Loaders(agent, torch)
+        cuda = CudaMemory(agent, torch)
+        counter.loaders = loaders
+        cuda.oom_observer = _oom_observer(agent, guard(agent, "cuda-oom", cuda.on_oom))
+        agent.counter, agent.loader_state, agent.cuda = counter, loaders, cuda
+    counter, loaders, cuda = agent.counter, agent.loader_state, agent.cuda
+    counter.start_ns = perf_ns()
     agent.role = settings.guess_role()
     dl_cls = dataloader_mod.DataLoader
     it_cls = dataloader_mod._BaseDataLoaderIter

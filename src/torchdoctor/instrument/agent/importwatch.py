@@ -1,8 +1,6 @@
 """Waits for the program to import torch: a meta-path finder that lets the real finders load
 torch, then calls back (the agent installs its hooks then, never before)."""
 
-from __future__ import annotations
-
 
 class TorchImportFinder:
     """A meta-path finder that lets the real finders load torch, then calls ``on_loaded``."""

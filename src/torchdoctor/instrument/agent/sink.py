@@ -1,8 +1,6 @@
 """Where the agent's messages go: one non-blocking ``SOCK_SEQPACKET`` connection per process
 to the collector (instrument/collector.py), reopened in a forked child."""
 
-from __future__ import annotations
-
 import os
 import time
 

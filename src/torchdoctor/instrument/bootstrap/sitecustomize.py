@@ -16,8 +16,7 @@ def _torchdoctor_bootstrap():
     flag = os.environ.get("TORCHDOCTOR_NO_INSTRUMENT", "").strip().lower()
     try:
         if flag in ("", "0", "false", "no", "off") and "_torchdoctor_agent" not in sys.modules:
-            from importlib.machinery import SourceFileLoader
-
+            SourceFileLoader, _ = _machinery()
             # The agent is a package: its modules import each other relatively, and with
             # __path__ and __package__ set they load as _torchdoctor_agent.<name>.
             folder = os.path.join(os.path.dirname(here), "agent")
@@ -37,10 +36,21 @@ def _torchdoctor_bootstrap():
     _chain_sitecustomize(here)
 
 
+def _machinery():
+    """(SourceFileLoader, PathFinder), from the import system Python has already loaded:
+    ``importlib.machinery`` would import ``importlib`` and ``warnings`` into every process."""
+    try:
+        from _frozen_importlib_external import PathFinder, SourceFileLoader
+    except ImportError:  # not CPython
+        from importlib.machinery import PathFinder, SourceFileLoader
+    return SourceFileLoader, PathFinder
+
+
 def _chain_sitecustomize(here):
     import os
     import sys
-    from importlib.machinery import PathFinder
+
+    _, PathFinder = _machinery()
 
     search = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = PathFinder.find_spec("sitecustomize", search)
