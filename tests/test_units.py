@@ -1,7 +1,14 @@
 """The figures every command prints: one spelling of a size, a rate, a share or a duration."""
 
 from torchdoctor.live.compact import size
-from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate
+from torchdoctor.units import (
+    fmt_bytes,
+    fmt_cpu_list,
+    fmt_duration,
+    fmt_pct,
+    fmt_rate,
+    parse_cpu_list,
+)
 
 MiB = 1024**2
 GiB = 1024**3
@@ -52,3 +59,11 @@ def test_the_live_view_writes_the_same_sizes_in_five_characters():
     assert size(12 * MiB) == "12M"
     assert size(1.2 * GiB) == "1.2G"
     assert size(None) == "-"
+
+
+def test_cpu_lists_read_and_written_in_the_kernels_format():
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("") == []
+    assert fmt_cpu_list([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11"
+    assert fmt_cpu_list([5]) == "5" and fmt_cpu_list([]) == "-"
+    assert parse_cpu_list(fmt_cpu_list([0, 2, 3, 4, 7])) == [0, 2, 3, 4, 7]

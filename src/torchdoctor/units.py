@@ -61,6 +61,17 @@ def fmt_duration(seconds: float | None, missing: str = "n/a") -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0-3,8"`` (the kernel's cpulist format, as in /sys and cgroups) as ``[0, 1, 2, 3, 8]``."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
 def fmt_cpu_list(cpus: list[int]) -> str:
     """``[0, 1, 2, 3, 8]`` as ``"0-3,8"``, the way taskset and cgroups write CPU lists."""
     ranges: list[str] = []

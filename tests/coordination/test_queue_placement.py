@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
-from torchdoctor.coordination.queue.machine import GpuState, MachineState, parse_cpu_list
+from torchdoctor.coordination.queue.machine import GpuState, MachineState
 from torchdoctor.coordination.queue.model import Job
 from torchdoctor.coordination.queue.placement import Usage, plan
+from torchdoctor.units import parse_cpu_list
 
 GIB = 1024**3
 

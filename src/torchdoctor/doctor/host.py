@@ -19,7 +19,7 @@ import resource
 from torchdoctor.doctor.check import ERROR, OK, SKIPPED, WARNING, Check
 from torchdoctor.doctor.facts import Facts
 from torchdoctor.sampling import procfs
-from torchdoctor.units import fmt_bytes
+from torchdoctor.units import fmt_bytes, fmt_cpu_list, parse_cpu_list
 
 MIB = 1024**2
 SHM_WARN = 512 * MIB
@@ -88,32 +88,9 @@ def check_open_files(facts: Facts) -> Check:
     return Check("host.open_files", OK, saw, details=details)
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]`` (the kernel's cpulist format)."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        cpus.extend(range(int(low), int(high or low) + 1))
-    return cpus
-
-
 def cpu_list_text(cpus: list[int]) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
-    if not cpus:
-        return "none"
-    ordered = sorted(cpus)
-    ranges = []
-    start = prev = ordered[0]
-    for cpu in ordered[1:] + [None]:
-        if cpu is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        ranges.append(str(start) if start == prev else f"{start}-{prev}")
-        if cpu is not None:
-            start = prev = cpu
-    return ",".join(ranges)
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; "none" for no CPU."""
+    return fmt_cpu_list(cpus) if cpus else "none"
 
 
 def numa_nodes(base: str = "/sys/devices/system/node") -> dict[int, list[int]]:

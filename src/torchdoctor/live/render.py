@@ -26,6 +26,7 @@ from torchdoctor.live.model import (
     ProcessRow,
     View,
 )
+from torchdoctor.units import fmt_cpu_list
 
 LEVEL_STYLE = {"ok": "", "warn": "yellow", "alert": "bold red"}
 STATE_STYLE = {"user": "green", "system": "red", "iowait": "magenta", "steal": "cyan"}
@@ -396,7 +397,7 @@ def _detail(d: DetailView, width: int, room: int) -> list[Text]:
         lines.append(
             Text(f"user {info.username}  state {info.state}  threads {row.threads}  ")
             + Text(
-                f"CPUs allowed {_cpu_ranges(info.cpu_affinity)}"
+                f"CPUs allowed {fmt_cpu_list(info.cpu_affinity)}"
                 if info.cpu_affinity
                 else "CPUs allowed ?"
             )
@@ -450,19 +451,6 @@ def _wrapped(label: str, text: str, width: int, max_lines: int) -> list[Text]:
     out = [seg(label, "bold") + Text(chunks[0])]
     out += [Text(" " * len(label) + c) for c in chunks[1:]]
     return out
-
-
-def _cpu_ranges(cpus: list[int]) -> str:
-    out = []
-    start = prev = cpus[0]
-    for c in cpus[1:] + [None]:  # type: ignore[list-item]
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
 
 
 def _help(room: int) -> list[Text]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.sampling import procfs
+from torchdoctor.units import parse_cpu_list
 
 
 @dataclass(slots=True)
@@ -107,15 +108,4 @@ def cpu_nodes(root: str = "/sys/devices/system/node") -> dict[int, int]:
             text = procfs.read_text(os.path.join(root, entry, "cpulist"))
             for cpu in parse_cpu_list(text or ""):
                 out[cpu] = int(entry[4:])
-    return out
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """The kernel's list format: ``"0-3,8,10-11"``."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        out.extend(range(int(low), int(high or low) + 1))
     return out
