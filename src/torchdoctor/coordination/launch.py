@@ -52,11 +52,12 @@ class LaunchPlan:
 
 
 def usable_cpus(env: dict[str, str] | None = None) -> int:
-    """Whole CPUs this node gives the job (the project's one rule: affinity capped by a
-    cgroup quota, sampling/types.py), at least 1."""
+    """Whole CPUs this node gives the job for threads (the project's one rule,
+    sampling/types.py: affinity capped by a cgroup quota, a partial CPU still runs a thread)."""
     from torchdoctor.sampling.hostinfo import read_host_info
+    from torchdoctor.sampling.types import cpu_slots
 
-    return max(1, int(read_host_info().usable_cpus))
+    return cpu_slots(read_host_info().usable_cpus)
 
 
 def resolve_nproc(value: str, gpu_count: int) -> tuple[int, str | None]:

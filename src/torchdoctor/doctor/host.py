@@ -149,9 +149,11 @@ def check_numa(facts: Facts) -> Check:
 
 
 def _usable_cpus() -> int:
-    from torchdoctor.tune.tuner import allowed_cpus
+    """Whole CPUs for threads and workers (the usable-CPU rule, sampling/types.py)."""
+    from torchdoctor.sampling.hostinfo import read_host_info
+    from torchdoctor.sampling.types import cpu_slots
 
-    return allowed_cpus()
+    return cpu_slots(read_host_info().usable_cpus)
 
 
 def check_oversubscription(facts: Facts) -> Check:

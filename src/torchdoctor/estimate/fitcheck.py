@@ -169,9 +169,9 @@ def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: b
 
 
 def _available_ram() -> int:
-    import psutil
+    from torchdoctor.sampling.hostinfo import available_ram
 
-    return int(psutil.virtual_memory().available)
+    return available_ram()
 
 
 def _ordered(by_category: dict[str, int]) -> dict[str, int]:

@@ -60,3 +60,27 @@ def read_host_info(pid: int | None = None) -> HostInfo:
         swap_total=swap_total or 0,
         page_size=procfs.PAGE_SIZE,
     )
+
+
+def available_ram(host: HostInfo | None = None) -> int:
+    """Bytes of RAM a new allocation can get now: the kernel's MemAvailable, at most the
+    memory limit of this process's cgroup (a container with a 4 GiB limit cannot use the
+    host's 100 GiB, however much of it is free). ``host`` gives the limit already read.
+
+    The one free-RAM rule: the queue's placement, ``estimate``'s fit check and ``tune``'s
+    memory budget and guard all read this.
+    """
+    try:
+        meminfo = procfs.read_path("/proc/meminfo")
+    except OSError:
+        meminfo = b""
+    _total, available, _swap, _swap_free = procfs.parse_meminfo_fields(meminfo)
+    if available is None:  # no MemAvailable (a kernel before 3.14): psutil estimates it
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    if host is not None:
+        limit = host.cgroup_memory_limit
+    else:
+        limit = procfs.cgroup_memory_limit(procfs.cgroup_paths(os.getpid()))
+    return min(available, limit) if limit else available

@@ -296,8 +296,12 @@ class _MemoryGuard:
     def __init__(self, keep_free: float) -> None:
         import psutil
 
+        from torchdoctor.sampling.hostinfo import available_ram, read_host_info
+
         self._psutil = psutil
-        self.start_available = psutil.virtual_memory().available
+        self._host = read_host_info()  # its cgroup memory limit, read once
+        self._available_ram = available_ram
+        self.start_available = available_ram(self._host)
         self.floor = self.start_available * keep_free
         self.start_swapped = psutil.swap_memory().sout
         self.violation: str | None = None
@@ -319,7 +323,7 @@ class _MemoryGuard:
             self._check()
 
     def _check(self) -> None:
-        available = self._psutil.virtual_memory().available
+        available = self._available_ram(self._host)
         self.peak_used = max(self.peak_used, self.start_available - available)
         if self.violation is not None:
             return

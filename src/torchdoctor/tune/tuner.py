@@ -51,9 +51,10 @@ def allowed_cpus() -> int:
 
 
 def available_memory() -> int:
-    import psutil
+    """RAM available to the trials now (the one free-RAM rule)."""
+    from torchdoctor.sampling.hostinfo import available_ram
 
-    return psutil.virtual_memory().available
+    return available_ram()
 
 
 def tune_folder(base: Path | None = None) -> Path:

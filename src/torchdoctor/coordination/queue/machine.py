@@ -51,7 +51,7 @@ class MachineReader:
         self._cpu_node = cpu_nodes()
 
     def read(self) -> MachineState:
-        from torchdoctor.sampling.hostinfo import read_host_info
+        from torchdoctor.sampling.hostinfo import available_ram, read_host_info
 
         status = self._gpus.status
         gpus: list[GpuState] = []
@@ -78,10 +78,9 @@ class MachineReader:
                     )
                 )
         host = read_host_info()
-        meminfo = procfs.read_path("/proc/meminfo")
-        mem_total, mem_available, _swap, _swap_free = procfs.parse_meminfo_fields(meminfo)
         limit = host.cgroup_memory_limit
-        total = min(mem_total or 0, limit) if limit else (mem_total or 0)
+        total = min(host.mem_total, limit) if limit else host.mem_total
+        mem_available = available_ram(host)
         return MachineState(
             gpus=gpus,
             gpu_reason=None if status.available else status.reason,
@@ -89,7 +88,7 @@ class MachineReader:
             max_cores=max(1, math.floor(host.usable_cpus)),
             cpu_node=self._cpu_node,
             mem_total=total,
-            mem_available=min(mem_available or 0, total),
+            mem_available=min(mem_available, total),
         )
 
     def close(self) -> None:
