@@ -17,12 +17,11 @@ from typing import Any
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import StepStats, decode_json, warmup_steps
+from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
 
-COMPUTE_ROLES = ("trainer", "rank")  # processes that run the model (not workers, launchers)
-WORKER_ROLE = "dataloader-worker"
 # Evidence a verdict on a condition over time (saturation, contention, throttling, a trend)
 # needs: this much of the run's steady part, sampled this many times. A shorter run, or a
 # recording cut short, is not judged: the rules say so instead (rule short_recording).
@@ -155,14 +154,14 @@ class DiagnosisContext:
     @cached_property
     def compute_pids(self) -> list[int]:
         """Processes that run the model: trainers and ranks, plus any process that recorded steps."""
-        pids = {pid for pid in self.samples_by_pid if self.role_of(pid) in COMPUTE_ROLES}
+        pids = {pid for pid in self.samples_by_pid if self.role_of(pid) in roles.COMPUTE}
         pids |= {s["pid"] for s in self.steps}
-        pids |= {p for p, info in self.processes.items() if info["role"] in COMPUTE_ROLES}
+        pids |= {p for p, info in self.processes.items() if info["role"] in roles.COMPUTE}
         return sorted(pids)
 
     @cached_property
     def worker_pids(self) -> list[int]:
-        return sorted(pid for pid in self.samples_by_pid if self.role_of(pid) == WORKER_ROLE)
+        return sorted(pid for pid in self.samples_by_pid if self.role_of(pid) == roles.WORKER)
 
     @cached_property
     def job_cores_series(self) -> list[tuple[float, float]]:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchdoctor.live.compact import printable
+from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import (
     GpuProcessSample,
     GpuSample,
@@ -428,7 +429,7 @@ def _matches(text: str, p: ProcessSample, command: str) -> bool:
 
 def _row_key(row: ProcessRow, sort: str) -> tuple:
     # Trainers and ranks before their workers whatever the sort: the grouping must stay legible.
-    role_order = 0 if row.role in ("launcher", "trainer") else 1
+    role_order = 0 if row.role in (roles.LAUNCHER, roles.TRAINER) else 1
     if sort == "pid":
         return (role_order, row.rank if row.rank is not None else -1, row.pid)
     value = {
@@ -510,7 +511,7 @@ def _job_view(job: JobReading, state: UiState) -> JobView:
         root_pid=job.root_pid,
         command=command,
         ranks=sorted({p.rank for p in procs if p.rank is not None}),
-        workers=sum(1 for p in procs if p.role == "dataloader-worker"),
+        workers=sum(1 for p in procs if p.role == roles.WORKER),
         process_count=len(procs),
         cpu_percent=sum(p.cpu_percent or 0.0 for p in procs),
         threads=sum(p.threads for p in procs),
@@ -554,8 +555,8 @@ TRAINER_IDLE_PCT = 50.0
 
 
 def _starvation_hint(job: JobReading) -> tuple[str, str]:
-    trainers = [p.cpu_percent for p in job.processes if p.role == "trainer"]
-    workers = [p.cpu_percent for p in job.processes if p.role == "dataloader-worker"]
+    trainers = [p.cpu_percent for p in job.processes if p.role == roles.TRAINER]
+    workers = [p.cpu_percent for p in job.processes if p.role == roles.WORKER]
     if not trainers or not workers or None in trainers or None in workers:
         return "", "ok"
     worker_mean = sum(workers) / len(workers)  # type: ignore[arg-type]

@@ -26,15 +26,16 @@ from torchdoctor.live.model import (
     ProcessRow,
     View,
 )
+from torchdoctor.sampling import roles
 from torchdoctor.units import fmt_cpu_list
 
 LEVEL_STYLE = {"ok": "", "warn": "yellow", "alert": "bold red"}
 STATE_STYLE = {"user": "green", "system": "red", "iowait": "magenta", "steal": "cyan"}
 ROLE_LABEL = {
-    "trainer": "trainer",
-    "dataloader-worker": "worker",
-    "launcher": "launcher",
-    "other": "other",
+    roles.TRAINER: "trainer",
+    roles.WORKER: "worker",
+    roles.LAUNCHER: "launcher",
+    roles.OTHER: "other",
 }
 SELECTED = "reverse"
 

@@ -39,6 +39,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchdoctor.sampling import roles
+
 
 def warmup_steps(n: int) -> int:
     """Steps left out at the start of a process that recorded ``n`` steps."""
@@ -296,6 +298,6 @@ def _main_pid(per_rank: list[RankStats], settings_rows: list[dict]) -> int | Non
     trainers = [
         r["pid"]
         for r in settings_rows
-        if r["key"] == "process.role" and decode_json(r["value"]) in ("trainer", "rank")
+        if r["key"] == "process.role" and decode_json(r["value"]) in roles.COMPUTE
     ]
     return trainers[0] if trainers else None

@@ -8,6 +8,7 @@ from typing import Any
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.state import describe_state, missing_wal_hint
 from torchdoctor.recording.steps import evaluation_stats
+from torchdoctor.sampling.roles import TRAINER
 from torchdoctor.sampling.types import usable_cpus_of
 
 
@@ -197,7 +198,7 @@ def _settings(rec: Recording) -> dict[str, Any]:
     import json
 
     rows = rec.rows("settings")
-    trainers = [p["pid"] for p in rec.processes() if p["role"] == "trainer"]
+    trainers = [p["pid"] for p in rec.processes() if p["role"] == TRAINER]
     main_pid = rec.meta.get("root_pid")
     pids_with_settings = {r["pid"] for r in rows}
     if main_pid not in pids_with_settings:

@@ -30,6 +30,7 @@ from torchdoctor.report.scales import (
     fmt_value,
 )
 from torchdoctor.report.tables import who
+from torchdoctor.sampling import roles
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
 
@@ -37,11 +38,11 @@ from torchdoctor.units import fmt_duration
 MAX_POINTS = 1200
 
 ROLE_LABELS = {
-    "trainer": "trainer",
-    "dataloader-worker": "DataLoader workers",
-    "rank": "ranks",
-    "launcher": "launcher",
-    "other": "other processes",
+    roles.TRAINER: "trainer",
+    roles.WORKER: "DataLoader workers",
+    roles.RANK: "ranks",
+    roles.LAUNCHER: "launcher",
+    roles.OTHER: "other processes",
 }
 
 
@@ -324,7 +325,7 @@ def memory_chart(host: list[dict], procs: list[dict], meta: dict, ctx: ChartCont
         ),
     ]
     if len({r["role"] for r in procs}) > 1:
-        trainer = sum_by_time(procs, "rss", lambda r: r["role"] in ("trainer", "rank"))
+        trainer = sum_by_time(procs, "rss", lambda r: r["role"] in roles.COMPUTE)
         series.append(make_series("trainer RSS", trainer, ctx))
     chart = Chart(
         id="memory",

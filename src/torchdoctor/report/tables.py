@@ -25,6 +25,7 @@ from torchdoctor.report.scales import (
     fmt_utc,
     fmt_value,
 )
+from torchdoctor.sampling.roles import TRAINER, WORKER
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_cpu_list, fmt_duration
 
@@ -200,10 +201,10 @@ def _holders_text(holders: list[dict], roles: dict[int, str]) -> str:
         by_role[roles.get(h["pid"], "")].append(h)
     parts = []
     for role, group in by_role.items():
-        if role == "dataloader-worker":
+        if role == WORKER:
             n = len(group)
             parts.append(f"{n} DataLoader worker{'s' if n != 1 else ''}")
-        elif role == "trainer" and len(group) == 1:
+        elif role == TRAINER and len(group) == 1:
             parts.append(f"trainer (pid {group[0]['pid']})")
         else:
             parts.extend(who(h["pid"], h["rank"]) for h in group)

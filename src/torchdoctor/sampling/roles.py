@@ -15,6 +15,10 @@ TRAINER = "trainer"
 WORKER = "dataloader-worker"
 LAUNCHER = "launcher"
 OTHER = "other"
+# What the in-job agent calls a torchrun rank in its process.role setting (the agent, standard
+# library only, keeps its own copy of these names).
+RANK = "rank"
+COMPUTE = (TRAINER, RANK)  # the processes that run the model (not workers, launchers, helpers)
 
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*[dmu]?$")
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})

@@ -14,6 +14,7 @@ from pathlib import Path
 from torchdoctor.diagnosis.rules.cpu_saturated import CONTENTION_ID
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.summary import RunSummary, summarize
+from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus_of
 
 
@@ -77,7 +78,7 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
     overhead = None
     if step_s is not None and step_count and summary.duration_s is not None:
         overhead = max(0.0, summary.duration_s - step_count * step_s)
-    ranks = len(per_rank) or summary.roles.get("trainer", 0) or 1
+    ranks = len(per_rank) or summary.roles.get(roles.TRAINER, 0) or 1
     gpu_peaks = [g for g in summary.gpus if g.job_memory_peak]
     top = max(gpu_peaks, key=lambda g: g.job_memory_peak or 0, default=None)
     # Thread advice is left out on purpose: the diagnosis sizes threads to the recording
@@ -94,7 +95,7 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         duration_s=summary.duration_s,
         exit_status=summary.exit_status,
         ranks=ranks,
-        launcher_recorded=summary.roles.get("launcher", 0) > 0,
+        launcher_recorded=summary.roles.get(roles.LAUNCHER, 0) > 0,
         pss_peak=_int(summary.job_pss.peak),
         rss_peak=_int(summary.job_rss.peak),
         cores_peak=_cores(summary.job_cpu_pct.peak),
