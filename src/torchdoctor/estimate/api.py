@@ -7,6 +7,7 @@ the Python parameters (``batch_size must be at least 1``); the CLI words them as
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,71 @@ ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | 
 
 __all__ = ["alternatives", "estimate", "max_batch", "prepare", "FitCheck", "DEFAULT_MARGIN"]
 
+# Every keyword of the entry points, documented once. estimate(), max_batch() and prepare()
+# spell their parameters out in their signatures (help() and IDEs show them); the Args:
+# section of each docstring is built from this table, in signature order (_documented).
+_ARGS: dict[str, str] = {
+    "model": (
+        'A spec string (``"file.py:factory"``, ``"package.module:factory"``,\n'
+        '``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable returning a model,\n'
+        "``(model, make_batch)`` or ``(model, make_batch, loss)``, or a model instance\n"
+        "(copied, never touched)."
+    ),
+    "batch_size": "The batch size (at least 1).",
+    "input_shape": 'One sample\'s shape (``"3x224x224"`` or a tuple) of float inputs.',
+    "tokens": "Sequence length of token-id inputs (the vocabulary is the model's).",
+    "optimizer": '``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``.',
+    "optimizer_impl": (
+        '``"auto"`` (what torch, or the loop\'s framework, picks),\n'
+        '``"for-loop"``, ``"foreach"`` or ``"fused"``.'
+    ),
+    "precision": '``"fp32"``, ``"bf16-mixed"``, ``"fp16-mixed"`` or ``"bf16"``.',
+    "grad_accumulation": "Micro-batches per optimizer step (at least 1).",
+    "inference": "One forward pass under ``torch.no_grad()`` instead of training.",
+    "checkpointing": "Wrap the repeated blocks in activation checkpointing.",
+    "loop": (
+        "The training loop whose memory to estimate (see torchdoctor.estimate.loops):\n"
+        '``"hand-written"`` keeps the model\'s output through backward and optimizer.step,\n'
+        '``"frees-output"`` drops it before backward, ``"hf-trainer"`` and\n'
+        '``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``\n'
+        'specs, else ``"hand-written"``.'
+    ),
+    "device": '``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.',
+    "gpu": 'A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).',
+    "gpu_memory": (
+        'The memory to fit instead of a profile (``"24GiB"`` or bytes); with\n'
+        '``device="cpu"`` the CPU peak is checked against it.'
+    ),
+    "margin": "The fraction of the memory kept free when deciding what fits, in [0, 1).",
+    "fallback": "Allow a real CPU run when fake tensors cannot trace the model.",
+    "compare_loops": (
+        "Also estimate the step under the other training loops\n"
+        "(``Estimate.other_loops``), so that a loop choice that matters shows."
+    ),
+    "memory_snapshot": (
+        "Write the step's allocations to this file as a pickle for\nhttps://pytorch.org/memory_viz."
+    ),
+}
 
+
+def _documented(fn: Any) -> Any:
+    """Fill the ``{args}`` line of ``fn``'s docstring with its parameters' entries of _ARGS
+    (a parameter without one fails at import: every public keyword is documented)."""
+    entries = []
+    for name in inspect.signature(fn).parameters:
+        first, *rest = _ARGS[name].split("\n")
+        entries.append("\n            ".join([f"{name}: {first}", *rest]))
+    fn.__doc__ = fn.__doc__.replace("{args}", "\n        ".join(entries))
+    return fn
+
+
+def _forwarded(values: dict[str, Any]) -> dict[str, Any]:
+    """prepare()'s keyword arguments among an entry point's own (its ``locals()`` on entry):
+    they are handed on as given, never re-listed."""
+    return {name: values[name] for name in _PREPARE_KEYWORDS if name in values}
+
+
+@_documented
 def estimate(
     model: ModelSpec,
     *,
@@ -49,35 +114,7 @@ def estimate(
     The step is traced under fake tensors on the CPU: nothing is allocated, no GPU is needed.
 
     Args:
-        model: A spec string (``"file.py:factory"``, ``"package.module:factory"``,
-            ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable returning a model,
-            ``(model, make_batch)`` or ``(model, make_batch, loss)``, or a model instance
-            (copied, never touched).
-        batch_size: The batch size (at least 1).
-        input_shape: One sample's shape (``"3x224x224"`` or a tuple) of float inputs.
-        tokens: Sequence length of token-id inputs (the vocabulary is the model's).
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``.
-        optimizer_impl: ``"auto"`` (what torch, or the loop's framework, picks),
-            ``"for-loop"``, ``"foreach"`` or ``"fused"``.
-        precision: ``"fp32"``, ``"bf16-mixed"``, ``"fp16-mixed"`` or ``"bf16"``.
-        grad_accumulation: Micro-batches per optimizer step (at least 1).
-        inference: One forward pass under ``torch.no_grad()`` instead of training.
-        checkpointing: Wrap the repeated blocks in activation checkpointing.
-        loop: The training loop whose memory to estimate (see torchdoctor.estimate.loops):
-            ``"hand-written"`` keeps the model's output through backward and optimizer.step,
-            ``"frees-output"`` drops it before backward, ``"hf-trainer"`` and
-            ``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``
-            specs, else ``"hand-written"``.
-        device: ``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.
-        gpu: A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).
-        gpu_memory: The memory to fit instead of a profile (``"24GiB"`` or bytes); with
-            ``device="cpu"`` the CPU peak is checked against it.
-        margin: The fraction of the memory kept free when deciding what fits, in [0, 1).
-        fallback: Allow a real CPU run when fake tensors cannot trace the model.
-        compare_loops: Also estimate the step under the other training loops
-            (``Estimate.other_loops``), so that a loop choice that matters shows.
-        memory_snapshot: Write the step's allocations to this file as a pickle for
-            https://pytorch.org/memory_viz.
+        {args}
 
     Returns:
         An Estimate: peak allocated (on CUDA also reserved and nvidia-smi's total), its
@@ -89,30 +126,14 @@ def estimate(
         torchdoctor.errors.UserError: a spec that cannot be loaded, a model that fails on its
             batch, or PyTorch not importable (exit code 3).
     """
-    check, setup = prepare(
-        model,
-        batch_size=batch_size,
-        input_shape=input_shape,
-        tokens=tokens,
-        optimizer=optimizer,
-        optimizer_impl=optimizer_impl,
-        precision=precision,
-        grad_accumulation=grad_accumulation,
-        inference=inference,
-        checkpointing=checkpointing,
-        loop=loop,
-        device=device,
-        gpu=gpu,
-        gpu_memory=gpu_memory,
-        margin=margin,
-        fallback=fallback,
-    )
+    check, setup = prepare(model, **_forwarded(locals()))
     result = check.estimate(setup, memory_snapshot)
     if compare_loops and not setup.inference:
         result.other_loops = other_loops(check, setup, result)
     return result
 
 
+@_documented
 def max_batch(
     model: ModelSpec,
     *,
@@ -136,30 +157,7 @@ def max_batch(
     The batch size is what is searched, over simulated steps of the same loop.
 
     Args:
-        model: A spec string (``"file.py:factory"``, ``"package.module:factory"``,
-            ``"torchvision:resnet50"``, ``"hf:gpt2"``), a factory callable returning a model,
-            ``(model, make_batch)`` or ``(model, make_batch, loss)``, or a model instance
-            (copied, never touched).
-        input_shape: One sample's shape (``"3x224x224"`` or a tuple) of float inputs.
-        tokens: Sequence length of token-id inputs (the vocabulary is the model's).
-        optimizer: ``"sgd"``, ``"sgd-momentum"``, ``"adam"`` or ``"adamw"``.
-        optimizer_impl: ``"auto"`` (what torch, or the loop's framework, picks),
-            ``"for-loop"``, ``"foreach"`` or ``"fused"``.
-        precision: ``"fp32"``, ``"bf16-mixed"``, ``"fp16-mixed"`` or ``"bf16"``.
-        grad_accumulation: Micro-batches per optimizer step (at least 1).
-        inference: One forward pass under ``torch.no_grad()`` instead of training.
-        checkpointing: Wrap the repeated blocks in activation checkpointing.
-        loop: The training loop whose memory to estimate (see torchdoctor.estimate.loops):
-            ``"hand-written"`` keeps the model's output through backward and optimizer.step,
-            ``"frees-output"`` drops it before backward, ``"hf-trainer"`` and
-            ``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``
-            specs, else ``"hand-written"``.
-        device: ``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.
-        gpu: A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).
-        gpu_memory: The memory to fit instead of a profile (``"24GiB"`` or bytes); with
-            ``device="cpu"`` the CPU peak is checked against it.
-        margin: The fraction of the memory kept free when deciding what fits, in [0, 1).
-        fallback: Allow a real CPU run when fake tensors cannot trace the model.
+        {args}
 
     Returns:
         A MaxBatch: the batch (0 when not even batch 1 fits, with what would make it fit), its
@@ -171,23 +169,7 @@ def max_batch(
         torchdoctor.errors.UserError: a spec that cannot be loaded, a model that fails on its
             batch, or PyTorch not importable (exit code 3).
     """
-    check, setup = prepare(
-        model,
-        input_shape=input_shape,
-        tokens=tokens,
-        optimizer=optimizer,
-        optimizer_impl=optimizer_impl,
-        precision=precision,
-        grad_accumulation=grad_accumulation,
-        inference=inference,
-        checkpointing=checkpointing,
-        loop=loop,
-        device=device,
-        gpu=gpu,
-        gpu_memory=gpu_memory,
-        margin=margin,
-        fallback=fallback,
-    )
+    check, setup = prepare(model, **_forwarded(locals()))
     if check.capacity is None:
         raise ParameterError(
             "{} needs a memory to fit: pass {} or {}", "max_batch()", "gpu", "gpu_memory"
@@ -195,6 +177,7 @@ def max_batch(
     return find_max_batch(check, setup)
 
 
+@_documented
 def prepare(
     model: ModelSpec,
     *,
@@ -215,7 +198,19 @@ def prepare(
     fallback: bool = True,
 ) -> tuple[FitCheck, TrainingSetup]:
     """Check the arguments and load the model spec, for set-up after set-up to be estimated
-    (``check.estimate(setup.with_(batch_size=64))``); the arguments are :func:`estimate`'s."""
+    (``check.estimate(setup.with_(batch_size=64))``).
+
+    Args:
+        {args}
+
+    Returns:
+        The FitCheck that estimates a set-up of the loaded model on its target, and the
+        TrainingSetup the arguments describe.
+
+    Raises:
+        torchdoctor.errors.ParameterError: as :func:`estimate`.
+        torchdoctor.errors.UserError: as :func:`estimate`.
+    """
     device = device or ("cuda" if gpu is not None or gpu_memory is not None else "cpu")
     require_torch("torchdoctor estimate")
     from torchdoctor.estimate.spec import load_workload, parse_shape
@@ -264,6 +259,9 @@ def prepare(
         capacity = _size(gpu_memory) if gpu_memory is not None else None
     workload = load_workload(spec, shape, tokens)
     return FitCheck(workload, target, capacity, margin, fallback), setup
+
+
+_PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 
 
 def _size(value: str | int) -> int:
