@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
+from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import StepStats, decode_json, warmup_steps
 from torchdoctor.sampling import roles
@@ -97,8 +98,11 @@ class DiagnosisContext:
     def t_start(self) -> float:
         start = self.meta.get("started_at")
         if start is None:
-            first = self.host_samples_all[:1] or self.process_samples[:1]
-            start = first[0]["t"] if first else 0.0
+            firsts = [
+                self.recording.query(f"SELECT MIN(t) AS t FROM {table}")[0]["t"]
+                for table in ("host_samples", "process_samples")
+            ]
+            start = next((t for t in firsts if t is not None), 0.0)
         return float(start)
 
     @cached_property
@@ -114,18 +118,12 @@ class DiagnosisContext:
 
     # -- host series --------------------------------------------------------------------
     @cached_property
-    def host_samples_all(self) -> list[dict[str, Any]]:
-        return self.recording.rows("host_samples")
-
-    @cached_property
-    def host_samples(self) -> list[dict[str, Any]]:
-        """Host samples taken while the job ran."""
-        return [
-            s for s in self.host_samples_all if self.t_start - 1e-6 <= s["t"] <= self.t_end + 1e-6
-        ]
+    def host_samples(self) -> SampleFrame:
+        """Host samples taken while the job ran (columns read as the rules ask for them)."""
+        return self.recording.frame("host_samples", self.t_start - 1e-6, self.t_end + 1e-6)
 
     def host_series(self, column: str) -> list[tuple[float, float]]:
-        return [(s["t"], float(s[column])) for s in self.host_samples if s.get(column) is not None]
+        return self.host_samples.series(column)
 
     # -- the job's processes ------------------------------------------------------------
     @cached_property
@@ -134,15 +132,12 @@ class DiagnosisContext:
         return {p["pid"]: p for p in self.recording.processes()}
 
     @cached_property
-    def process_samples(self) -> list[dict[str, Any]]:
-        return self.recording.rows("process_samples")
+    def process_samples(self) -> SampleFrame:
+        return self.recording.frame("process_samples")
 
     @cached_property
-    def samples_by_pid(self) -> dict[int, list[dict[str, Any]]]:
-        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for s in self.process_samples:
-            out[s["pid"]].append(s)
-        return dict(out)
+    def samples_by_pid(self) -> dict[int, SampleFrame]:
+        return self.process_samples.group_by("pid")
 
     def role_of(self, pid: int) -> str:
         info = self.processes.get(pid)
@@ -167,9 +162,10 @@ class DiagnosisContext:
     def job_cores_series(self) -> list[tuple[float, float]]:
         """CPUs' worth of time used by the whole job at each sample (1.0 = one core)."""
         by_t: dict[float, float] = {}
-        for s in self.process_samples:
-            if s["cpu_percent"] is not None:
-                by_t[s["t"]] = by_t.get(s["t"], 0.0) + s["cpu_percent"] / 100
+        samples = self.process_samples
+        for t, cpu in zip(samples.values("t"), samples.values("cpu_percent"), strict=True):
+            if cpu is not None:
+                by_t[t] = by_t.get(t, 0.0) + cpu / 100
         return sorted(by_t.items())
 
     @cached_property
@@ -182,12 +178,13 @@ class DiagnosisContext:
         capped by the usable CPUs. Below the usable count when other processes compete."""
         job = self.job_cores_series
         values = []
-        for s in self.host_samples:
-            if not (t0 <= s["t"] <= t1) or s["cpu_busy"] is None:
+        host = self.host_samples
+        for t, busy in zip(host.values("t"), host.values("cpu_busy"), strict=True):
+            if not (t0 <= t <= t1) or busy is None:
                 continue
-            cores = nearest(job, s["t"], tolerance=0.05)
+            cores = nearest(job, t, tolerance=0.05)
             if cores is not None:
-                idle = max(100.0 - s["cpu_busy"], 0.0) / 100 * self.allowed_cpus
+                idle = max(100.0 - busy, 0.0) / 100 * self.allowed_cpus
                 values.append(min(cores + idle, self.usable_cpus))
         return sum(values) / len(values) if values else None
 
@@ -303,22 +300,24 @@ class DiagnosisContext:
 
     # -- GPUs ---------------------------------------------------------------------------
     @cached_property
-    def gpu_samples(self) -> dict[int, list[dict[str, Any]]]:
-        out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for s in self.recording.rows("gpu_samples"):
-            if self.t_start - 1e-6 <= s["t"] <= self.t_end + 1e-6:
-                out[s["index"]].append(s)
-        return dict(out)
+    def gpu_samples(self) -> dict[int, SampleFrame]:
+        """Each GPU's samples taken while the job ran, by GPU index."""
+        frame = self.recording.frame("gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6)
+        return frame.group_by("index")
+
+    @cached_property
+    def gpu_memory_holders(self) -> list[tuple[int, int, bool]]:
+        """(GPU index, pid, in the job) of every process NVML saw holding memory on a GPU."""
+        rows = self.recording.query(
+            "SELECT DISTINCT gpu_index, pid, in_job FROM gpu_process_samples"
+            " WHERE COALESCE(used_memory, 0) > 0"
+        )
+        return [(r["gpu_index"], r["pid"], bool(r["in_job"])) for r in rows]
 
     @cached_property
     def job_gpu_indices(self) -> list[int]:
         """GPUs the job holds memory on (NVML per-process memory), else none."""
-        found = {
-            r["gpu_index"]
-            for r in self.recording.rows("gpu_process_samples")
-            if r["in_job"] and (r["used_memory"] or 0) > 0
-        }
-        return sorted(found)
+        return sorted({index for index, _, in_job in self.gpu_memory_holders if in_job})
 
     @cached_property
     def steps_use_cuda(self) -> bool:
@@ -351,11 +350,8 @@ class DiagnosisContext:
         return []
 
     def gpu_series(self, index: int, column: str) -> list[tuple[float, float]]:
-        return [
-            (s["t"], float(s[column]))
-            for s in self.gpu_samples.get(index, [])
-            if s.get(column) is not None
-        ]
+        samples = self.gpu_samples.get(index)
+        return samples.series(column) if samples is not None else []
 
     # -- conditions over time -----------------------------------------------------------
     def sustained(

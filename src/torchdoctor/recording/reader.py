@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
+from torchdoctor.recording.frame import SampleFrame, make_frame
 from torchdoctor.recording.salvage import is_damage, salvage
 from torchdoctor.recording.schema import (
     APPLICATION_ID,
@@ -128,6 +129,50 @@ class Recording:
                 if not self._salvage_after(exc):
                     raise
 
+    def frame(
+        self,
+        table: str,
+        t_from: float | None = None,
+        t_to: float | None = None,
+        where: dict[str, Any] | None = None,
+    ) -> SampleFrame:
+        """The rows of a sample table (``t`` between ``t_from`` and ``t_to`` when given,
+        optionally filtered by equality) as a :class:`~torchdoctor.recording.frame.SampleFrame`:
+        one compact array per column, each read on first use. For long recordings, where
+        :meth:`rows` would hold a dict per row."""
+        spec = TABLES[self._check(table)]
+        if "t" not in spec.column_names:
+            raise UserError(f"table {table!r} has no sample time: read it with rows()")
+        bad = set(where or {}) - set(spec.column_names)
+        if bad:
+            raise UserError(f"table {table!r} has no column {sorted(bad)[0]!r}")
+        conds: list[str] = []
+        params: list[Any] = []
+        if t_from is not None:
+            conds.append("t >= ?")
+            params.append(t_from)
+        if t_to is not None:
+            conds.append("t <= ?")
+            params.append(t_to)
+        for key, value in (where or {}).items():
+            conds.append(f"{quote(key)} = ?")
+            params.append(value)
+        # The rows are those there now: a live recorder's later rows (higher rowids) are
+        # left out, so every column read later lines up with the first.
+        last = self._fetch(f"SELECT MAX(rowid) FROM {table}")[0][0] or 0
+        conds.append("rowid <= ?")
+        params.append(last)
+        cond = " WHERE " + " AND ".join(conds)
+        length = self._fetch(f"SELECT COUNT(*) FROM {table}{cond}", params)[0][0]
+
+        def read(column: str):
+            sql = (
+                f"SELECT {self._select_list(table, [column])} FROM {table}{cond} ORDER BY t, rowid"
+            )
+            return (row[0] for row in self._fetch_plain(sql, params))
+
+        return make_frame(spec, read, length)
+
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read-only SQL query (for aggregates the helpers above do not cover)."""
         if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
@@ -210,6 +255,22 @@ class Recording:
             if not self._salvage_after(exc):
                 raise
             return self._db.execute(sql, params).fetchall()
+
+    def _fetch_plain(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        """:meth:`_fetch` with plain tuples: a column of a long table read at once must not
+        cost a Row object per value on top of the value."""
+
+        def run() -> list[tuple]:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            return cur.execute(sql, params).fetchall()
+
+        try:
+            return run()
+        except sqlite3.DatabaseError as exc:
+            if not self._salvage_after(exc):
+                raise
+            return run()
 
     def _salvage_after(self, exc: sqlite3.DatabaseError) -> bool:
         """Switch to the readable part of a damaged file; False when that cannot help."""

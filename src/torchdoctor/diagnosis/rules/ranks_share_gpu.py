@@ -33,9 +33,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             # No device report: NVML's per-process memory (rank processes on the same GPU).
             pid_rank = {r.pid: r.rank for r in ranks}
             seen: dict[int, set[int]] = defaultdict(set)
-            for row in node_ctx.recording.rows("gpu_process_samples"):
-                if row["pid"] in pid_rank and (row["used_memory"] or 0) > 0:
-                    seen[row["gpu_index"]].add(pid_rank[row["pid"]])
+            for gpu_index, pid, _ in node_ctx.gpu_memory_holders:
+                if pid in pid_rank:
+                    seen[gpu_index].add(pid_rank[pid])
             by_gpu = {f"GPU {i}": sorted(v) for i, v in seen.items()}
         shared = {k: v for k, v in by_gpu.items() if len(set(v)) > 1}
         if not shared:
