@@ -30,7 +30,8 @@ NAN = math.nan
 
 
 class _IntsWithNulls:
-    """An integer column with NULLs: stored as doubles (exact below 2**53), read as ints."""
+    """An integer column with NULLs: stored as doubles (exact below 2**53), read as ints
+    (None for NULL)."""
 
     __slots__ = ("values",)
 
@@ -39,7 +40,9 @@ class _IntsWithNulls:
 
     def __getitem__(self, i: int) -> int | None:
         v = self.values[i]
-        return None if v != v else int(v)
+        if v != v:
+            return None
+        return int(v) if v.is_integer() else v  # a real in an INTEGER column stays a real
 
     def __len__(self) -> int:
         return len(self.values)
@@ -72,18 +75,28 @@ class _Store:
         if kind.sql_type == "TEXT":
             seen: dict[str, str] = {}  # one string object per distinct value (roles, names)
             return [None if v is None else seen.setdefault(v, v) for v in values]
-        raw = list(values) if kind.sql_type == "INTEGER" else None
-        if raw is not None:
-            try:
-                return array("q", raw)
-            except (TypeError, OverflowError):
-                pass  # NULLs (or a stray non-integer): doubles with NaN for NULL
-            values = iter(raw)
-        try:
-            doubles = array("d", (NAN if v is None else v for v in values))
-        except TypeError:  # a damaged cell holding text: keep the values as they are
-            return raw if raw is not None else [None]
-        return _IntsWithNulls(doubles) if raw is not None else doubles
+        if kind.sql_type == "INTEGER":
+            return _integers(values)
+        return array("d", (_number(v) for v in values))
+
+
+def _integers(values: Iterator[Any]) -> Any:
+    """An INTEGER column: ``array('q')``, or doubles read back as ints once a NULL shows."""
+    ints = array("q")
+    for v in values:
+        if type(v) is int:
+            ints.append(v)
+            continue
+        doubles = array("d", ints)
+        doubles.append(_number(v))
+        doubles.extend(_number(w) for w in values)
+        return _IntsWithNulls(doubles)
+    return ints
+
+
+def _number(v: Any) -> float:
+    # NaN for NULL; also for text in a number column, which only a damaged file holds.
+    return float(v) if isinstance(v, (int, float)) else NAN
 
 
 def _json(value: Any) -> Any:

@@ -169,7 +169,7 @@ class Recording:
             sql = (
                 f"SELECT {self._select_list(table, [column])} FROM {table}{cond} ORDER BY t, rowid"
             )
-            return (row[0] for row in self._fetch_plain(sql, params))
+            return self._iter_plain(sql, params)
 
         return make_frame(spec, read, length)
 
@@ -256,21 +256,24 @@ class Recording:
                 raise
             return self._db.execute(sql, params).fetchall()
 
-    def _fetch_plain(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        """:meth:`_fetch` with plain tuples: a column of a long table read at once must not
-        cost a Row object per value on top of the value."""
-
-        def run() -> list[tuple]:
-            cur = self._db.cursor()
-            cur.row_factory = None
-            return cur.execute(sql, params).fetchall()
-
-        try:
-            return run()
-        except sqlite3.DatabaseError as exc:
-            if not self._salvage_after(exc):
-                raise
-            return run()
+    def _iter_plain(self, sql: str, params: tuple | list = ()):
+        """The first value of each row of ``sql``, streamed: a column of millions of rows
+        never sits in memory as one Python object per value. A damaged file met on the way
+        is salvaged once and the read resumes after the values already given."""
+        done = 0
+        while True:
+            try:
+                cur = self._db.cursor()
+                cur.row_factory = None
+                cur.execute(f"{sql} LIMIT -1 OFFSET ?", (*params, done))
+                while rows := cur.fetchmany(4096):
+                    for row in rows:
+                        done += 1
+                        yield row[0]
+                return
+            except sqlite3.DatabaseError as exc:
+                if not self._salvage_after(exc):
+                    raise
 
     def _salvage_after(self, exc: sqlite3.DatabaseError) -> bool:
         """Switch to the readable part of a damaged file; False when that cannot help."""
