@@ -20,6 +20,7 @@ from . import settings
 from .contract import (
     AGENT_STEP_VALUES,
     BACKWARD_STEPS_TO_DECIDE,
+    FLUSH_INTERVAL_NS,
     WORKER,
     now,
     now_ns,
@@ -36,6 +37,10 @@ class StepCounter:
         self.tensor_type = torch.Tensor
         self.grad_enabled = torch.is_grad_enabled
         self.cuda_is_initialized = torch.cuda.is_initialized
+        # torch.cuda.is_initialized() is `_initialized and not _is_in_bad_fork()`: reading the
+        # flag first spares every step of a CPU job a Python call (None: call it every step).
+        flag = getattr(torch.cuda, "_initialized", None)
+        self.cuda_module = torch.cuda if isinstance(flag, bool) else None
         self.loaders = None  # loaders.Loaders, set by hooks.install
         self.reset()
 
@@ -85,7 +90,16 @@ class StepCounter:
         self.loader_seen = True
         if self.boundary is None:
             self.boundary = t0
-        n = batch_len(batch, self.tensor_type)
+        # batch_len's commonest cases first, without its call: (inputs, targets) and a tensor.
+        kind = type(batch)
+        if (kind is tuple or kind is list) and batch and type(batch[0]) is self.tensor_type:
+            shape = batch[0].shape
+            n = shape[0] if shape else None
+        elif kind is self.tensor_type:
+            shape = batch.shape
+            n = shape[0] if shape else None
+        else:
+            n = batch_len(batch, self.tensor_type)
         if n is None:
             n = self.loader_batch_size
         if n is not None:
@@ -251,7 +265,8 @@ class StepCounter:
             self.scaler_used,
         ]
         cuda = self.agent.cuda
-        if cuda.seen or self.cuda_is_initialized():
+        module = self.cuda_module
+        if cuda.seen or ((module is None or module._initialized) and self.cuda_is_initialized()):
             values = cuda.step_stats()
             if values is not None:
                 row.extend(values)
@@ -277,7 +292,13 @@ class StepCounter:
         self.scaler_used = False
         if agent.distributed is not None:
             agent.distributed.step_closed()
-        agent.after_step(t)
+        # Agent.after_step's conditions, checked here first: most steps need neither.
+        if (
+            len(agent.steps) >= agent.flush_max_steps
+            or t - agent.last_flush >= FLUSH_INTERVAL_NS
+            or agent.stop_after is not None
+        ):
+            agent.after_step(t)
 
 
 def batch_len(batch, tensor_type) -> int | None:
