@@ -21,6 +21,12 @@ Two loops: "train" is a small MLP at about 1 ms per step (the issue's target: <=
 "tiny" does almost nothing per step (a DataLoader handing out ready batches and one SGD step on
 one parameter), so its difference is the absolute per-step cost of the hooks (<= 20 us).
 
+Where the cost goes, in the same interleaved rounds: on the train loop each hook the agent
+uses, alone, empty and without torchdoctor (an empty global optimizer step post-hook, a
+pass-through ``torch.autograd.backward``, a pass-through DataLoader iterator ``__next__``):
+what torch itself charges for a hook being there; on the near-empty loop the agent with the
+body of its step handler, or of its batch handler, emptied: what the agent's own code costs.
+
 Start-up: ``python -c pass`` as ``torchdoctor run`` starts it (the bootstrap first on
 PYTHONPATH, a real collector's address set), against the same command with the bootstrap left
 off, round by round: what every Python process of a job pays that never imports torch. CPU
@@ -193,6 +199,25 @@ def attribution_variants(torch) -> list[Variant]:
     ]
 
 
+def ablation_variants(address: str) -> list[Variant]:
+    """The agent with the body of one of its handlers emptied (its wrapper, guard and the
+    rest of the agent in place): where the agent's own per-step cost goes."""
+    from torchdoctor.instrument.agent import Agent, SocketSink
+
+    out = []
+    for name, handler, empty in (
+        ("no-step-body", "on_step", lambda optimizer: None),
+        ("no-batch-body", "on_batch", lambda it, batch, t0, dt: None),
+    ):
+        agent = Agent()
+        agent.sinks.append(SocketSink(address))
+        agent.arm()  # builds the agent's parts, so that the handler can be replaced
+        agent.uninstall()
+        setattr(agent.counter, handler, empty)
+        out.append(Variant(name, agent.arm, agent.uninstall))
+    return out
+
+
 def run_round(torch, loop, steps, variant: Variant) -> float:
     variant.on()
     t0 = time.process_time()
@@ -234,7 +259,10 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     results = {}
     for name, loop in loops.items():
         n = steps if name == "train" else steps * 10
-        chosen = main + attribution_variants(torch) if name == "train" else main
+        if name == "train":
+            chosen = main + attribution_variants(torch)
+        else:
+            chosen = main + ablation_variants(address)
         for variant in chosen:  # warm-up: caches, allocator, lazy imports
             run_round(torch, loop, max(20, n // 10), variant)
         times: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -288,6 +316,19 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
             results["train"][variant], results["train"]["plain"]
         )
         card.info(what, f"{1e6 * alone:+.1f} µs ± {1e6 * alone_spread:.1f} µs per step")
+    # Where the agent's own cost goes, on the near-empty loop where it is measured precisely.
+    tiny = results["tiny"]
+    whole, whole_spread = paired_difference(tiny["torchdoctor"], tiny["plain"])
+    for variant, what in (
+        ("no-step-body", "the optimizer-step handler's body (step row, flush, JSON, send)"),
+        ("no-batch-body", "the DataLoader batch handler's body (data wait, samples)"),
+    ):
+        rest, rest_spread = paired_difference(tiny[variant], tiny["plain"])
+        card.info(
+            f"of the agent's cost on the near-empty loop ({whole * 1e6:.1f} µs ± "
+            f"{whole_spread * 1e6:.1f} µs): {what}",
+            f"{1e6 * (whole - rest):.1f} µs (±{1e6 * max(whole_spread, rest_spread):.1f})",
+        )
     collector.stdin.close()
     received = collector.stdout.readline().strip()
     collector.wait(10)
