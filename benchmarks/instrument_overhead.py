@@ -259,10 +259,12 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     results = {}
     for name, loop in loops.items():
         n = steps if name == "train" else steps * 10
+        hooks_alone = attribution_variants(torch)
         if name == "train":
-            chosen = main + attribution_variants(torch)
-        else:
-            chosen = main + ablation_variants(address)
+            chosen = main + hooks_alone
+        else:  # no backward in this loop
+            chosen = main + [v for v in hooks_alone if v.name != "wrap-backward"]
+            chosen += ablation_variants(address)
         for variant in chosen:  # warm-up: caches, allocator, lazy imports
             run_round(torch, loop, max(20, n // 10), variant)
         times: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -312,10 +314,14 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
         ("wrap-backward", "a pass-through torch.autograd.backward wrapper, no torchdoctor"),
         ("wrap-next", "a pass-through DataLoader iterator __next__ wrapper, no torchdoctor"),
     ):
-        alone, alone_spread = paired_difference(
-            results["train"][variant], results["train"]["plain"]
+        # Read on the near-empty loop where it has the hook (precise), else on the train loop.
+        loop_name = "tiny" if variant in results["tiny"] else "train"
+        times = results[loop_name]
+        alone, alone_spread = paired_difference(times[variant], times["plain"])
+        card.info(
+            f"{what} ({loop_name} loop)",
+            f"{1e6 * alone:+.1f} µs ± {1e6 * alone_spread:.1f} µs per step",
         )
-        card.info(what, f"{1e6 * alone:+.1f} µs ± {1e6 * alone_spread:.1f} µs per step")
     # Where the agent's own cost goes, on the near-empty loop where it is measured precisely.
     tiny = results["tiny"]
     whole, whole_spread = paired_difference(tiny["torchdoctor"], tiny["plain"])
