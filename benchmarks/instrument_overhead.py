@@ -218,6 +218,17 @@ def ablation_variants(address: str) -> list[Variant]:
     return out
 
 
+def interleave(torch, loop, steps: int, variants: list[Variant], rounds: int) -> dict:
+    """CPU seconds per step of each variant, round by round, in alternating order."""
+    for variant in variants:  # warm-up: caches, allocator, lazy imports
+        run_round(torch, loop, max(20, steps // 10), variant)
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
+            times[variant.name].append(run_round(torch, loop, steps, variant))
+    return times
+
+
 def run_round(torch, loop, steps, variant: Variant) -> float:
     variant.on()
     t0 = time.process_time()
@@ -251,46 +262,43 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     agent = Agent()
     agent.sinks.append(SocketSink(address))
     loops = build_loops(torch)
-    main = [
-        Variant("plain"),
-        Variant("torchdoctor", agent.arm, agent.uninstall),
-        Variant("profiler"),
-    ]
+    plain = Variant("plain")
+    instrumented = Variant("torchdoctor", agent.arm, agent.uninstall)
     results = {}
     for name, loop in loops.items():
         n = steps if name == "train" else steps * 10
         hooks_alone = attribution_variants(torch)
         if name == "train":
-            chosen = main + hooks_alone
+            chosen = [plain, instrumented, *hooks_alone]
         else:  # no backward in this loop
-            chosen = main + [v for v in hooks_alone if v.name != "wrap-backward"]
+            chosen = [plain, instrumented, *(v for v in hooks_alone if v.name != "wrap-backward")]
             chosen += ablation_variants(address)
-        for variant in chosen:  # warm-up: caches, allocator, lazy imports
-            run_round(torch, loop, max(20, n // 10), variant)
-        times: dict[str, list[float]] = {v.name: [] for v in chosen}
-        for r in range(rounds):
-            for variant in chosen if r % 2 == 0 else chosen[::-1]:
-                times[variant.name].append(run_round(torch, loop, n, variant))
+        times = interleave(torch, loop, n, chosen, rounds)
+        # The profiler in a rotation of its own: next to it, the instrumented rounds measured
+        # several times their cost (whatever a profiler session leaves behind for a while).
+        with_profiler = interleave(torch, loop, n, [plain, Variant("profiler")], rounds // 2)
+        times["profiler"] = with_profiler["profiler"]
+        baselines = {"profiler": with_profiler["plain"]}
         results[name] = times
-        variants = [v.name for v in chosen]
-        best_plain = min(times["plain"])
+        results[name + ":profiler-plain"] = with_profiler["plain"]
         print(f"\n{name} loop: {rounds} rounds x {n} steps per variant, CPU us per step")
         print(
-            f"  {'variant':<12} {'best':>8} {'median':>8} {'+best':>8} {'+paired':>8}"
+            f"  {'variant':<13} {'best':>8} {'median':>8} {'+best':>8} {'+paired':>8}"
             f" {'+-':>6} {'slowdown':>9}"
         )
-        for variant in variants:
-            best = min(times[variant])
-            extra, spread = paired_difference(times[variant], times["plain"])
+        for variant, values in times.items():
+            base = baselines.get(variant, times["plain"])
+            best = min(values)
+            extra, spread = paired_difference(values, base)
             print(
-                f"  {variant:<12} {best * 1e6:8.1f} {statistics.median(times[variant]) * 1e6:8.1f}"
-                f" {(best - best_plain) * 1e6:8.2f} {extra * 1e6:8.2f} {spread * 1e6:6.2f}"
-                f" {100 * (best / best_plain - 1):8.2f}%"
+                f"  {variant:<13} {best * 1e6:8.1f} {statistics.median(values) * 1e6:8.1f}"
+                f" {(best - min(base)) * 1e6:8.2f} {extra * 1e6:8.2f} {spread * 1e6:6.2f}"
+                f" {100 * (best / min(base) - 1):8.2f}%"
             )
     hook_cost = min(results["tiny"]["torchdoctor"]) - min(results["tiny"]["plain"])
     train_step = min(results["train"]["plain"])
     extra, spread = paired_difference(results["train"]["torchdoctor"], results["train"]["plain"])
-    prof_extra, _ = paired_difference(results["train"]["profiler"], results["train"]["plain"])
+    prof_extra, _ = paired_difference(results["train"]["profiler"], results["train:profiler-plain"])
     print()
     # What the user asks first: how much slower does my loop run? That is the paired direct
     # measurement on the train loop; the hook cost of the near-empty loop is the kinder figure.
