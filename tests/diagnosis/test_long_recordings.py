@@ -15,13 +15,25 @@ from tests.diagnosis.builders import GiB, Gpu, Job, Proc, const, make_steps
 from torchdoctor.diagnosis import engine
 from torchdoctor.diagnosis.context import DiagnosisContext, nearest
 from torchdoctor.recording.reader import open_recording
+from torchdoctor.recording.steps import step_stats
 
 HOURS = 2.0
 MiB = 2**20
 
 
 class DictRowsContext(DiagnosisContext):
-    """The reference: every sample row read with Recording.rows(), one dict per row."""
+    """The reference: every sample and step row read with Recording.rows(), one dict per row."""
+
+    @cached_property
+    def steps(self):
+        return self.recording.steps()
+
+    @cached_property
+    def step_summary(self):
+        rec = self.recording
+        steps = rec.steps()
+        stats = step_stats(steps, rec.rows("dataloaders"), rec.rows("settings")) if steps else None
+        return self.verdict_ready(stats)
 
     @cached_property
     def host_samples(self):
@@ -163,6 +175,11 @@ def test_a_frame_reads_like_the_rows_it_holds(long_recording):
                 assert frame[i][column] == rows[i][column], (i, column)
                 assert frame[i].get(column) == rows[i].get(column)
         assert [r["t"] for r in frame[-3:]] == [r["t"] for r in rows[-3:]]
+        steps, step_rows = rec.frame("steps"), rec.steps()
+        assert len(steps) == len(step_rows)
+        assert [(s["step"], s["t_end"], s["batch_size"], s["forward_s"]) for s in steps] == [
+            (s["step"], s["t_end"], s["batch_size"], s["forward_s"]) for s in step_rows
+        ]
         grouped = rec.frame("process_samples").group_by("pid")
         assert sorted(grouped) == [1000, 1001]
         assert list(grouped[1001].values("t")) == [r["t"] for r in rows]

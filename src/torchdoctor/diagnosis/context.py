@@ -227,8 +227,8 @@ class DiagnosisContext:
 
     # -- steps --------------------------------------------------------------------------
     @cached_property
-    def steps(self) -> list[dict[str, Any]]:
-        return self.recording.steps()
+    def steps(self) -> SampleFrame:
+        return self.recording.frame("steps")
 
     @cached_property
     def steady_steps(self) -> list[dict[str, Any]]:
@@ -247,7 +247,11 @@ class DiagnosisContext:
     def step_summary(self) -> StepStats | None:
         """The recording's step summary (the one ``show`` prints); None when fewer than
         ``MIN_STEADY_STEPS`` steady steps carry it, too few for a verdict on steps."""
-        stats = self.recording.step_stats()
+        return self.verdict_ready(self.recording.step_stats())
+
+    @staticmethod
+    def verdict_ready(stats: StepStats | None) -> StepStats | None:
+        """``stats`` when enough steady steps carry a verdict, else None."""
         if (
             stats is None
             or stats.measured_steps < MIN_STEADY_STEPS

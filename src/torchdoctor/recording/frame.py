@@ -10,7 +10,8 @@ as a number), so a reader pays only for the columns it uses.
     >>> len(frame), frame[0]["cpu_busy"], list(frame.values("cpu_iowait"))[:3]
     >>> by_pid = rec.frame("process_samples").group_by("pid")
 
-Rows come oldest first (by ``t``, then in the order they were written) and read like the dicts
+Rows come in the order ``Recording.rows`` gives (samples by ``t``, steps by ``t_end``; then in
+the order they were written) and read like the dicts
 ``Recording.rows`` returns: ``row["col"]`` and ``row.get("col")``, None where not measured.
 The set of rows is fixed when the frame is made: rows a live recorder writes afterwards are
 not in it, so columns read later still line up.

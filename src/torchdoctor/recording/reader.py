@@ -136,13 +136,14 @@ class Recording:
         t_to: float | None = None,
         where: dict[str, Any] | None = None,
     ) -> SampleFrame:
-        """The rows of a sample table (``t`` between ``t_from`` and ``t_to`` when given,
-        optionally filtered by equality) as a :class:`~torchdoctor.recording.frame.SampleFrame`:
-        one compact array per column, each read on first use. For long recordings, where
-        :meth:`rows` would hold a dict per row."""
+        """The rows of ``table`` (``t`` between ``t_from`` and ``t_to`` when given, optionally
+        filtered by equality), in the order of :meth:`rows`, as a
+        :class:`~torchdoctor.recording.frame.SampleFrame`: one compact array per column, each
+        read on first use. For long recordings (samples, steps), where :meth:`rows` would
+        hold a dict per row."""
         spec = TABLES[self._check(table)]
-        if "t" not in spec.column_names:
-            raise UserError(f"table {table!r} has no sample time: read it with rows()")
+        if (t_from is not None or t_to is not None) and "t" not in spec.column_names:
+            raise UserError(f"table {table!r} has no sample time t: read it without t_from/t_to")
         bad = set(where or {}) - set(spec.column_names)
         if bad:
             raise UserError(f"table {table!r} has no column {sorted(bad)[0]!r}")
@@ -164,11 +165,11 @@ class Recording:
         params.append(last)
         cond = " WHERE " + " AND ".join(conds)
         length = self._fetch(f"SELECT COUNT(*) FROM {table}{cond}", params)[0][0]
+        first = _default_order(table)
+        order = f"{first}, rowid" if first and first != "rowid" else "rowid"
 
         def read(column: str):
-            sql = (
-                f"SELECT {self._select_list(table, [column])} FROM {table}{cond} ORDER BY t, rowid"
-            )
+            sql = f"SELECT {self._select_list(table, [column])} FROM {table}{cond} ORDER BY {order}"
             return self._iter_plain(sql, params)
 
         return make_frame(spec, read, length)
@@ -198,7 +199,7 @@ class Recording:
         """The job's step summary (:mod:`torchdoctor.recording.steps`), None without steps.
 
         ``show``, ``diagnose`` and ``report`` all print this one summary of the recording."""
-        steps = self.steps()
+        steps = self.frame("steps")  # a day of steps as dicts would be gigabytes
         if not steps:
             return None
         return step_stats(steps, self.rows("dataloaders"), self.rows("settings"))
