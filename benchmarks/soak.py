@@ -15,6 +15,7 @@ Two parts, a few minutes in all (benchmark only, never in the test suite):
           file and its memory cost read. File sizes give the growth per hour.
 
     python benchmarks/soak.py [--duration 150] [--replay-hours 24] [--day-hours 24]
+                              [--steps-per-s 5] [--diagnose]
 
 Memory figures are the kernel's (VmRSS); the first minute (imports, SQLite's page cache
 filling to its bound, the WAL reaching its checkpoint size) is the baseline growth is
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from scorecard import Scorecard
 from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.recording.records import StepRecord
 from torchdoctor.recording.summary import summarize
 from torchdoctor.sampling.host import HostReader
 from torchdoctor.sampling.job import JobReader
@@ -155,7 +157,9 @@ def real_snapshots(n: int, only_root: bool) -> list:
     return snaps, infos
 
 
-def replay(hours: float, folder: Path, name: str, only_root: bool, diagnose: bool) -> dict:
+def replay(
+    hours: float, folder: Path, name: str, only_root: bool, diagnose: bool, steps_per_s: float = 0.0
+) -> dict:
     snaps, infos = real_snapshots(20, only_root)
     out = folder / f"{name}.sqlite"
     t0 = time.time()
@@ -183,6 +187,8 @@ def replay(hours: float, folder: Path, name: str, only_root: bool, diagnose: boo
             writer.flush()
         if i % every == 0 or i == n - 1:
             trace.append((i, rss(me), sqlite_memory(), fds(me)))
+    if steps_per_s > 0:
+        write_steps(writer, snaps[0].processes[0].pid, t0, hours * 3600, steps_per_s)
     writer.close({"ended_at": t0 + n * DEFAULT_INTERVAL_S, "exit_status": 0})
     wall = time.monotonic() - wall
     size = out.stat().st_size
@@ -210,6 +216,28 @@ def replay(hours: float, folder: Path, name: str, only_root: bool, diagnose: boo
     }
 
 
+def write_steps(writer, pid: int, t0: float, seconds: float, per_s: float) -> None:
+    """Back-to-back training steps of ``pid`` at ``per_s`` a second, a third of each spent
+    waiting for data, with the CUDA figures a GPU job records."""
+    wall = 1.0 / per_s
+    batch: list[StepRecord] = []
+    for i in range(int(seconds * per_s) - 1):
+        t = t0 + 0.5 + i * wall
+        batch.append(
+            StepRecord(
+                pid=pid, rank=None, step=i, t_start=t, t_end=t + wall, wall_s=wall,
+                data_wait_s=wall / 3, batch_size=64, samples=64, cuda_allocated=6 << 30,
+                cuda_reserved=7 << 30, cuda_max_allocated=6 << 30, forward_s=wall / 4,
+                backward_s=wall / 3, optimizer_s=wall / 20,
+            )
+        )  # fmt: skip
+        if len(batch) == 10_000:
+            writer.add_steps(batch)
+            writer.flush()
+            batch = []
+    writer.add_steps(batch)
+
+
 def peak_rss_of(*args: str) -> tuple[int, float]:
     """Peak RSS and wall time of `torchdoctor ARGS` run to completion (what the end of a
     run does)."""
@@ -232,6 +260,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--day-hours", type=float, default=24.0, help="replayed run time of the 1-process job"
+    )
+    parser.add_argument(
+        "--steps-per-s",
+        type=float,
+        default=0.0,
+        help="also record training steps of the 1-process job, this many a second",
     )
     parser.add_argument(
         "--diagnose",
@@ -270,7 +304,10 @@ def main() -> int:
         ):
             if hours <= 0:
                 continue
-            rp = replay(hours, folder, label.split()[0], only_root, only_root or args.diagnose)
+            steps = args.steps_per_s if only_root else 0.0
+            rp = replay(
+                hours, folder, label.split()[0], only_root, only_root or args.diagnose, steps
+            )
             print(
                 f"\nreplay: {label}, {hours:g} h at the default 0.5 s = {rp['samples']:,} samples,"
                 f" {rp['process_rows']:,} process rows, written in {rp['wall_s']:.0f} s"
@@ -298,7 +335,9 @@ def main() -> int:
                 peak, seconds = rp["diagnose"]
                 text = f"{peak / MIB:.0f} MiB peak RSS, {seconds:.1f} s (load {load()})"
                 figure = f"`torchdoctor diagnose` on {hours:g} h of the {label}"
-                if only_root and hours >= 24:
+                if steps:
+                    figure += f" with {steps:g} steps/s"
+                if only_root and hours >= 24 and not steps:
                     card.check(figure, peak / MIB, text, at_most=DIAGNOSE_TARGET_MIB)
                 else:
                     card.info(figure, text)
