@@ -187,7 +187,7 @@ class SampleFrame(Sequence):
                 key = None  # NaN: NULL in a number column
             rows = groups.get(key)
             if rows is None:
-                rows = groups[key] = array("q")
+                rows = groups[key] = array("I")  # row numbers: 4 bytes each
             rows.append(i)
         return {key: SampleFrame(self._store, rows) for key, rows in groups.items()}
 
