@@ -5,6 +5,8 @@
     >>> rec.meta["command"], rec.meta["exit_status"]
     >>> cpu = rec.rows("host_samples", columns=["t", "cpu_busy", "cpu_iowait"])
     >>> workers = [p for p in rec.processes() if p["role"] == "dataloader-worker"]
+    >>> day = rec.frame("process_samples")  # a long recording: one array per column read
+    >>> rss = list(day.group_by("pid")[1234].values("rss"))
 
 Tables: ``host_samples``, ``processes``, ``process_samples``, ``gpu_samples``,
 ``gpu_process_samples``, ``steps``, ``dataloaders``, ``settings``, ``events``. Columns are the
