@@ -36,6 +36,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -141,7 +142,9 @@ def _loader_value(key: str, value: Any) -> Any:
     return bool(value) if key in _LOADER_FLAGS and value is not None else value
 
 
-def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> RankStats:
+def _process_stats(
+    pid: int, rows: list[Mapping[str, Any]], fallback_batch: int | None
+) -> RankStats:
     rows = sorted(rows, key=lambda r: r["step"])
     skip = warmup_steps(len(rows))
     measured = rows[skip:]
@@ -174,12 +177,12 @@ def _process_stats(pid: int, rows: list[dict], fallback_batch: int | None) -> Ra
 
 
 def step_stats(
-    steps_rows: list[dict[str, Any]],
+    steps_rows: Iterable[Mapping[str, Any]],  # dict rows, or a Recording.frame's row views
     dataloader_rows: list[dict[str, Any]],
     settings_rows: list[dict[str, Any]],
 ) -> StepStats:
     """Summarise the step records of one recording (see the module doc for warm-up)."""
-    by_pid: dict[int, list[dict]] = defaultdict(list)
+    by_pid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
     for row in steps_rows:
         by_pid[row["pid"]].append(row)
     loaders_by_pid: dict[int, list[dict]] = defaultdict(list)
