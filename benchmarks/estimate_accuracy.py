@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import estimate_models as models  # noqa: E402
+from scorecard import Scorecard  # noqa: E402
 from torchdoctor.estimate.fitcheck import estimate_workload  # noqa: E402
 from torchdoctor.estimate.measure import measure_cpu_peak  # noqa: E402
 from torchdoctor.estimate.setup import Target, TrainingSetup  # noqa: E402
@@ -129,9 +130,17 @@ def main() -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    met = worst_allocator <= TARGET and worst_storage <= TARGET
-    print(f"target {TARGET:.0%} on both: {'met' if met else 'MISSED'}")
-    return 0 if met else 1
+    card = Scorecard("estimate_accuracy")
+    card.check(
+        f"estimate vs a real CPU run's allocator peak, worst of {len(rows)} cases",
+        worst_allocator, f"{worst_allocator:.3%} (naive formula {worst_naive:.1%})",
+        at_most=TARGET, target=f"<= {TARGET:.0%}",
+    )  # fmt: skip
+    card.check(
+        "estimate's tensor bytes vs the real run's live storages, worst case",
+        worst_storage, f"{worst_storage:.3%}", at_most=TARGET, target=f"<= {TARGET:.0%}",
+    )  # fmt: skip
+    return card.exit_code()
 
 
 if __name__ == "__main__":

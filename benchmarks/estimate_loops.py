@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import estimate_loops as loops  # noqa: E402
 import estimate_models as models  # noqa: E402
+from scorecard import Scorecard  # noqa: E402
 from torchdoctor.estimate.api import prepare  # noqa: E402
 
 TARGET = 0.01
@@ -157,11 +158,14 @@ def main() -> int:
     )
     rows = run(names)
     worst = max(abs(r["error"]) for r in rows)
-    verdict = "met" if worst <= TARGET else "MISSED"
-    print(f"worst |error| over {len(rows)} loops: {worst:.3%} (target {TARGET:.0%}: {verdict})")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    return 0 if worst <= TARGET else 1
+    card = Scorecard("estimate_loops")
+    card.check(
+        f"estimate, CPU peak vs a real run of each loop shape, worst of {len(rows)}",
+        worst, f"{worst:.3%}", at_most=TARGET, target=f"<= {TARGET:.0%}",
+    )  # fmt: skip
+    return card.exit_code()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import estimate_models as models  # noqa: E402
+from scorecard import Scorecard  # noqa: E402
 from torchdoctor.estimate.api import estimate, max_batch  # noqa: E402
 
 ESTIMATE_TARGET_S = 10.0
@@ -73,12 +74,19 @@ def main() -> int:
         f"batch 8 needs {first.total / 2**30:.2f} GiB on {args.gpu} ({first.setup.loop} loop); "
         f"largest batch {found.batch_size} after {len(found.probes)} simulated steps"
     )  # fmt: skip
-    met = max(estimates) <= ESTIMATE_TARGET_S and search <= MAX_BATCH_TARGET_S
-    print(
-        f"slowest estimate {max(estimates):.1f} s (target {ESTIMATE_TARGET_S:.0f} s), --max-batch "
-        f"{search:.1f} s (target {MAX_BATCH_TARGET_S:.0f} s): {'met' if met else 'MISSED'}"
-    )
-    return 0 if met else 1
+    card = Scorecard("estimate_speed")
+    slowest = max(estimates)
+    card.check(
+        "estimate, GPT-2 small seq 1024 batch 8, slowest of the runs above (wall)",
+        slowest, f"{slowest:.1f} s (one trace, compare_loops=False: {estimates[2]:.1f} s)",
+        at_most=ESTIMATE_TARGET_S, target=f"<= {ESTIMATE_TARGET_S:.0f} s",
+    )  # fmt: skip
+    card.check(
+        f"--max-batch on {args.gpu} (wall)", search,
+        f"{search:.1f} s, largest batch {found.batch_size}",
+        at_most=MAX_BATCH_TARGET_S, target=f"<= {MAX_BATCH_TARGET_S:.0f} s",
+    )  # fmt: skip
+    return card.exit_code()
 
 
 if __name__ == "__main__":
