@@ -71,7 +71,7 @@ def command(
     def on_trial(t) -> None:
         if not as_json:
             state = f"{t.samples_per_s:.0f} samples/s" if t.samples_per_s else f"failed: {t.error}"
-            console.print(f"torchdoctor.coordination.scaling: {t.nproc} rank(s): {state}")
+            console.print(f"torchdoctor bench scaling: {t.nproc} rank(s): {state}")
 
     result = bench_scaling(
         script, sizes, steps, folder, keep=keep, global_batch=global_batch, on_trial=on_trial
