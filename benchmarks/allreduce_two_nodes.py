@@ -46,8 +46,8 @@ def main() -> int:
     if reason:
         print(f"skipped: {reason}")
         return 0
-    from torchdoctor.bench.allreduce import result_from_dict
-    from torchdoctor.bench.report import format_result
+    from torchdoctor.doctor.allreduce import result_from_dict
+    from torchdoctor.doctor.allreduce_report import format_result
 
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     for rate in args.rate or [200.0]:

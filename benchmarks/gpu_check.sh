@@ -234,7 +234,7 @@ fi
 if [ -n "${GPU_CHECK_TESTS:-}" ]; then
   step "the GPU-touching test modules, on this GPU"
   timeout 420 "$PY" -m pytest -q -x -p no:cacheprovider tests/sampling tests/cli/test_run.py \
-    tests/recording tests/live/test_cli_top.py tests/instrument/test_jobs.py 2>&1 \
+    tests/recording tests/top/test_cli_top.py tests/instrument/test_jobs.py 2>&1 \
     | tee "$OUT/tests.log" | tail -15 || fail "tests on the GPU machine"
 fi
 

@@ -116,8 +116,8 @@ def latency(env: dict[str, str], rounds: int = 5) -> list[float]:
 
 def scheduler_cpu(env: dict[str, str], seconds: float) -> float:
     """Share of one core the idle scheduler used over ``seconds``."""
-    from torchdoctor.coordination.queue.paths import queue_paths
-    from torchdoctor.coordination.queue.store import QueueStore
+    from torchdoctor.queue.paths import queue_paths
+    from torchdoctor.queue.store import QueueStore
 
     store = QueueStore(queue_paths(env).db)
     pid = int(store.meta("scheduler_pid"))
@@ -192,9 +192,9 @@ def main() -> int:
 def _stop_scheduler(env: dict[str, str]) -> None:
     import signal
 
-    from torchdoctor.coordination.queue.paths import queue_paths
-    from torchdoctor.coordination.queue.processes import is_alive
-    from torchdoctor.coordination.queue.store import QueueStore
+    from torchdoctor.queue.paths import queue_paths
+    from torchdoctor.queue.processes import is_alive
+    from torchdoctor.queue.store import QueueStore
 
     db = queue_paths(env).db
     if not db.exists():

@@ -40,9 +40,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 TORCHDOCTOR_LOOP = """
 import io, sys, time
 from rich.console import Console
-from torchdoctor.live.collect import TopCollector
-from torchdoctor.live.model import UiState, build_view
-from torchdoctor.live.render import render
+from torchdoctor.top.collect import TopCollector
+from torchdoctor.top.model import UiState, build_view
+from torchdoctor.top.render import render
 from torchdoctor.thresholds import Thresholds
 
 th = Thresholds()
@@ -108,8 +108,8 @@ def process_count() -> int:
 
 
 def torch_jobs() -> str:
-    from torchdoctor.live.discover import TorchProcessFinder
     from torchdoctor.recording import registry
+    from torchdoctor.top.discover import TorchProcessFinder
 
     found = TorchProcessFinder().scan()
     return f"{len(found.roots)} ({len(registry.active())} recorded by `torchdoctor run`)"

@@ -1,6 +1,6 @@
 """The figures every command prints: one spelling of a size, a rate, a share or a duration."""
 
-from torchdoctor.live.compact import size
+from torchdoctor.top.compact import size
 from torchdoctor.units import (
     fmt_bytes,
     fmt_cpu_list,

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "open_recording": ("torchdoctor.recording", "open_recording"),
     "Recording": ("torchdoctor.recording", "Recording"),
-    "watch": ("torchdoctor.instrument.watch", "watch"),
+    "watch": ("torchdoctor.run.watch", "watch"),
     # The callable package: torchdoctor.estimate(...) and torchdoctor.estimate.max_batch(...)
     "estimate": ("torchdoctor.estimate", None),
     "tune_dataloader": ("torchdoctor.tune.notebook", "tune_dataloader"),

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tests.conftest import run_td
-from torchdoctor.bench.allreduce import bus_factor, parse_sizes
 from torchdoctor.cli import main
+from torchdoctor.doctor.allreduce import bus_factor, parse_sizes
 from torchdoctor.errors import UserError
 
 torch = pytest.importorskip("torch")
@@ -61,7 +61,7 @@ def test_four_local_ranks_table_states_the_formula():
 
 
 def test_the_correctness_check_counts_wrong_elements():
-    from torchdoctor.bench.allreduce import _check_values
+    from torchdoctor.doctor.allreduce import _check_values
 
     n = 4
     out = torch.full((8,), n * (n + 1) / 2)

@@ -7,7 +7,7 @@ import dataclasses
 import sqlite3
 from pathlib import Path
 
-from tests.live.builders import host, proc
+from tests.top.builders import host, proc
 from torchdoctor import open_recording
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_host, add_job

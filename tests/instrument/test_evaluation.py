@@ -17,11 +17,11 @@ import pytest
 
 import torchdoctor
 from tests.conftest import run_td
-from torchdoctor.instrument.integrations import (
+from torchdoctor.recording.steps import evaluation_stats, step_stats
+from torchdoctor.run.integrations import (
     torchdoctor_hf_callback,
     torchdoctor_lightning_callback,
 )
-from torchdoctor.recording.steps import evaluation_stats, step_stats
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 
 import torchdoctor
 from torchdoctor.errors import UserError
-from torchdoctor.instrument import integrations
-from torchdoctor.instrument.integrations import (
+from torchdoctor.run import integrations
+from torchdoctor.run.integrations import (
     WatchSession,
     torchdoctor_hf_callback,
     torchdoctor_lightning_callback,

@@ -10,8 +10,8 @@ import pytest
 
 import torchdoctor
 from torchdoctor.errors import UserError
-from torchdoctor.instrument.integrations import WatchSession
 from torchdoctor.recording.steps import step_stats
+from torchdoctor.run.integrations import WatchSession
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402

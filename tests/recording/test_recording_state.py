@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from torchdoctor import open_recording
-from torchdoctor.live.recordings import RecordingWatcher
 from torchdoctor.recording import RecordingWriter
 from torchdoctor.recording.state import COMPLETE, CUT_SHORT, IN_PROGRESS
 from torchdoctor.thresholds import Thresholds
+from torchdoctor.top.recordings import RecordingWatcher
 
 # A recorder that commits its start, then dies as SIGKILL leaves it: no end, no close.
 DYING_WRITER = """\

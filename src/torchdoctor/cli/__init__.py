@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "estimate": ("torchdoctor.cli.estimate", "Estimate VRAM of a training step without a GPU."),
     "tune": ("torchdoctor.cli.tune", "Find the fastest DataLoader and thread settings."),
     "top": ("torchdoctor.cli.top", "Live view of the machine and its PyTorch jobs."),
-    # coordination: several jobs on one machine, distributed runs, hand-off to Slurm
+    # the jobs it runs: a shared queue, distributed runs, hand-off to Slurm
     "submit": (
         "torchdoctor.cli.submit",
         "Queue a job; it starts when its GPUs, cores and memory are free.",

@@ -17,10 +17,10 @@ from torchdoctor.cli.common import (
     thresholds_option,
 )
 from torchdoctor.errors import UserError
-from torchdoctor.launcher import hold_signals, release_signals, wait_for_signal
 from torchdoctor.recording import RecordingWriter, registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
+from torchdoctor.run.process import hold_signals, release_signals, wait_for_signal
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
 from torchdoctor.sampling.sampler import Sampler
 from torchdoctor.units import one_line

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from torchdoctor.bench.allreduce import (
+from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
     bench_local,
@@ -14,7 +14,7 @@ from torchdoctor.bench.allreduce import (
     run_rank,
     under_launcher,
 )
-from torchdoctor.bench.report import format_result
+from torchdoctor.doctor.allreduce_report import format_result
 from torchdoctor.errors import UserError, require_torch
 
 

@@ -1,4 +1,4 @@
-"""`torchdoctor.coordination.scaling -- SCRIPT ARGS`: E(N) of the user's script at 1, 2, 4... ranks."""
+"""`torchdoctor.launch.scaling -- SCRIPT ARGS`: E(N) of the user's script at 1, 2, 4... ranks."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def command(
     import dataclasses
     import json
 
-    from torchdoctor.coordination.launch import split_script
-    from torchdoctor.coordination.scaling import bench_scaling, parse_sizes
+    from torchdoctor.launch.plan import split_script
+    from torchdoctor.launch.scaling import bench_scaling, parse_sizes
 
     script = split_script(list(argv))
     sizes = parse_sizes(nproc)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.exporters.files import FORMATS, export_recording
 from torchdoctor.recording import open_recording
-from torchdoctor.recording.export import FORMATS, export_recording
 
 TENSORBOARD = "tensorboard"
 

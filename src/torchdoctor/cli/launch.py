@@ -73,18 +73,18 @@ def command(
     Run it on each node with the same --nnodes/--master-addr/--master-port; then
     `torchdoctor diagnose DIR_OR_FILES...` reads the nodes' recordings as one job.
     """
-    from torchdoctor.coordination.launch import (
+    from torchdoctor.launch.plan import (
         LaunchOptions,
         launch_meta,
         plan_launch,
         split_script,
         torchrun_supports_numa_binding,
     )
-    from torchdoctor.coordination.preflight import preflight
-    from torchdoctor.coordination.record import record_command
-    from torchdoctor.launcher import resolve_command
+    from torchdoctor.launch.preflight import preflight
     from torchdoctor.recording import create_recording_file
     from torchdoctor.recording.paths import removed_if_unused
+    from torchdoctor.run.process import resolve_command
+    from torchdoctor.run.session import record_command
     from torchdoctor.sampling.gpus import GpuReader
 
     check_interval(interval)

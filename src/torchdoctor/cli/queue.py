@@ -14,7 +14,7 @@ from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
 
 def _queue():
-    from torchdoctor.coordination.queue import Queue
+    from torchdoctor.queue import Queue
 
     return Queue()
 
@@ -261,8 +261,8 @@ def wait(ctx: click.Context, job_id: int) -> None:
 @command.command("recover")
 def recover() -> None:
     """Keep an unreadable state file aside and start an empty queue."""
-    from torchdoctor.coordination.queue.paths import queue_paths
-    from torchdoctor.coordination.queue.store import CorruptStateError, QueueStore
+    from torchdoctor.queue.paths import queue_paths
+    from torchdoctor.queue.store import CorruptStateError, QueueStore
 
     paths = queue_paths()
     try:

@@ -16,8 +16,8 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
-from torchdoctor.coordination.record import record_command
-from torchdoctor.launcher import resolve_command
+from torchdoctor.run.process import resolve_command
+from torchdoctor.run.session import record_command
 
 
 @click.command(

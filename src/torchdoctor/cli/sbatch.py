@@ -9,14 +9,14 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import job_name
-from torchdoctor.coordination.slurm import client
-from torchdoctor.coordination.slurm.network import doctor_network_env
-from torchdoctor.coordination.slurm.notation import require_duration
-from torchdoctor.coordination.slurm.recorded import read_recorded_job
-from torchdoctor.coordination.slurm.script import ScriptOptions, job_folder, render_script
-from torchdoctor.coordination.slurm.sizing import JobRequest, size_job
 from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import RUNS_FOLDER
+from torchdoctor.slurm import client
+from torchdoctor.slurm.network import doctor_network_env
+from torchdoctor.slurm.notation import require_duration
+from torchdoctor.slurm.recorded import read_recorded_job
+from torchdoctor.slurm.script import ScriptOptions, job_folder, render_script
+from torchdoctor.slurm.sizing import JobRequest, size_job
 from torchdoctor.units import fmt_duration
 
 
@@ -178,7 +178,7 @@ def command(
 
 def _last_recording_of(argv: list[str]) -> str:
     """Without --from: the recording of the local queue's last successful run of this command."""
-    from torchdoctor.coordination.queue.client import last_run_of
+    from torchdoctor.queue.client import last_run_of
 
     job = last_run_of(argv)
     if job is not None and job.recording and Path(job.recording).exists():

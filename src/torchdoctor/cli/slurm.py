@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from torchdoctor.coordination.slurm.status import JobReport, job_report
+from torchdoctor.slurm.status import JobReport, job_report
 from torchdoctor.units import fmt_duration
 
 

@@ -69,8 +69,8 @@ def command(
     """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
     torchdoctor's recorder, without a shell, with this environment. `torchdoctor queue` shows
     it; its output goes to `torchdoctor queue logs ID`."""
-    from torchdoctor.coordination.queue import Queue, Request
-    from torchdoctor.coordination.queue.needs import resolve_need
+    from torchdoctor.queue import Queue, Request
+    from torchdoctor.queue.needs import resolve_need
     from torchdoctor.units import fmt_bytes
 
     args = list(argv)

@@ -41,11 +41,11 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
     """
     from rich.console import Console
 
-    from torchdoctor.live.collect import TopCollector
-    from torchdoctor.live.model import UiState, build_view
-    from torchdoctor.live.render import render
-    from torchdoctor.live.snapshot import snapshot
     from torchdoctor.thresholds import load_thresholds
+    from torchdoctor.top.collect import TopCollector
+    from torchdoctor.top.model import UiState, build_view
+    from torchdoctor.top.render import render
+    from torchdoctor.top.snapshot import snapshot
 
     if not interval > 0 or interval > 3600:
         raise UserError(f"--interval must be between 0 and 3600 seconds, got {interval:g}")
@@ -66,7 +66,7 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
         raise UserError(f"cannot read this machine: {exc}", exit_code=3) from None
     try:
         if not once:
-            from torchdoctor.live.app import run_interactive
+            from torchdoctor.top.app import run_interactive
 
             run_interactive(collector, thresholds, interval, Console())
             return

@@ -43,7 +43,7 @@ from rich.table import Table
 from torchdoctor.cli.common import stderr_console
 from torchdoctor.cli.json_output import user_output_to_stderr
 from torchdoctor.errors import UserError
-from torchdoctor.launcher import hold_signals, release_signals
+from torchdoctor.run.process import hold_signals, release_signals
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, parse_duration, tune_command

@@ -22,7 +22,7 @@ def check_bench(plan: Plan) -> Check:
         import torch
     except ImportError as exc:
         return Check("bench.allreduce", SKIPPED, f"torch is not importable: {exc}")
-    from torchdoctor.bench.allreduce import BenchConfig, bench_local, parse_sizes
+    from torchdoctor.doctor.allreduce import BenchConfig, bench_local, parse_sizes
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if gpus >= 2 else "gloo"

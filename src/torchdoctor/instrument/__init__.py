@@ -7,8 +7,9 @@
 - :mod:`~torchdoctor.instrument.collector` is the recorder's end of the socket;
 - :mod:`~torchdoctor.instrument.wire` turns messages into the records of
   :mod:`~torchdoctor.recording.records`;
-- :mod:`~torchdoctor.instrument.watch` is ``torchdoctor.watch()``, the in-process API, and
-  :mod:`~torchdoctor.instrument.integrations` its Lightning and Hugging Face callbacks.
+- ``torchdoctor.watch()``, the in-process API, and its Lightning and Hugging Face callbacks
+  live with the recorded run (:mod:`~torchdoctor.run.watch`, :mod:`~torchdoctor.run.integrations`):
+  they open a recording session, which is a floor above this one.
 
 The records themselves and the step figures computed from them belong to the recording
 (:mod:`~torchdoctor.recording.records`, :mod:`~torchdoctor.recording.steps`): instrumentation

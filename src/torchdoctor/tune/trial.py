@@ -20,10 +20,10 @@ from pathlib import Path
 from torchdoctor.errors import UserError
 from torchdoctor.instrument.agent import ENV_OVERRIDES, ENV_STOP_AFTER_STEPS, STOPPED_EXIT_STATUS
 from torchdoctor.instrument.collector import Collector
-from torchdoctor.launcher import ChildProcess, wait_for_signal
 from torchdoctor.recording import RecordingWriter, create_recording_file, open_recording
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
+from torchdoctor.run.process import ChildProcess, wait_for_signal
 from torchdoctor.sampling.sampler import Sampler
 from torchdoctor.tune.measure import (
     ObservedJob,

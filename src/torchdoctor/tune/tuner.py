@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchdoctor.errors import UserError
-from torchdoctor.launcher import resolve_command
+from torchdoctor.run.process import resolve_command
 from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits

@@ -1,1 +1,0 @@
-"""Measurements of the fabric: collective bandwidth (allreduce.py)."""

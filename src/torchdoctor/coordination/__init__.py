@@ -1,1 +1,0 @@
-"""Coordination: several jobs on one machine, distributed runs, hand-off to Slurm."""

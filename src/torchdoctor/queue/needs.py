@@ -1,0 +1,68 @@
+"""How much a job needs, and where the figure came from: asked, the last recording of the same
+command in this queue (its measured peak plus a margin), or ``torchdoctor estimate``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+
+from torchdoctor.errors import UserError
+from torchdoctor.queue.model import ASKED
+from torchdoctor.queue.store import QueueStore
+from torchdoctor.units import fmt_bytes
+
+AUTO = "auto"
+HISTORY_MARGIN = 0.10  # measured peaks vary a little from run to run
+ESTIMATE_TIMEOUT_S = 600.0
+
+
+def resolve_need(
+    kind: str,
+    value: str | None,
+    argv: list[str],
+    store: QueueStore,
+    estimate_args: str | None = None,
+) -> tuple[int | None, str | None]:
+    """``--vram``/``--mem`` (``kind``) as bytes and the source of the figure."""
+    from torchdoctor.estimate.profiles import parse_size
+
+    if value is None:
+        return None, None
+    if value.strip().lower() != AUTO:
+        return parse_size(value), ASKED
+    option = f"--{kind}"
+    past = store.last_finished(argv)
+    peak = None
+    if past is not None:
+        peak = past.used_vram if kind == "vram" else past.used_rss
+    if peak:
+        need = int(peak * (1 + HISTORY_MARGIN))
+        return need, (
+            f"job {past.id}'s recording: peak {fmt_bytes(peak)} + {HISTORY_MARGIN * 100:.0f} %"
+        )
+    if kind == "vram" and estimate_args:
+        return _from_estimate(estimate_args)
+    hint = " or --estimate 'SPEC --batch N ...'" if kind == "vram" else ""
+    raise UserError(
+        f"{option} auto: this queue has no finished run of this command to size it from; "
+        f"give {option} SIZE (e.g. {option} 8GiB){hint}"
+    )
+
+
+def _from_estimate(estimate_args: str) -> tuple[int, str]:
+    words = shlex.split(estimate_args)  # split like a shell would; nothing runs in one
+    command = [sys.executable, "-m", "torchdoctor", "estimate", *words, "--json"]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=ESTIMATE_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"--estimate {estimate_args!r} did not finish in time") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"--estimate {estimate_args!r} failed: {last}")
+    result = json.loads(done.stdout)
+    need = int(result["total_bytes"])
+    return need, f"torchdoctor estimate {estimate_args}: {fmt_bytes(need)} with its margin"

@@ -1,0 +1,245 @@
+"""Where waiting jobs go: a pure function of the machine now, the jobs running, and the line.
+
+Admission counts, per GPU, NVML's free memory minus what the queue has promised to its jobs
+and they have not allocated yet (a job that is starting holds nothing yet, so its declared need
+counts in full until NVML shows its processes' memory), minus a margin. Memory held by anyone
+else - other users, other programs - is already off NVML's free figure: it counts as used.
+CPU cores are handed out as disjoint sets; RAM is MemAvailable minus the same kind of promises.
+
+Order: priority, then first come first served. A job that does not fit keeps what it would
+take (in every resource where it fits) and freezes the rest of the resources it lacks, so a
+job further down the line starts only on what the earlier ones could not use anyway: backfill
+never delays a job ahead of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torchdoctor.queue.machine import GpuState, MachineState
+from torchdoctor.queue.model import Job
+from torchdoctor.units import fmt_bytes
+
+MIB = 1024**2
+
+
+def gpu_margin(total: int) -> int:
+    """VRAM kept free on every GPU: CUDA contexts and allocator slack that no one declares."""
+    return max(256 * MIB, total // 50)
+
+
+def ram_margin(total: int) -> int:
+    return max(512 * MIB, total // 50)
+
+
+@dataclass(slots=True)
+class Usage:
+    """What a running job holds now, as measured: VRAM per GPU UUID, RSS of its processes."""
+
+    vram: dict[str, int] = field(default_factory=dict)
+    rss: int = 0
+
+
+@dataclass(slots=True)
+class Decision:
+    job_id: int
+    gpus: list[str] | None  # UUIDs; None: the job waits
+    cpus: list[int] | None
+    reason: str | None  # why it waits
+
+    @property
+    def start(self) -> bool:
+        return self.cpus is not None
+
+
+@dataclass(slots=True)
+class _Pool:
+    """Resources still free during one planning pass."""
+
+    gpu_avail: dict[str, int]  # UUID -> VRAM that may still be promised
+    gpu_jobs: dict[str, int]  # UUID -> queue jobs on it (running or placed in this pass)
+    gpu_exclusive: set[str]  # held whole by a job
+    gpu_frozen: set[str]
+    cores: list[int]
+    core_budget: int
+    mem_avail: int
+    cores_frozen: bool = False
+    mem_frozen: bool = False
+
+
+def order(jobs: list[Job]) -> list[Job]:
+    """The line: higher priority first, then earlier submission."""
+    return sorted(jobs, key=lambda j: (-j.priority, j.id))
+
+
+def plan(
+    machine: MachineState,
+    running: list[Job],
+    usage: dict[int, Usage],
+    waiting: list[Job],
+) -> list[Decision]:
+    """One decision per waiting job (in line order): start where, or why it waits."""
+    pool = _pool(machine, running, usage)
+    decisions = []
+    for job in order(waiting):
+        decisions.append(_place(job, machine, pool))
+    return decisions
+
+
+def _pool(machine: MachineState, running: list[Job], usage: dict[int, Usage]) -> _Pool:
+    avail = {g.uuid: g.free - gpu_margin(g.total) for g in machine.gpus}
+    jobs_on = {g.uuid: 0 for g in machine.gpus}
+    exclusive: set[str] = set()
+    used_cores: set[int] = set()
+    n_cores = 0
+    mem = machine.mem_available - ram_margin(machine.mem_total)
+    for job in running:
+        held = usage.get(job.id, Usage())
+        for uuid in job.assigned_gpus:
+            if uuid not in avail:
+                continue
+            jobs_on[uuid] += 1
+            if job.vram is None:
+                exclusive.add(uuid)
+            else:
+                avail[uuid] -= max(0, job.vram - held.vram.get(uuid, 0))
+        used_cores.update(job.assigned_cpus)
+        n_cores += len(job.assigned_cpus)
+        if job.mem is not None:
+            mem -= max(0, job.mem - held.rss)
+    return _Pool(
+        gpu_avail=avail,
+        gpu_jobs=jobs_on,
+        gpu_exclusive=exclusive,
+        gpu_frozen=set(),
+        cores=[c for c in machine.cpus if c not in used_cores],
+        core_budget=machine.max_cores - n_cores,
+        mem_avail=mem,
+    )
+
+
+def _place(job: Job, machine: MachineState, pool: _Pool) -> Decision:
+    gpus, gpu_reason = _choose_gpus(job, machine, pool)
+    nodes = {g.numa_node for g in machine.gpus if gpus and g.uuid in gpus} - {None}
+    cpus, cpu_reason = _choose_cpus(job, machine, pool, nodes)
+    mem_ok = job.mem is None or (not pool.mem_frozen and job.mem <= pool.mem_avail)
+    mem_reason = None
+    if not mem_ok:
+        mem_reason = (
+            "RAM held for a job ahead in the line"
+            if pool.mem_frozen
+            else f"needs {fmt_bytes(job.mem)} of RAM, {fmt_bytes(max(0, pool.mem_avail))} available"
+        )
+    fits = gpus is not None and cpus is not None and mem_ok
+    # Take what fits, freeze what does not: nothing behind this job may take it meanwhile.
+    if gpus is not None:
+        _take_gpus(job, gpus, pool)
+    elif job.gpus:
+        pool.gpu_frozen.update(_wanted_gpus(job, machine, pool))
+    if cpus is not None:
+        pool.cores = [c for c in pool.cores if c not in cpus]
+        pool.core_budget -= len(cpus)
+    else:
+        pool.cores_frozen = True
+    if job.mem is not None:
+        if mem_ok:
+            pool.mem_avail -= job.mem
+        else:
+            pool.mem_frozen = True
+    if fits:
+        return Decision(job.id, gpus, cpus, None)
+    reasons = [r for r in (gpu_reason, cpu_reason, mem_reason) if r]
+    return Decision(job.id, None, None, "waiting: " + "; ".join(reasons))
+
+
+def _candidates(job: Job, machine: MachineState) -> list[GpuState]:
+    if job.gpu_ids:
+        return [g for uuid in job.gpu_ids if (g := machine.gpu(uuid)) is not None]
+    return list(machine.gpus)
+
+
+def _fits_gpu(job: Job, g: GpuState, pool: _Pool) -> bool:
+    if g.uuid in pool.gpu_frozen or g.uuid in pool.gpu_exclusive:
+        return False
+    if job.vram is None:  # the whole GPU: no other queue job and no one else's process on it
+        return pool.gpu_jobs[g.uuid] == 0 and not g.processes
+    return job.vram <= pool.gpu_avail[g.uuid]
+
+
+def _choose_gpus(
+    job: Job, machine: MachineState, pool: _Pool
+) -> tuple[list[str] | None, str | None]:
+    if not job.gpus:
+        return [], None
+    candidates = _candidates(job, machine)
+    fitting = [g for g in candidates if _fits_gpu(job, g, pool)]
+    if job.gpu_ids:
+        if len(fitting) == len(job.gpu_ids):
+            return [g.uuid for g in fitting], None
+    elif len(fitting) >= job.gpus:
+        # Most room first (spreads the load; the rest stays free for bigger jobs).
+        fitting.sort(key=lambda g: (-pool.gpu_avail[g.uuid], g.index))
+        return [g.uuid for g in fitting[: job.gpus]], None
+    return None, _gpu_reason(job, candidates, pool)
+
+
+def _gpu_reason(job: Job, candidates: list[GpuState], pool: _Pool) -> str:
+    want = "whole (unshared)" if job.vram is None else f"with {fmt_bytes(job.vram)} free"
+    parts = []
+    for g in candidates:
+        if g.uuid in pool.gpu_frozen:
+            state = "held for a job ahead in the line"
+        elif g.uuid in pool.gpu_exclusive:
+            state = "held whole by a queue job"
+        elif job.vram is None:
+            others = len(g.processes)
+            state = f"{pool.gpu_jobs[g.uuid]} queue job(s), {others} process(es) on it"
+        else:
+            state = f"{fmt_bytes(max(0, pool.gpu_avail[g.uuid]))} available"
+        parts.append(f"GPU {g.index} {state}")
+    return f"needs {job.gpus} GPU(s) {want}; " + ", ".join(parts)
+
+
+def _wanted_gpus(job: Job, machine: MachineState, pool: _Pool) -> list[str]:
+    """The GPUs a waiting job will most likely get: held back from jobs behind it."""
+    candidates = _candidates(job, machine)
+    if job.gpu_ids:
+        return [g.uuid for g in candidates]
+    candidates.sort(key=lambda g: (-(g.total - _foreign(g)), g.index))
+    return [g.uuid for g in candidates[: job.gpus]]
+
+
+def _foreign(g: GpuState) -> int:
+    return sum(g.processes.values())
+
+
+def _take_gpus(job: Job, gpus: list[str], pool: _Pool) -> None:
+    for uuid in gpus:
+        pool.gpu_jobs[uuid] += 1
+        if job.vram is None:
+            pool.gpu_exclusive.add(uuid)
+        else:
+            pool.gpu_avail[uuid] -= job.vram
+
+
+def _choose_cpus(
+    job: Job, machine: MachineState, pool: _Pool, nodes: set[int]
+) -> tuple[list[int] | None, str | None]:
+    if pool.cores_frozen:
+        return None, "cores held for a job ahead in the line"
+    n = job.cpus
+    if n > len(pool.cores) or n > pool.core_budget:
+        free = max(0, min(len(pool.cores), pool.core_budget))
+        return None, f"needs {n} core(s), {free} free"
+    by_node: dict[int, list[int]] = {}
+    for c in pool.cores:
+        by_node.setdefault(machine.cpu_node.get(c, 0), []).append(c)
+    # One NUMA node if any can hold the job: the GPUs' node first, then the fullest that fits
+    # (keeps whole nodes free for big jobs); otherwise the GPUs' nodes first, then the rest.
+    fitting = [node for node, cores in by_node.items() if len(cores) >= n]
+    if fitting:
+        best = min(fitting, key=lambda node: (node not in nodes, len(by_node[node]), node))
+        return sorted(by_node[best])[:n], None
+    ordered = sorted(by_node, key=lambda node: (node not in nodes, node))
+    picked = [c for node in ordered for c in sorted(by_node[node])]
+    return picked[:n], None

@@ -1,0 +1,360 @@
+"""The per-user scheduler: started on demand, one at a time, holding no state of its own.
+
+It decides where waiting jobs go and starts each under its own supervisor, then forgets it:
+the supervisor writes how the job ended. Killed at any moment (even with SIGKILL), it loses
+nothing; the next one adopts the running jobs by PID and start time. After a reboot the jobs
+that were running are marked lost and the queue is paused, so nothing starts unasked.
+
+It sleeps in select(): woken by a client or a supervisor on its socket, every second while a
+job waits for GPU memory or RAM that others may free, every few seconds while jobs run (to
+notice a supervisor that vanished), and otherwise not at all until it leaves after a long idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+from torchdoctor.queue.environment import free_port
+from torchdoctor.queue.machine import MachineReader, MachineState
+from torchdoctor.queue.model import (
+    ACTIVE,
+    DONE,
+    FAILED,
+    LOST,
+    PAUSED_KEY,
+    QUEUED,
+    STARTING,
+    Job,
+)
+from torchdoctor.queue.paths import QueuePaths, queue_paths
+from torchdoctor.queue.placement import Usage, order, plan
+from torchdoctor.queue.processes import (
+    boot_id,
+    group_members,
+    is_alive,
+    start_time,
+)
+from torchdoctor.queue.protocol import answer, listen, peer_uid, read_message
+from torchdoctor.queue.store import QueueStore, end_fields
+from torchdoctor.sampling import procfs
+
+IDLE_EXIT_S = 900.0  # an idle scheduler leaves after this long; the next command restarts it
+POLL_WAITING_S = 1.0
+POLL_RUNNING_S = 5.0
+
+
+class AlreadyRunning(Exception):
+    """Another scheduler holds this user's lock."""
+
+
+class Scheduler:
+    def __init__(self, paths: QueuePaths) -> None:
+        paths.make()
+        self.paths = paths
+        self._lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise AlreadyRunning from None
+        self.store = QueueStore(paths.db)
+        self.boot = boot_id()
+        self.server = listen(paths.socket)
+        self.store.set_meta(
+            scheduler_pid=str(os.getpid()), scheduler_start=str(start_time(os.getpid()))
+        )
+        self._machine: MachineReader | None = None
+        self._children: dict[int, subprocess.Popen] = {}  # job id -> its supervisor
+        self._waiting_on_resources = False
+        self._adopt()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def serve(self, idle_exit_s: float = IDLE_EXIT_S) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.server, selectors.EVENT_READ)
+        idle_since = time.monotonic()
+        self._pass()
+        while True:
+            busy = bool(self.store.jobs((QUEUED, *ACTIVE))) or bool(self._children)
+            if busy:
+                idle_since = time.monotonic()
+                timeout = POLL_WAITING_S if self._waiting_on_resources else POLL_RUNNING_S
+            else:
+                timeout = idle_exit_s - (time.monotonic() - idle_since)
+                if timeout <= 0:
+                    return
+            for _key, _ in selector.select(timeout):
+                self._accept()
+            self._pass()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except BlockingIOError:
+                return
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    if peer_uid(conn) != os.getuid():
+                        continue  # another user: not a word
+                    message = read_message(conn)
+                    if message is not None:
+                        answer(conn, {"ok": True, "pid": os.getpid()})
+                except OSError:
+                    continue
+
+    def _pass(self) -> None:
+        try:
+            self._check_active()
+            self._schedule()
+        except Exception:  # noqa: BLE001 - one bad pass must not take the queue down
+            traceback.print_exc()
+
+    # -- jobs that run ----------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """After a reboot: the jobs that ran are lost, and nothing queued starts unasked."""
+        rebooted = False
+        for job in self.store.jobs(ACTIVE):
+            if job.boot_id != self.boot:
+                rebooted = True
+                self.store.update(
+                    job.id,
+                    only_if=ACTIVE,
+                    **end_fields(LOST, "the machine restarted while it ran", None),
+                )
+        if rebooted and self.store.jobs((QUEUED,)):
+            self.store.set_meta(
+                **{
+                    PAUSED_KEY: "the machine restarted; `torchdoctor queue resume` starts jobs again"
+                }
+            )
+
+    def _check_active(self) -> None:
+        for job in self.store.jobs(ACTIVE):
+            if is_alive(job.supervisor_pid, job.supervisor_start):
+                continue
+            child = self._children.get(job.id)
+            if job.supervisor_pid is None:
+                if child is not None and child.poll() is None:
+                    continue  # our supervisor is starting
+                if child is not None:
+                    self.store.update(
+                        job.id,
+                        only_if=(STARTING,),
+                        unclaimed=True,
+                        **end_fields(
+                            FAILED,
+                            f"its supervisor could not start (see {self.paths.scheduler_log})",
+                            None,
+                        ),
+                    )
+                else:  # placed by a scheduler that died before starting it: place it again
+                    self.store.update(
+                        job.id,
+                        only_if=(STARTING,),
+                        unclaimed=True,
+                        state=QUEUED,
+                        assigned_gpus=[],
+                        assigned_cpus=[],
+                        master_port=None,
+                    )
+                continue
+            if is_alive(job.job_pid, job.job_start):
+                continue  # its supervisor is gone but the job runs on: watch it
+            self.store.update(
+                job.id,
+                only_if=ACTIVE,
+                **end_fields(
+                    LOST, "its supervisor was stopped before it could record the exit status", None
+                ),
+            )
+        for job_id, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[job_id]
+
+    # -- placing waiting jobs ---------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        self._waiting_on_resources = False
+        queued = self.store.jobs((QUEUED,))
+        if not queued:
+            return
+        eligible = []
+        for job in order(queued):
+            blocked = self._dependencies(job)
+            if blocked is None:
+                eligible.append(job)
+            else:
+                self._set_reason(job, blocked)
+        paused = self.store.meta(PAUSED_KEY)
+        if paused is not None:
+            for job in eligible:
+                self._set_reason(job, f"queue paused: {paused}")
+            return
+        if not eligible:
+            return
+        machine = self._read_machine()
+        running = self.store.jobs(ACTIVE)
+        usage = measure_usage(running, machine)
+        by_id = {job.id: job for job in eligible}
+        for decision in plan(machine, running, usage, eligible):
+            job = by_id[decision.job_id]
+            if decision.start:
+                self._start(job, decision.gpus or [], decision.cpus or [], running)
+            else:
+                self._waiting_on_resources = True
+                self._set_reason(job, decision.reason)
+
+    def _dependencies(self, job: Job) -> str | None:
+        """Why the job cannot start yet because of ``--after``; None when it may. A dependency
+        that did not succeed fails the job here and now."""
+        for dep_id in job.after:
+            dep = self.store.get(dep_id)
+            if dep is None or (dep.ended and dep.state != DONE):
+                how = "does not exist" if dep is None else f"ended {dep.state}"
+                if dep is not None and dep.exit_status is not None:
+                    how += f" (exit status {dep.exit_status})"
+                self.store.update(
+                    job.id,
+                    only_if=(QUEUED,),
+                    **end_fields(FAILED, f"not started: job {dep_id} it runs after {how}", None),
+                )
+                return "failed"
+            if not dep.ended:
+                return f"waiting for job {dep_id} to finish"
+        return None
+
+    def _set_reason(self, job: Job, reason: str | None) -> None:
+        if job.reason != reason:
+            self.store.update(job.id, only_if=(QUEUED,), reason=reason)
+
+    def _read_machine(self) -> MachineState:
+        if self._machine is None:
+            self._machine = MachineReader()
+        return self._machine.read()
+
+    def _start(self, job: Job, gpus: list[str], cpus: list[int], running: list[Job]) -> None:
+        port = None
+        if "MASTER_PORT" not in job.env:
+            port = free_port({j.master_port for j in running if j.master_port is not None})
+        placed = self.store.update(
+            job.id,
+            only_if=(QUEUED,),
+            state=STARTING,
+            assigned_gpus=gpus,
+            assigned_cpus=cpus,
+            master_port=port,
+            boot_id=self.boot,
+            reason=None,
+            supervisor_pid=None,
+            supervisor_start=None,
+        )
+        if not placed:
+            return  # cancelled meanwhile
+        job.state, job.assigned_gpus, job.assigned_cpus, job.master_port = (
+            STARTING,
+            gpus,
+            cpus,
+            port,
+        )
+        running.append(job)
+        with open(self.paths.scheduler_log, "ab") as log:
+            self._children[job.id] = subprocess.Popen(
+                [sys.executable, "-m", "torchdoctor.queue.supervisor", str(job.id)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a signal to the scheduler's group is not the job's
+                close_fds=True,
+            )
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.server.close()
+        if self._machine is not None:
+            self._machine.close()
+        self.store.close()
+        os.close(self._lock)
+
+
+def measure_usage(running: list[Job], machine: MachineState) -> dict[int, Usage]:
+    """What each running job holds now: its processes' GPU memory (by process group), and its
+    RSS when it declared a RAM need."""
+    usage: dict[int, Usage] = {}
+    groups = {job.job_pid: job.id for job in running if job.job_pid is not None}
+    for job in running:
+        usage[job.id] = Usage()
+    for gpu in machine.gpus:
+        for pid, used in gpu.processes.items():
+            try:
+                group = os.getpgid(pid)
+            except OSError:
+                continue
+            job_id = groups.get(group)
+            if job_id is not None:
+                held = usage[job_id].vram
+                held[gpu.uuid] = held.get(gpu.uuid, 0) + used
+    for job in running:
+        if job.mem is not None and job.job_pid is not None:
+            usage[job.id].rss = sum(_rss(pid) for pid in group_members(job.job_pid))
+    return usage
+
+
+def _rss(pid: int) -> int:
+    try:
+        return procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat")).rss_pages * (
+            procfs.PAGE_SIZE
+        )
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def main() -> None:
+    """``python -m torchdoctor.queue.scheduler [READY_FD]``: become a daemon,
+    then say on READY_FD whether this scheduler serves (``ok``), another one already does
+    (``busy``), or why none can (``error: ...``)."""
+    ready = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    if os.fork() > 0:  # the starter reaps this one at once; the scheduler is nobody's child
+        os._exit(0)
+    os.setsid()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    paths = queue_paths()
+
+    def say(text: str) -> None:
+        nonlocal ready
+        if ready is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready, text.encode())
+                os.close(ready)
+            ready = None
+
+    try:
+        scheduler = Scheduler(paths)
+    except AlreadyRunning:
+        say("busy")
+        return
+    except Exception as exc:  # noqa: BLE001 - told to the client as one line
+        say(f"error: {getattr(exc, 'message', None) or exc}")
+        raise SystemExit(1) from None
+    say("ok")
+    try:
+        idle = float(os.environ.get("TORCHDOCTOR_QUEUE_IDLE_EXIT_S", IDLE_EXIT_S))
+        scheduler.serve(idle)
+    finally:
+        scheduler.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""What the recordings of jobs under ``torchdoctor run`` say right now: step rate, data wait,
+findings.
+
+Each recorded job announces itself in :mod:`torchdoctor.recording.registry`. Step figures come
+from the recent rows of the ``steps`` table (read-only SQLite queries, the recorder keeps
+writing); findings from the diagnosis, re-run within a CPU budget because it reads the whole
+recording (:mod:`torchdoctor.diagnosis.rediagnosis`). A recording without steps (no instrumentation) or a diagnosis that fails still
+shows what it can, with the reason for the rest: the live view never stops over them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
+from torchdoctor.recording.steps import step_stats
+from torchdoctor.thresholds import Thresholds
+from torchdoctor.top.model import FindingBrief, RecordingStatus
+
+WINDOW_S = 10.0  # step rate and data wait are over the steps that ended in this window
+MIN_STEPS = 4  # fewer steps than this in the window: use the last ones, however old
+# No step for this many times the longest recent step (and the window): stalled. Generous,
+# because steps of a job starved of CPU vary a lot, and records reach the file in batches.
+STALLED_STEPS = 5.0
+# No sample for this many intervals (and at least STALE_MIN_S): the recorder is stuck.
+STALE_INTERVALS = 20
+STALE_MIN_S = 10.0
+_STEP_COLUMNS = (
+    "pid",
+    "rank",
+    "step",
+    "t_start",
+    "t_end",
+    "wall_s",
+    "data_wait_s",
+    "batch_size",
+    "samples",
+)
+
+
+@dataclass(slots=True)
+class _Watched:
+    path: Path
+    db: sqlite3.Connection | None
+    error: str | None
+
+
+class RecordingWatcher:
+    """Keeps the recordings of active jobs open and summarizes their recent steps."""
+
+    def __init__(self, thresholds: Thresholds, *, window_s: float = WINDOW_S) -> None:
+        self.thresholds = thresholds
+        self.window_s = window_s
+        self._watched: dict[Path, _Watched] = {}
+        self._diagnosis = BudgetedDiagnosis(thresholds)
+
+    def status(self, path: Path, now: float | None = None) -> RecordingStatus:
+        now = time.time() if now is None else now
+        w = self._watched.get(path)
+        if w is None:
+            w = self._open(path)
+            self._watched[path] = w
+        status = RecordingStatus(
+            path=str(path),
+            steps=0,
+            step_rate_per_s=None,
+            samples_per_s=None,
+            data_wait_share=None,
+            window_s=self.window_s,
+        )
+        if w.db is None:
+            status.unavailable["steps"] = w.error or "recording not readable"
+            return status
+        with contextlib.suppress(sqlite3.Error):  # the steps below say what cannot be read
+            status.recording_note = _recording_note(w.db, path, now)
+        try:
+            self._steps(w.db, now, status)
+        except sqlite3.Error as exc:
+            status.unavailable["steps"] = f"cannot read the steps of {path}: {exc}"
+        latest = self._diagnosis.latest(path, len(self._watched))
+        status.findings = [
+            FindingBrief(
+                id=f.id, severity=f.severity, title=f.title, recommendation=f.recommendation
+            )
+            for f in latest.findings or []
+        ]
+        if latest.error:
+            status.unavailable["findings"] = latest.error
+        return status
+
+    def forget_except(self, keep: set[Path]) -> None:
+        """Close the recordings of jobs that are no longer running."""
+        for path in list(self._watched):
+            if path not in keep:
+                w = self._watched.pop(path)
+                if w.db is not None:
+                    w.db.close()
+        self._diagnosis.forget_except(keep)
+
+    def close(self) -> None:
+        self.forget_except(set())
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _open(self, path: Path) -> _Watched:
+        from torchdoctor.errors import UserError
+        from torchdoctor.recording.reader import open_recording
+
+        try:
+            # Validates that this is a recording this torchdoctor can read.
+            open_recording(path).close()
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        except (UserError, sqlite3.Error, OSError) as exc:
+            return _Watched(path, None, getattr(exc, "message", None) or str(exc))
+        return _Watched(path, db, None)
+
+    def _steps(self, db: sqlite3.Connection, now: float, status: RecordingStatus) -> None:
+        # Rows are only ever appended: the last rowid is the count, without a table scan.
+        status.steps = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM steps").fetchone()[0]
+        if status.steps == 0:
+            status.unavailable["steps"] = (
+                "no step recorded yet (is the training loop instrumented?)"
+            )
+            return
+        columns = ", ".join(_STEP_COLUMNS)
+        cursor = db.execute(
+            f"SELECT {columns} FROM steps WHERE t_end >= ? ORDER BY t_end",
+            (now - self.window_s,),
+        )
+        rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in cursor]
+        if len(rows) < MIN_STEPS:
+            # Slow steps (seconds each): the last few steps, however long ago they ended.
+            cursor = db.execute(
+                f"SELECT {columns} FROM steps ORDER BY t_end DESC LIMIT {MIN_STEPS * 2}"
+            )
+            rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in reversed(cursor.fetchall())]
+        # The same figures as `torchdoctor show` and the diagnosis, over these steps.
+        stats = step_stats(rows, [], [])
+        since_last = now - max(r["t_end"] for r in rows)
+        longest = max(r["wall_s"] for r in rows)
+        if since_last > max(self.window_s, STALLED_STEPS * longest):
+            # Far longer than a step takes: the job is stalled (or between phases).
+            status.stalled_s = since_last
+            status.step_rate_per_s = 0.0
+            status.samples_per_s = 0.0
+            return
+        status.step_rate_per_s = stats.steps_per_s
+        status.samples_per_s = stats.samples_per_s
+        # The most starved process is the one that holds the others back.
+        shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
+        status.data_wait_share = max(shares) if shares else None
+
+
+def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | None:
+    """A line when the recording is cut short (its recorder died while the job runs on) or has
+    had no sample for many intervals; None while it is written as it should be."""
+    import json
+
+    from torchdoctor.recording.state import (
+        IN_PROGRESS,
+        describe_state,
+        journal_is_wal,
+        recording_state,
+    )
+    from torchdoctor.units import fmt_duration
+
+    meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+    last = db.execute("SELECT MAX(t) FROM host_samples").fetchone()[0]
+    state = recording_state(meta, last, journal_is_wal(path), wal_beside=True)
+    interval = float(meta.get("interval_s") or 0.5)
+    if state.kind == IN_PROGRESS:
+        if last is None or now - last < max(STALE_INTERVALS * interval, STALE_MIN_S):
+            return None
+        return (
+            f"recording stalled: no sample for {fmt_duration(now - last)}"
+            f" (recorder pid {state.writer_pid})"
+        )
+    return describe_state(state, path, now)

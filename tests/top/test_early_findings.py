@@ -1,0 +1,68 @@
+"""What top says of a job in its first seconds: no verdict (leak, saturation, contention) from
+start-up, where imports grow the trainer by a hundred MiB and run one thread.
+
+A real data-bound job (examples/scenarios/data_bound.py, pure-Python loading) under
+`torchdoctor run`; top's recording watcher reads its live recording a few seconds in.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, TORCHDOCTOR
+from torchdoctor.thresholds import Thresholds
+from torchdoctor.top.recordings import RecordingWatcher
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(600)
+DATA_BOUND = REPO / "examples" / "scenarios" / "data_bound.py"
+VERDICTS = {"host-memory-leak", "cpu-saturated", "cpu-contention", "thread-oversubscription"}
+
+
+def recorded_span(path) -> float:
+    if not path.exists():
+        return 0.0
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT MIN(t), MAX(t) FROM host_samples").fetchone()
+    except sqlite3.Error:  # the writer has not created its tables yet
+        return 0.0
+    finally:
+        db.close()
+    return (row[1] - row[0]) if row and row[0] is not None else 0.0
+
+
+def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
+    path = tmp_path / "live.sqlite"
+    job = subprocess.Popen(
+        [*TORCHDOCTOR, "run", "--quiet", "--out", str(path), "--",
+         sys.executable, str(DATA_BOUND), "--steps", "120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[list[str]] = []
+    try:
+        deadline = time.monotonic() + 240
+        # Look at 2, 3.5 and 5 s of recording, as a user who starts top with the job would.
+        for at in (2.0, 3.5, 5.0):
+            while recorded_span(path) < at and job.poll() is None:
+                assert time.monotonic() < deadline, "the recording did not grow"
+                time.sleep(0.05)
+            if job.poll() is not None:
+                break
+            watcher = RecordingWatcher(Thresholds())  # a fresh look: diagnoses at once
+            try:
+                status = watcher.status(path)
+            finally:
+                watcher.close()
+            assert "findings" not in status.unavailable, status.unavailable
+            seen.append([f.id for f in status.findings if f.severity in ("warning", "critical")])
+            assert not VERDICTS & set(seen[-1]), (at, status.findings)
+    finally:
+        job.wait(timeout=300)
+    assert job.returncode == 0, job.stderr.read()
+    assert seen, "the job ended before top could look at it"
