@@ -6,6 +6,7 @@ import json
 
 import click
 
+from torchdoctor.cli.common import python_option, run_in_job_python
 from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
@@ -63,6 +64,7 @@ from torchdoctor.errors import UserError, require_torch
     help="Seconds a collective may wait for the others.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@python_option
 def command(
     backend: str | None,
     nproc: int,
@@ -73,6 +75,7 @@ def command(
     ops: str,
     timeout_s: float,
     as_json: bool,
+    python: str | None,
 ) -> None:
     """Measure all-reduce, all-gather and reduce-scatter like nccl-tests: per size the time per
     op, algbw = S/t and busbw = algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (the others).
@@ -81,6 +84,7 @@ def command(
     one rank of that launch and rank 0 prints. Across nodes busbw is compared with the link's
     rated speed (target 85 %), with the likely cause when it falls short.
     """
+    run_in_job_python(python)
     torch = require_torch("torchdoctor bench allreduce")
     chosen_ops = tuple(o.strip().replace("-", "_") for o in ops.split(",") if o.strip())
     unknown = [o for o in chosen_ops if o not in OPS]

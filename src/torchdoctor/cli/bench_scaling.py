@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from torchdoctor.cli.common import stderr_console
+from torchdoctor.cli.common import python_option, stderr_console
 
 
 @click.command(
@@ -35,6 +35,7 @@ from torchdoctor.cli.common import stderr_console
     help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/scaling-<time>).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@python_option
 @click.argument(
     "argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]..."
 )
@@ -45,6 +46,7 @@ def command(
     global_batch: int | None,
     out: str | None,
     as_json: bool,
+    python: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Run SCRIPT briefly at each rank count on this node and report E(N) with its causes.
@@ -57,7 +59,11 @@ def command(
 
     from torchdoctor.launch.plan import split_script
     from torchdoctor.launch.scaling import bench_scaling, parse_sizes
+    from torchdoctor.run.interpreter import announce, find_job_python
 
+    typed = list(argv[1:] if argv and argv[0] == "--" else argv)
+    job_python = find_job_python(typed, explicit=python)
+    announce(job_python, "every trial")
     script = split_script(list(argv))
     sizes = parse_sizes(nproc)
     folder = (
@@ -74,7 +80,14 @@ def command(
             console.print(f"torchdoctor bench scaling: {t.nproc} rank(s): {state}")
 
     result = bench_scaling(
-        script, sizes, steps, folder, keep=keep, global_batch=global_batch, on_trial=on_trial
+        script,
+        sizes,
+        steps,
+        folder,
+        keep=keep,
+        global_batch=global_batch,
+        on_trial=on_trial,
+        python=job_python.executable,
     )
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(result), indent=2))

@@ -36,6 +36,24 @@ thresholds_option = click.option(
     help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] in pyproject.toml).",
 )
 
+python_option = click.option(
+    "--python",
+    "python",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="PATH",
+    help="The training environment's Python, for the job and torch (default: the command's "
+    "interpreter, else the active virtualenv/conda env, else torchdoctor's own).",
+)
+
+
+def run_in_job_python(python: str | None) -> None:
+    """Relay this whole command into the training environment's Python when that is not ours
+    (it imports torch, which is the job's): see :mod:`torchdoctor.run.interpreter`."""
+    from torchdoctor.run.interpreter import find_job_python, relay_if_needed
+
+    relay_if_needed(find_job_python(explicit=python), sys.argv[1:])
+
 
 def new_recording(out: str | None, name: str) -> Path:
     """The recording file of this run, created now: --out exactly, else a fresh unique name."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from torchdoctor.cli.common import python_option, run_in_job_python
 from torchdoctor.doctor import Plan, exit_status, run_checks
 from torchdoctor.doctor.render import render, to_json
 from torchdoctor.errors import UserError
@@ -36,6 +37,7 @@ from torchdoctor.errors import UserError
 @click.option(
     "--bench", is_flag=True, help="Also run a short all-reduce sweep on this node (gloo or nccl)."
 )
+@python_option
 def command(
     as_json: bool,
     master_addr: str | None,
@@ -45,12 +47,14 @@ def command(
     workers: int | None,
     only: tuple[str, ...],
     bench: bool,
+    python: str | None,
 ) -> int:
     """Check versions, GPUs, network, rendezvous, host limits and left-behind NCCL settings.
 
     Every check says ok / warning / error (or skipped, with the reason), what it saw and the
     exact fix. Nothing needs root and nothing is changed. Exits 1 when any check is an error.
     """
+    run_in_job_python(python)  # the versions and torch checks are the training env's
     plan = Plan(
         master_addr=master_addr,
         master_port=master_port,

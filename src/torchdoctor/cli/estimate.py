@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from torchdoctor.cli.common import python_option, run_in_job_python
 from torchdoctor.cli.json_output import user_output_to_stderr
 from torchdoctor.errors import ParameterError, UserError
 from torchdoctor.estimate.loops import LOOPS
@@ -145,6 +146,7 @@ Examples:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
 )
+@python_option
 def command(
     spec: str,
     batch_size: int,
@@ -160,6 +162,7 @@ def command(
     target the attention kernels, dropout masks, autocast lists, optimizer implementation and
     the caching allocator of CUDA are modelled on top.
     """
+    run_in_job_python(options.pop("python"))
     # The other options (--input, --gpu, --margin, ...) are api.prepare's, under its names.
     options["fallback"] = not no_fallback
     if find_max:

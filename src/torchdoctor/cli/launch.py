@@ -12,6 +12,7 @@ from torchdoctor.cli.common import (
     check_interval,
     interval_option,
     print_end_report,
+    python_option,
     stderr_console,
     thresholds_option,
 )
@@ -46,6 +47,7 @@ from torchdoctor.errors import UserError
 @click.option("--quiet", is_flag=True, help="Print nothing of our own (errors aside).")
 @interval_option
 @thresholds_option
+@python_option
 @click.argument(
     "argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]..."
 )
@@ -63,6 +65,7 @@ def command(
     quiet: bool,
     interval: float,
     thresholds: str | None,
+    python: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Start SCRIPT on every rank through torchrun, record this node, exit with its status.
@@ -83,11 +86,13 @@ def command(
     from torchdoctor.launch.preflight import preflight
     from torchdoctor.recording import create_recording_file
     from torchdoctor.recording.paths import removed_if_unused
+    from torchdoctor.run.interpreter import find_job_python
     from torchdoctor.run.process import resolve_command
     from torchdoctor.run.session import record_command
     from torchdoctor.sampling.gpus import GpuReader
 
     check_interval(interval)
+    job_python = find_job_python(_command(argv), explicit=python)
     script = split_script(list(argv))
     opts = LaunchOptions(
         nproc_per_node=nproc_per_node,
@@ -110,6 +115,7 @@ def command(
             env=dict(os.environ),
             fr_dir=fr_dir,
             gpu_count=gpu_count,
+            python=job_python.executable,
             numa_binding=torchrun_supports_numa_binding(),
         )
         report = preflight(plan, gpu_status=gpus.status)
@@ -118,6 +124,8 @@ def command(
                 f"torchdoctor launch: {plan.nproc_per_node} rank(s) on node {plan.node_rank} of "
                 f"{plan.nnodes} (world size {plan.world_size}), rendezvous {plan.rendezvous}"
             )
+            if not job_python.is_ours:
+                console.print(f"  torchrun and the ranks run with {job_python.describe()}")
             for note in plan.notes:
                 console.print(f"  {note}")
             for line in report.lines():
@@ -152,3 +160,8 @@ def command(
     if not any(fr_dir.iterdir()):
         fr_dir.rmdir()
     ctx.exit(status)
+
+
+def _command(argv: tuple[str, ...]) -> list[str]:
+    """The job's command line as typed after ``--``."""
+    return list(argv[1:] if argv and argv[0] == "--" else argv)

@@ -122,6 +122,10 @@ def command(
     if trial_timeout is not None and trial_timeout <= 0:
         raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
     progress = None if quiet else _Progress(stderr_console())
+    if not quiet:
+        from torchdoctor.run.interpreter import announce, find_job_python
+
+        announce(find_job_python(list(argv)), "every trial")
     held = hold_signals()
     try:
         # The trials' output goes to their logs; anything else printed meanwhile goes to

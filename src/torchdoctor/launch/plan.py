@@ -204,7 +204,8 @@ def torchrun_supports_numa_binding() -> bool:
 
 def split_script(argv: list[str]) -> list[str]:
     """The script and its arguments as torchrun takes them (``-m module`` kept; a leading
-    ``python`` dropped: torchrun starts the script with its own interpreter)."""
+    ``python`` dropped here: it becomes torchrun's own interpreter, which starts every rank;
+    see :func:`torchdoctor.run.interpreter.find_job_python`)."""
     args = list(argv)
     if args and args[0] == "--":
         args = args[1:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ def run_trial(
     warmup: int = 3,
     limit_s: float = 600.0,
     interval: float = 0.5,
+    python: str = sys.executable,
 ) -> Trial:
     """One recorded trial of ``script`` at ``nproc`` ranks, stopped after warm-up + steps."""
     from torchdoctor.instrument.agent import ENV_STOP_AFTER_STEPS
@@ -110,7 +112,12 @@ def run_trial(
     fr_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != ENV_STOP_AFTER_STEPS}
     plan = plan_launch(
-        LaunchOptions(nproc_per_node=str(nproc)), script, env=env, fr_dir=fr_dir, gpu_count=0
+        LaunchOptions(nproc_per_node=str(nproc)),
+        script,
+        env=env,
+        fr_dir=fr_dir,
+        gpu_count=0,
+        python=python,
     )
     plan.env[ENV_STOP_AFTER_STEPS] = str(warmup + steps)
     started: dict[str, int] = {}
@@ -339,6 +346,7 @@ def bench_scaling(
     global_batch: int | None = None,
     limit_s: float = 600.0,
     on_trial=None,
+    python: str = sys.executable,
 ) -> ScalingResult:
     if keep not in KEEP_CHOICES:
         raise UserError(f"--keep {keep!r}: choose {' or '.join(KEEP_CHOICES)}")
@@ -348,7 +356,8 @@ def bench_scaling(
         trial_args(script, keep, global_batch, n)  # bad arguments fail before any trial
     result = ScalingResult(keep=keep)
     for n in sizes:
-        t = run_trial(trial_args(script, keep, global_batch, n), n, steps, folder, limit_s=limit_s)
+        args = trial_args(script, keep, global_batch, n)
+        t = run_trial(args, n, steps, folder, limit_s=limit_s, python=python)
         result.trials.append(t)
         if on_trial is not None:
             on_trial(t)

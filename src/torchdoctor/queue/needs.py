@@ -43,7 +43,7 @@ def resolve_need(
             f"job {past.id}'s recording: peak {fmt_bytes(peak)} + {HISTORY_MARGIN * 100:.0f} %"
         )
     if kind == "vram" and estimate_args:
-        return _from_estimate(estimate_args)
+        return _from_estimate(estimate_args, argv)
     hint = " or --estimate 'SPEC --batch N ...'" if kind == "vram" else ""
     raise UserError(
         f"{option} auto: this queue has no finished run of this command to size it from; "
@@ -51,9 +51,14 @@ def resolve_need(
     )
 
 
-def _from_estimate(estimate_args: str) -> tuple[int, str]:
+def _from_estimate(estimate_args: str, argv: list[str]) -> tuple[int, str]:
+    from torchdoctor.run.interpreter import find_job_python
+
     words = shlex.split(estimate_args)  # split like a shell would; nothing runs in one
     command = [sys.executable, "-m", "torchdoctor", "estimate", *words, "--json"]
+    job_python = find_job_python(argv)  # the job's torch sizes the job
+    if not job_python.is_ours:
+        command += ["--python", job_python.executable]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=ESTIMATE_TIMEOUT_S, check=False
