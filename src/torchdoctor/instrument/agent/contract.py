@@ -184,7 +184,7 @@ def unpack_steps(message: dict) -> list:
     if offset and PERF_CLOCK_FIELD in fields[: len(values)]:
         i = fields.index(PERF_CLOCK_FIELD)
         values[i] = [None if v is None else v + offset for v in values[i]]
-    return [list(row) for row in zip(*values)]
+    return [list(row) for row in zip(*values, strict=True)]
 
 
 def dumps(value) -> str:
