@@ -16,6 +16,10 @@ ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
 ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
 ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
 ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+# Where ranks write their flight-recorder dumps (launch sets it), and the dumps' file names:
+# FR_PREFIX + rank (+ ".json"), the prefix torch's own dump-on-timeout uses too.
+ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"
+FR_PREFIX = "fr_trace_rank_"
 
 # Exit status of a process stopped by TORCHDOCTOR_STOP_AFTER_STEPS (EX_TEMPFAIL: Python itself
 # never uses it). The recording also gets a "stopped-after-steps" event.
@@ -48,7 +52,7 @@ STEP_FIELDS = (
     "cuda_max_allocated",
     "cuda_alloc_retries",
     "cuda_ooms",
-    # Ranks only (instrument/distributed.py), after CUDA values padded with nulls.
+    # Ranks only (ranks.py), after CUDA values padded with nulls.
     "forward_ns",
     "backward_ns",
     "optimizer_ns",

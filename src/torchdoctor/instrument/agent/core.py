@@ -55,7 +55,7 @@ class Agent:
         self._fork_registered = False
         self._atexit_registered = False
         self._finder = None
-        self.distributed = None  # the rank hooks (instrument/distributed.py) in a torchrun rank
+        self.distributed = None  # ranks.RankInstrument in a torchrun rank
         # The parts that exist once torch is imported (built by hooks.install).
         self.counter = None  # steps.StepCounter: step boundaries, waits, samples, evaluations
         self.loader_state = None  # loaders.Loaders: DataLoader records and first batches
@@ -209,8 +209,6 @@ class Agent:
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         self._patches.append((owner, name, original, replacement))
         setattr(owner, name, replacement)
-
-    _patch = patch  # the name instrument/distributed.py calls
 
     def original(self, owner, name: str):
         """What ``owner.name`` was before the agent patched it (the current value if not)."""

@@ -18,7 +18,6 @@ the agent off for the process and never reaches the user's code. All of it is un
 
 from __future__ import annotations
 
-import os
 import sys
 
 from . import settings
@@ -134,7 +133,9 @@ def install(agent, torch) -> None:
     agent.active = True
     agent.event("process-start", settings.process_detail(agent))
     if agent.role == RANK:
-        agent.distributed = load_sibling("distributed").install(agent, torch)
+        from . import ranks
+
+        agent.distributed = ranks.install(agent, torch)
     if agent.overrides:
         agent.setting("overrides", agent.overrides)
     if "num_threads" in agent.overrides:
@@ -146,29 +147,6 @@ def install(agent, torch) -> None:
             settings.apply_threads_override(agent)
     if torch.cuda.is_initialized():
         cuda.on_seen()
-
-
-def load_sibling(name: str):
-    """A module of instrument/ loaded by path (standard library only), as the bootstrap loads
-    the agent: the job's Python need not have torchdoctor installed."""
-    key = f"_torchdoctor_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        from importlib.machinery import SourceFileLoader
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = os.path.join(os.path.dirname(here), f"{name}.py")
-        loader = SourceFileLoader(key, path)
-        module = type(sys)(key)
-        module.__file__ = path
-        module.__loader__ = loader
-        sys.modules[key] = module
-        try:
-            loader.exec_module(module)
-        except BaseException:
-            del sys.modules[key]
-            raise
-    return module
 
 
 # -- the wrappers ---------------------------------------------------------------------------
