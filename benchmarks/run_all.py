@@ -1,4 +1,5 @@
-"""`make bench`: run every CPU benchmark in turn, then print one table of figures vs targets.
+"""`make bench`: run every CPU benchmark in turn, then print one table of figures vs targets
+(met/MISSED, with the 1-minute load average each figure was measured at).
 
 Each benchmark compares against a baseline run side by side in the same run and reports its
 figures through scorecard.Scorecard; none asserts a time. The closing table (figure, value,
@@ -71,10 +72,10 @@ def main(argv: list[str]) -> int:
 
 
 def table(figures: list[Figure], markdown: bool) -> str:
-    header = ("benchmark", "figure", "value", "target", "")
-    rows = [(f.benchmark, f.figure, f.value, f.target or "-", f.verdict) for f in figures]
+    header = ("benchmark", "figure", "value", "target", "load", "")
+    rows = [(f.benchmark, f.figure, f.value, f.target or "-", _load(f), f.verdict) for f in figures]
     if markdown:
-        lines = ["| " + " | ".join(header[:-1]) + " | met |", "|---|---|---|---|---|"]
+        lines = ["| " + " | ".join(header[:-1]) + " | met |", "|---|---|---|---|---|---|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -82,6 +83,11 @@ def table(figures: list[Figure], markdown: bool) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
         for r in [header, *rows]
     )
+
+
+def _load(figure: Figure) -> str:
+    """The 1-minute load average the figure was measured at ("?" from an older scorecard)."""
+    return "?" if figure.load is None else f"{figure.load:.1f}"
 
 
 if __name__ == "__main__":

@@ -5,14 +5,15 @@ A benchmark makes one ``Scorecard``, calls ``check`` for each figure that has a 
 ``card.exit_code()``: 1 when any target was missed, so `make bench` fails on a miss.
 Each figure is printed as it is measured and, when ``run_all.py`` runs the benchmark, also
 written as one JSON line to the file named by TORCHDOCTOR_BENCH_RESULTS; run_all prints the
-one table the README's benchmark table is copied from.
+one table the README's benchmark table is copied from, each figure with the load average it
+was measured at.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 RESULTS_ENV = "TORCHDOCTOR_BENCH_RESULTS"
 
@@ -24,6 +25,9 @@ class Figure:
     value: str
     target: str  # "" for a figure shown for information
     met: bool | None  # None: no target
+    # The 1-minute load average when the figure was measured: a figure read on a busy machine
+    # (other work on the cores) is noisier and may miss a target it meets on a quiet one.
+    load: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -63,9 +67,12 @@ class Scorecard:
         self._add(Figure(self.benchmark, figure, text, "", None))
 
     def _add(self, fig: Figure) -> None:
+        fig = replace(fig, load=round(os.getloadavg()[0], 2))
         self.figures.append(fig)
         tail = f"  target {fig.target}  {fig.verdict}" if fig.target else ""
-        print(f"[{fig.benchmark}] {fig.figure}: {fig.value}{tail}", flush=True)
+        print(
+            f"[{fig.benchmark}] {fig.figure}: {fig.value}{tail}  (load {fig.load:.1f})", flush=True
+        )
         path = os.environ.get(RESULTS_ENV)
         if path:
             with open(path, "a", encoding="utf-8") as f:

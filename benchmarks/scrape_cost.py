@@ -21,9 +21,11 @@ same for every variant):
                      process_iter over every process with cpu_times, memory_info,
                      num_threads, io_counters, summed per command name.
 
-The first scrape of each collector reads the whole 60 s history and runs the first
-diagnosis (findings): it is reported apart. The diagnosis re-runs at most every 30 s, so it
-shows in no steady round here; its cost is the first scrape's minus a steady one.
+Targets: steady scrape of one job <= 3 ms CPU, of the host exporter with 20 jobs <= 40 ms.
+
+The first scrape of each collector reads the whole 60 s history: it is reported apart
+(target <= 250 ms). The diagnosis (findings) runs beside the scrapes in a thread of its own,
+never inside one, so the scraping thread's CPU time leaves it out.
 
     python benchmarks/scrape_cost.py [--rounds 40] [--jobs 20]
 """
@@ -50,7 +52,9 @@ CHILDREN = 14
 HISTORY_S = 60
 INTERVAL_S = 0.5
 STEPS_PER_S = 100
-TARGET_JOB_MS = 10.0
+TARGET_JOB_MS = 3.0  # steady scrape of one job, CPU
+TARGET_HOST_MS = 40.0  # steady scrape of the host exporter with --jobs (20) jobs, CPU
+TARGET_FIRST_MS = 250.0  # the first scrape (whole history; the diagnosis runs beside it)
 
 
 class _Job:
@@ -227,13 +231,21 @@ def main() -> int:
         f"{med['job endpoint']:.2f} ms (p90 {p90['job endpoint']:.2f} ms)",
         at_most=TARGET_JOB_MS, target=f"<= {TARGET_JOB_MS:g} ms",
     )  # fmt: skip
+    card.check(
+        f"host exporter CPU per scrape, {len(jobs)} jobs (median, steady)", med["host exporter"],
+        f"{med['host exporter']:.2f} ms (p90 {p90['host exporter']:.2f} ms)",
+        at_most=TARGET_HOST_MS, target=f"<= {TARGET_HOST_MS:g} ms",
+    )  # fmt: skip
     for name in variants:
-        if name != "job endpoint":
+        if name not in ("job endpoint", "host exporter"):
             card.info(f"{name} CPU per scrape (median)",
                       f"{med[name]:.2f} ms (p90 {p90[name]:.2f} ms)")  # fmt: skip
     for name in ("job endpoint", "host exporter"):
-        card.info(f"{name} first scrape (whole history + first diagnosis)",
-                  f"{first[name] * 1e3:.0f} ms")  # fmt: skip
+        card.check(
+            f"{name} first scrape (whole history; the diagnosis runs beside it)",
+            first[name] * 1e3, f"{first[name] * 1e3:.0f} ms",
+            at_most=TARGET_FIRST_MS, target=f"<= {TARGET_FIRST_MS:g} ms",
+        )  # fmt: skip
     for name, (plain, gz) in size.items():
         card.info(f"{name} response size", f"{plain / 1024:.1f} KiB ({gz / 1024:.1f} KiB gzip)")
     card.info("load average during the run", f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")

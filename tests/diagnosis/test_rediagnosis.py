@@ -34,9 +34,9 @@ def test_findings_stand_between_runs_and_after_a_failed_one(recording, monkeypat
     runs = []
     real = rediagnosis.diagnose
 
-    def counted(rec, thresholds):
+    def counted(rec, thresholds, **kwargs):
         runs.append(clock.now)
-        return real(rec, thresholds)
+        return real(rec, thresholds, **kwargs)
 
     monkeypatch.setattr(rediagnosis, "diagnose", counted)
     diag = BudgetedDiagnosis()
@@ -45,7 +45,7 @@ def test_findings_stand_between_runs_and_after_a_failed_one(recording, monkeypat
     clock.now += rediagnosis.EVERY_S / 2
     assert diag.latest(recording).findings == first.findings and len(runs) == 1  # not due
 
-    def broken(rec, thresholds):
+    def broken(rec, thresholds, **kwargs):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(rediagnosis, "diagnose", broken)

@@ -73,3 +73,29 @@ def test_cannot_listen_warns_once_and_leaves_env_alone(tmp_path, monkeypatch):
     assert collector.child_env(env) is env
     collector.close()
     assert len(warnings) == 1 and "will not be recorded" in warnings[0]
+
+
+def test_step_columns_carry_every_value_as_the_rows_held_it():
+    import json
+
+    from torchdoctor.instrument.agent.contract import STEP_FIELDS, pack_steps, unpack_steps
+
+    # What the agent keeps: perf_counter ends, rows of CPU steps (8 values) and CUDA steps
+    # (13), nulls, flags, a dtype that changes, a count that does not.
+    rows = [
+        (0, 5_000, 1_000, 0, 64, 64, None, False),
+        (1, 6_000, 1_000, 250, 64, None, "bfloat16", True),
+        [2, 7_500, 1_500, 10, 64, 64, None, False, 1 << 40, 1 << 41, 1 << 40, 0, 0],
+    ]
+    message = {
+        "step_fields": list(STEP_FIELDS),
+        "step_count": len(rows),
+        "step_columns": pack_steps(rows),
+        "clock_offset_ns": 1_796_000_000 * 10**9,
+    }
+    back = unpack_steps(json.loads(json.dumps(message)))
+    width = max(len(r) for r in rows)
+    for row, got in zip(rows, back, strict=True):
+        want = [*row, *[None] * (width - len(row))]
+        want[1] += message["clock_offset_ns"]  # ends come back on UNIX time
+        assert got == want and [type(v) for v in got] == [type(v) for v in want]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from torchdoctor.diagnosis.context import DiagnosisContext
@@ -24,17 +25,26 @@ def rule_ids() -> list[str]:
     return sorted({m.ID for m in rules()})
 
 
-def diagnose(recording: Recording, thresholds: Thresholds | None = None) -> list[Finding]:
+def diagnose(
+    recording: Recording,
+    thresholds: Thresholds | None = None,
+    *,
+    complain: Callable[[str], None] | None = None,
+) -> list[Finding]:
     """Every rule's findings for ``recording``, sorted by severity, then confidence.
 
     A rule that fails (a bug, or a recording shaped in a way it did not expect) is reported on
-    stderr and skipped: one broken rule must not hide the others' findings.
+    stderr (or to ``complain``: a diagnosis in a thread of its own must not take over the
+    process's stderr) and skipped: one broken rule must not hide the others' findings.
     """
-    return diagnose_job([recording], thresholds)
+    return diagnose_job([recording], thresholds, complain=complain)
 
 
 def diagnose_job(
-    recordings: list[Recording], thresholds: Thresholds | None = None
+    recordings: list[Recording],
+    thresholds: Thresholds | None = None,
+    *,
+    complain: Callable[[str], None] | None = None,
 ) -> list[Finding]:
     """The findings of one job recorded on several nodes (one recording per node).
 
@@ -55,11 +65,14 @@ def diagnose_job(
             try:
                 found = list(module.check(ctx))
             except Exception as exc:  # noqa: BLE001 - isolate rules from each other
-                print(
+                text = (
                     f"torchdoctor: rule {module.ID} failed on this recording and was skipped: "
-                    f"{type(exc).__name__}: {exc}",
-                    file=sys.stderr,
+                    f"{type(exc).__name__}: {exc}"
                 )
+                if complain is None:
+                    print(text, file=sys.stderr)
+                else:
+                    complain(text)
                 continue
             if len(contexts) > 1 and not job_rule:
                 for f in found:

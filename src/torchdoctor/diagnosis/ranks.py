@@ -2,7 +2,7 @@
 recording of ``torchrun`` run by hand): each rank's steps, node, device, events and DDP figures.
 
 Ranks are found from what each rank process reported about itself (the ``rank-info`` event of
-instrument/distributed.py: RANK, GROUP_RANK, host), else from the steps' rank column. Rules
+instrument/agent/ranks.py: RANK, GROUP_RANK, host), else from the steps' rank column. Rules
 that compare ranks (rank-straggler, communication-bound...) read a :class:`RankJob`.
 """
 

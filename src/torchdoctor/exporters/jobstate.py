@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.exporters.tail import RecordingTail
-from torchdoctor.recording.steps import step_samples, step_wait_s
 
 PROCESS_COLUMNS = [
     "t",
@@ -78,7 +77,6 @@ HOST_COLUMNS = [
     "cgroup_throttled_s",
     "cgroup_throttled_periods",
 ]
-_COUNTED = ("cpu_user_s", "cpu_system_s", "read_bytes", "write_bytes")
 
 
 @dataclass(slots=True)
@@ -170,30 +168,71 @@ class JobState:
             return
         last = self._last
         totals = self.totals
+        pss_of = self._pss
+        # Written out field by field: the first scrape credits the whole history so far
+        # (thousands of rows a minute of a 20-process job), and every scrape must stay cheap.
         for row in rows:
             key = (row["pid"], row["create_time"])
             role = row["role"]
             tot = totals.get(role)
             if tot is None:
                 tot = totals[role] = RoleTotals()
-            values = tuple(row[c] for c in _COUNTED)
+            user, system, read, write = (
+                row["cpu_user_s"],
+                row["cpu_system_s"],
+                row["read_bytes"],
+                row["write_bytes"],
+            )
             before = last.get(key)
-            for i, name in enumerate(_COUNTED):
-                v = values[i]
-                if v is None:
-                    continue
-                if name in ("read_bytes", "write_bytes"):
+            if before is None:
+                # The first sample of a process brings everything it used so far.
+                if user is not None:
+                    tot.cpu_user_s += user
+                if system is not None:
+                    tot.cpu_system_s += system
+                if read is not None:
                     tot.io_known = True
-                b = before[i] if before is not None else None
-                # The first sample of a process brings everything it used so far; a counter
-                # read lower than before (never expected) adds nothing.
-                delta = v if b is None else max(v - b, 0)
-                setattr(tot, name, getattr(tot, name) + delta)
-            if before is not None:
-                values = tuple(b if v is None else v for v, b in zip(values, before, strict=True))
-            last[key] = values
-            if row["pss"] is not None:
-                self._pss[key] = (row["pss"], row["uss"])
+                    tot.read_bytes += read
+                if write is not None:
+                    tot.io_known = True
+                    tot.write_bytes += write
+                last[key] = (user, system, read, write)
+            else:
+                # A counter read lower than before (never expected) adds nothing; one that
+                # could not be read keeps its previous value.
+                b_user, b_system, b_read, b_write = before
+                if user is None:
+                    user = b_user
+                elif b_user is None:
+                    tot.cpu_user_s += user
+                elif user > b_user:
+                    tot.cpu_user_s += user - b_user
+                if system is None:
+                    system = b_system
+                elif b_system is None:
+                    tot.cpu_system_s += system
+                elif system > b_system:
+                    tot.cpu_system_s += system - b_system
+                if read is None:
+                    read = b_read
+                else:
+                    tot.io_known = True
+                    if b_read is None:
+                        tot.read_bytes += read
+                    elif read > b_read:
+                        tot.read_bytes += read - b_read
+                if write is None:
+                    write = b_write
+                else:
+                    tot.io_known = True
+                    if b_write is None:
+                        tot.write_bytes += write
+                    elif write > b_write:
+                        tot.write_bytes += write - b_write
+                last[key] = (user, system, read, write)
+            pss = row["pss"]
+            if pss is not None:
+                pss_of[key] = (pss, row["uss"])
         # The gauges describe the latest sample: the rows sharing the largest time.
         t = rows[-1]["t"]
         latest = [r for r in rows if r["t"] == t]
@@ -226,19 +265,27 @@ class JobState:
                 del last[key]
 
     def _steps(self, rows: list[dict[str, Any]]) -> None:
+        steps = self.steps
         for row in rows:
             rank = "" if row["rank"] is None else str(row["rank"])
-            s = self.steps.get(rank)
+            s = steps.get(rank)
             if s is None:
-                s = self.steps[rank] = RankSteps()
+                s = steps[rank] = RankSteps()
             s.steps += 1
-            s.wall_s += row["wall_s"] or 0.0
-            s.data_wait_s += step_wait_s(row)
-            n = step_samples(row)
+            wall = row["wall_s"] or 0.0
+            s.wall_s += wall
+            # step_wait_s and step_samples, written out (see add_process_rows).
+            wait = row["data_wait_s"] or 0.0
+            s.data_wait_s += wait if wait < wall else wall
+            n = row["samples"]
+            if n is None:
+                n = row["batch_size"]
             if n is not None:
                 s.samples += n
                 s.samples_known = True
-            s.last_t_end = max(s.last_t_end, row["t_end"])
+            t_end = row["t_end"]
+            if t_end > s.last_t_end:
+                s.last_t_end = t_end
             if row["cuda_allocated"] is not None:
                 s.cuda_allocated = row["cuda_allocated"]
                 s.cuda_reserved = row["cuda_reserved"]

@@ -1,10 +1,12 @@
 """Serving the series over HTTP: one collector built at scrape time, a private registry.
 
-Nothing updates metrics in the background. Each scrape reads what was recorded since the
+No series is updated in the background: each scrape reads what was recorded since the
 previous one (the recording is the single source: the endpoint of ``torchdoctor run`` and the
 host-wide exporter give the same numbers for a job) and builds fresh families, so a job or a
 process that is gone leaves no stale series behind. Scrapes are serialised by a lock: the
-HTTP server answers each in its own thread.
+HTTP server answers each in its own thread. The findings come from the diagnosis running
+beside the scrapes in a thread of its own (``BackgroundDiagnosis``, on its CPU budget): a
+scrape takes the latest findings as they stand and never waits for one.
 
 Endpoints bind 127.0.0.1 unless an address is given: metrics name what runs on the machine,
 and Prometheus' own advice is never to face public networks with them.
@@ -23,7 +25,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from torchdoctor.diagnosis.engine import rule_ids
-from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
+from torchdoctor.diagnosis.rediagnosis import BackgroundDiagnosis
 from torchdoctor.errors import UserError
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
@@ -53,7 +55,7 @@ def parse_listen(text: str, option: str) -> tuple[str, int]:
 class _JobSource:
     """One recording followed by a collector: its state and its findings, kept between scrapes."""
 
-    def __init__(self, path: Path, findings: BudgetedDiagnosis | None) -> None:
+    def __init__(self, path: Path, findings: BackgroundDiagnosis | None) -> None:
         self.path = path
         self.run_id = path.stem
         self._findings = findings
@@ -79,11 +81,13 @@ class _JobSource:
             return None
         return self.state
 
-    def findings(self, jobs: int = 1) -> dict[str, bool] | None:
-        """{rule id: reported now}, one 0/1 series per rule; None while no diagnosis worked."""
+    def findings(self) -> dict[str, bool] | None:
+        """{rule id: reported now}, one 0/1 series per rule; None while no diagnosis worked
+        (it runs beside the scrapes, never inside one)."""
         if self._findings is None:
             return None
-        found = self._findings.latest(self.path, jobs).findings
+        latest = self._findings.latest(self.path)
+        found = latest.findings if latest is not None else None
         if found is None:
             return None
         ids = {f.id for f in found}
@@ -110,7 +114,10 @@ class JobCollector:
     """
 
     def __init__(self, recording: str | Path, *, findings: bool = True) -> None:
-        self._source = _JobSource(Path(recording), BudgetedDiagnosis() if findings else None)
+        self._diagnosis = BackgroundDiagnosis() if findings else None
+        self._source = _JobSource(Path(recording), self._diagnosis)
+        if self._diagnosis is not None:
+            self._diagnosis.follow([self._source.path])  # first findings before first scrape
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -128,6 +135,8 @@ class JobCollector:
             return iter(f)
 
     def close(self) -> None:
+        if self._diagnosis is not None:
+            self._diagnosis.close()
         with self._lock:
             self._source.close()
 
@@ -150,7 +159,7 @@ class HostCollector:
         self._host = host
         self._gpus = gpus
         self._jobs = jobs
-        self._findings = BudgetedDiagnosis() if findings else None
+        self._findings = BackgroundDiagnosis() if findings else None
         self._sources: dict[Path, _JobSource] = {}
         self._lock = threading.Lock()
 
@@ -182,11 +191,11 @@ class HostCollector:
         for path in [p for p in self._sources if p not in set(paths)]:
             self._sources.pop(path).close()
         if self._findings is not None:
-            self._findings.forget_except(set(paths))
+            self._findings.follow(paths)
         for src in self._sources.values():
             job = src.update()
             if job is not None:
-                add_job(f, job, src.findings(len(self._sources)))
+                add_job(f, job, src.findings())
         _jobs_up(f, self._sources.values())
         f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
         f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},
@@ -194,6 +203,8 @@ class HostCollector:
         return f
 
     def close(self) -> None:
+        if self._findings is not None:
+            self._findings.close()
         with self._lock:
             for src in self._sources.values():
                 src.close()

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor.instrument.agent.contract import unpack_steps
 from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 
 _STEP_NAMES = {f.name for f in dataclasses.fields(StepRecord)}
@@ -47,7 +48,7 @@ def decode(message: dict[str, Any]) -> Batch:
     rank = message.get("rank")
     names = list(message.get("step_fields") or ())
     batch = Batch()
-    for values in message.get("steps") or ():
+    for values in unpack_steps(message):
         row = {}
         # Rows may be shorter than the names (no CUDA figures): those fields keep defaults.
         for name, value in zip(names, values, strict=False):

@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.instrument.agent.contract import ENV_FR_DIR, FR_PREFIX
 from torchdoctor.sampling import network
 
-# Env read by the in-rank instrumentation (instrument/distributed.py): where ranks write their
-# flight-recorder dumps when a collective times out or torchrun stops them.
-ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"
+# ENV_FR_DIR is read by the agent's rank part (instrument/agent/ranks.py): where ranks write
+# their flight-recorder dumps when a collective times out or torchrun stops them.
 FR_BUFFER_ENTRIES = 2000  # the tutorial's default; set explicitly (torch's own default is 0)
-FR_PREFIX = "fr_trace_rank_"
 
 
 @dataclass(frozen=True)

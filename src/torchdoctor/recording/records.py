@@ -29,7 +29,7 @@ class StepRecord:
     cuda_max_allocated: int | None = None  # peak within this step (reset every step)
     cuda_alloc_retries: int | None = None  # cumulative num_alloc_retries
     cuda_ooms: int | None = None  # cumulative num_ooms
-    # Ranks of a distributed job (instrument/distributed.py); None where not visible.
+    # Ranks of a distributed job (instrument/agent/ranks.py); None where not visible.
     forward_s: float | None = None  # in DistributedDataParallel.forward
     backward_s: float | None = None  # in torch.autograd.backward (DDP's all-reduce wait too)
     optimizer_s: float | None = None  # optimizer.step()

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.instrument.agent.contract import FR_PREFIX
 
 ID = "collective-timeout"
 SCOPE = "job"
-FR_PREFIX = "fr_trace_rank_"
 
 
 def last_collectives(fr_dirs: list[Path]) -> dict[int, dict]:

@@ -19,7 +19,8 @@ what waiting needs; the rest loads with torch:
 - :mod:`.evaluation`: evaluation passes between steps, plain arithmetic (with torch);
 - :mod:`.loaders`: DataLoader records, tune's overrides, worker processes (with torch);
 - :mod:`.settings`: the job's settings, role and thread override (with torch);
-- :mod:`.cuda`: CUDA memory per step and out-of-memory events (with torch).
+- :mod:`.cuda`: CUDA memory per step and out-of-memory events (with torch);
+- :mod:`.ranks`: what each rank of a torchrun job adds (with torch, in ranks only).
 
 Safety: every hook body runs guarded (:func:`.hooks.guard`); the first exception switches the
 agent off for the process (patches restored), is recorded once as an

@@ -16,6 +16,10 @@ ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
 ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
 ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
 ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+# Where ranks write their flight-recorder dumps (launch sets it), and the dumps' file names:
+# FR_PREFIX + rank (+ ".json"), the prefix torch's own dump-on-timeout uses too.
+ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"
+FR_PREFIX = "fr_trace_rank_"
 
 # Exit status of a process stopped by TORCHDOCTOR_STOP_AFTER_STEPS (EX_TEMPFAIL: Python itself
 # never uses it). The recording also gets a "stopped-after-steps" event.
@@ -48,7 +52,7 @@ STEP_FIELDS = (
     "cuda_max_allocated",
     "cuda_alloc_retries",
     "cuda_ooms",
-    # Ranks only (instrument/distributed.py), after CUDA values padded with nulls.
+    # Ranks only (ranks.py), after CUDA values padded with nulls.
     "forward_ns",
     "backward_ns",
     "optimizer_ns",
@@ -57,6 +61,10 @@ STEP_FIELDS = (
     "backward_compute_ns",
 )
 AGENT_STEP_VALUES = 13  # STEP_FIELDS up to cuda_ooms
+RANK_STEP_FIELDS = STEP_FIELDS[AGENT_STEP_VALUES:]  # what ranks.py appends, in this order
+# The step's end as the agent keeps it: perf_counter_ns, one clock read per step boundary.
+# A message carries the offset to UNIX time read when it was flushed (``clock_offset_ns``).
+PERF_CLOCK_FIELD = "t_end_ns"
 
 # tune's overrides: key -> accepted Python type.
 OVERRIDE_TYPES = {
@@ -119,6 +127,68 @@ def parse_overrides(text: str | None) -> dict:
             raise ValueError(f"{ENV_OVERRIDES}: {key} must be true or false, got {value!r}")
         out[key] = value
     return out
+
+
+def pack_steps(rows: list) -> list:
+    """The step rows of one message as columns (rows may be shorter: the rest is null).
+
+    Built at flush time, so that a step only appends its values. Each column is one of
+    ``["=", value]`` (every row the same), ``["q", hex]`` (native int64s: the agent and the
+    collector share the machine) or ``["j", values]``; JSON of per-row lists costs the job
+    about ten times as much per step."""
+    from array import array
+    from itertools import zip_longest
+
+    out = []
+    for column in zip_longest(*rows):
+        first = column[0]
+        if column.count(first) == len(column) and (first is None or type(first) in _SAME_TYPES):
+            out.append(["=", first])
+            continue
+        if type(first) is int:
+            try:
+                out.append(["q", array("q", column).tobytes().hex()])
+                continue
+            except (TypeError, OverflowError):
+                pass  # a null or a non-integer in the column
+        out.append(["j", list(column)])
+    return out
+
+
+# count() compares with ==, so True == 1: a field's column holds one type (a flag is never
+# a count), and these are the types whose equal values are the same value.
+_SAME_TYPES = (int, str, bool, float)
+
+
+def unpack_steps(message: dict) -> list:
+    """The step rows of a message (either the columns of :func:`pack_steps` or, from older
+    agents, ``steps`` as rows), times on UNIX-time nanoseconds."""
+    columns = message.get("step_columns")
+    if columns is None:
+        return list(message.get("steps") or ())
+    count = int(message["step_count"])
+    values = []
+    for kind, data in columns:
+        if kind == "=":
+            values.append([data] * count)
+        elif kind == "q":
+            from array import array
+
+            packed = array("q")
+            packed.frombytes(bytes.fromhex(data))
+            values.append(packed.tolist())
+        elif kind == "j":
+            values.append(list(data))
+        else:
+            raise ValueError(f"unknown step column encoding {kind!r}")
+        if len(values[-1]) != count:
+            raise ValueError("a step column does not hold step_count values")
+    fields = list(message.get("step_fields") or ())
+    offset = int(message.get("clock_offset_ns") or 0)
+    if offset and PERF_CLOCK_FIELD in fields[: len(values)]:
+        i = fields.index(PERF_CLOCK_FIELD)
+        values[i] = [None if v is None else v + offset for v in values[i]]
+    return [list(row) for row in zip(*values, strict=True)]
 
 
 def dumps(value) -> str:

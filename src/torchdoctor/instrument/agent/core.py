@@ -28,6 +28,8 @@ from .contract import (
     env_flag,
     env_int,
     now,
+    now_ns,
+    pack_steps,
     parse_overrides,
     perf_ns,
 )
@@ -53,7 +55,7 @@ class Agent:
         self._fork_registered = False
         self._atexit_registered = False
         self._finder = None
-        self.distributed = None  # the rank hooks (instrument/distributed.py) in a torchrun rank
+        self.distributed = None  # ranks.RankInstrument in a torchrun rank
         # The parts that exist once torch is imported (built by hooks.install).
         self.counter = None  # steps.StepCounter: step boundaries, waits, samples, evaluations
         self.loader_state = None  # loaders.Loaders: DataLoader records and first batches
@@ -208,8 +210,6 @@ class Agent:
         self._patches.append((owner, name, original, replacement))
         setattr(owner, name, replacement)
 
-    _patch = patch  # the name instrument/distributed.py calls
-
     def original(self, owner, name: str):
         """What ``owner.name`` was before the agent patched it (the current value if not)."""
         for patched, patched_name, original, _ in self._patches:
@@ -250,9 +250,9 @@ class Agent:
         self.setting_values[key] = encoded
         self.settings.append([now(), key, encoded])
 
-    def after_step(self, now_ns: int) -> None:
+    def after_step(self, t: int) -> None:
         """A step was recorded: flush when due, stop when TORCHDOCTOR_STOP_AFTER_STEPS says."""
-        if len(self.steps) >= self.flush_max_steps or now_ns - self.last_flush >= FLUSH_INTERVAL_NS:
+        if len(self.steps) >= self.flush_max_steps or t - self.last_flush >= FLUSH_INTERVAL_NS:
             self.flush()
         stop_after = self.stop_after
         if stop_after is not None and self.counter.step >= stop_after and not self.stopping:
@@ -286,13 +286,17 @@ class Agent:
         settings_rows, self.settings = self.settings, []
         events, self.events = self.events, []
         header = {"v": WIRE_VERSION, "pid": self.pid, "rank": self.rank, "role": self.role}
+        # Step ends are perf_counter_ns (one clock read per step): the offset to UNIX time,
+        # read now, goes with them.
+        header["clock_offset_ns"] = now_ns() - perf_ns()
         size = self.flush_max_steps
         chunks = [steps[i : i + size] for i in range(0, len(steps), size)]
         messages = []
         for i, chunk in enumerate(chunks or [[]]):
             msg = dict(header)
             msg["step_fields"] = STEP_FIELDS
-            msg["steps"] = chunk
+            msg["step_count"] = len(chunk)
+            msg["step_columns"] = pack_steps(chunk) if chunk else []
             if i == 0:
                 msg["dataloaders"] = loaders
                 msg["settings"] = settings_rows

@@ -18,7 +18,6 @@ the agent off for the process and never reaches the user's code. All of it is un
 
 from __future__ import annotations
 
-import os
 import sys
 
 from . import settings
@@ -107,6 +106,7 @@ def install(agent, torch) -> None:
         agent.counter, agent.loader_state, agent.cuda = counter, loaders, cuda
     counter, loaders, cuda = agent.counter, agent.loader_state, agent.cuda
     counter.start_ns = perf_ns()
+    counter.fast = False  # until a full step has checked what this install set up
     agent.role = settings.guess_role()
     dl_cls = dataloader_mod.DataLoader
     it_cls = dataloader_mod._BaseDataLoaderIter
@@ -126,14 +126,16 @@ def install(agent, torch) -> None:
         patch(scaler_cls, "scale", _scaler_scale(agent, counter, scaler_cls.scale))
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(
-        _step_hook(agent, guard(agent, "optimizer-step", counter.on_step))
+        _step_hook(agent, counter.on_step)
     )
     autograd = torch.autograd
     patch(autograd, "backward", _backward(agent, counter, autograd.backward))
     agent.active = True
     agent.event("process-start", settings.process_detail(agent))
     if agent.role == RANK:
-        agent.distributed = load_sibling("distributed").install(agent, torch)
+        from . import ranks
+
+        agent.distributed = ranks.install(agent, torch)
     if agent.overrides:
         agent.setting("overrides", agent.overrides)
     if "num_threads" in agent.overrides:
@@ -147,35 +149,12 @@ def install(agent, torch) -> None:
         cuda.on_seen()
 
 
-def load_sibling(name: str):
-    """A module of instrument/ loaded by path (standard library only), as the bootstrap loads
-    the agent: the job's Python need not have torchdoctor installed."""
-    key = f"_torchdoctor_{name}"
-    module = sys.modules.get(key)
-    if module is None:
-        from importlib.machinery import SourceFileLoader
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        path = os.path.join(os.path.dirname(here), f"{name}.py")
-        loader = SourceFileLoader(key, path)
-        module = type(sys)(key)
-        module.__file__ = path
-        module.__loader__ = loader
-        sys.modules[key] = module
-        try:
-            loader.exec_module(module)
-        except BaseException:
-            del sys.modules[key]
-            raise
-    return module
-
-
 # -- the wrappers ---------------------------------------------------------------------------
 # Timing and the call only: the handlers are guarded (see guard).
 
 
 def _iterator_next(agent, counter, original):
-    on_batch = guard(agent, "dataloader-next", counter.on_batch)
+    on_batch = counter.on_batch
     on_exhausted = guard(agent, "dataloader-next", counter.on_exhausted)
 
     def __next__(self):
@@ -190,7 +169,12 @@ def _iterator_next(agent, counter, original):
             raise
         dt = perf_ns() - t0
         if agent.active:
-            on_batch(self, batch, t0, dt)
+            # guard() written out: this runs on every batch, and its call costs as much as
+            # the handler's common path.
+            try:
+                on_batch(self, batch, t0, dt)
+            except Exception as exc:
+                agent.disable("dataloader-next", exc)
         return batch
 
     __next__.__wrapped__ = original
@@ -356,9 +340,14 @@ def _backward(agent, counter, original):
 
 
 def _step_hook(agent, on_step):
+    """The step boundary: ``on_step`` guarded by hand (see _iterator_next)."""
+
     def torchdoctor_step_hook(optimizer, args, kwargs):
         if agent.active:
-            on_step(optimizer)
+            try:
+                on_step(optimizer)
+            except Exception as exc:
+                agent.disable("optimizer-step", exc)
 
     return torchdoctor_step_hook
 

@@ -23,7 +23,6 @@ from .contract import (
     FLUSH_INTERVAL_NS,
     WORKER,
     now,
-    now_ns,
     perf_ns,
 )
 from .evaluation import Evaluation, PassStart, rewind
@@ -68,6 +67,7 @@ class StepCounter:
         self.backward_depth = 0
         self.held_steps: list[list] = []
         self.held_mark: tuple[int, int, int, int, int] | None = None
+        self.fast = False  # on_step's short path applies (set after each full step)
 
     def on_step_thread(self) -> bool:
         """Only the thread that steps the optimizer waits for data in the step's time (a loader
@@ -172,7 +172,60 @@ class StepCounter:
 
     def on_step(self, optimizer) -> None:
         t = perf_ns()
-        t_end = now_ns()
+        # The common step: nothing to settle, the same optimizer, CPU only, no rank figures,
+        # no stop rule (``fast`` says the rest held at the previous step; see _refresh_fast).
+        # It appends the step's values and zeroes the counters; the message is built at
+        # flush time (contract.pack_steps).
+        if (
+            self.fast
+            and self.evaluation is None
+            and not self.cuda_module._initialized
+            and self.last_optimizer() is optimizer
+        ):
+            agent = self.agent
+            steps = agent.steps
+            step = self.step
+            steps.append(
+                (
+                    step,
+                    t,
+                    t - self.boundary - self.eval_ns,
+                    self.data_wait,
+                    self.last_batch_size,
+                    self.samples or None,
+                    self.autocast_dtype,
+                    self.scaler_used,
+                )
+            )
+            self.step = step + 1
+            self.boundary = t
+            self.prev_step_fed = self.batches > 0
+            self.data_wait = self.samples = self.batches = self.eval_ns = 0
+            if self.autocast_dtype is not None or self.scaler_used:
+                self.autocast_dtype = None
+                self.scaler_used = False
+            if len(steps) >= agent.flush_max_steps or t - agent.last_flush >= FLUSH_INTERVAL_NS:
+                agent.after_step(t)
+            return
+        self._on_step(optimizer, t)
+
+    def _refresh_fast(self) -> None:
+        """Whether the next step may take on_step's short path: what it skips cannot apply."""
+        agent = self.agent
+        self.fast = (
+            self.boundary_kind == "optimizer"
+            and self.boundary is not None
+            and self.last_optimizer is not None
+            and agent.role != WORKER
+            and agent.settings_done
+            and not agent.threads_override_pending
+            and agent.stop_after is None
+            and agent.distributed is None
+            and self.cuda_module is not None
+            and not agent.cuda.seen
+        )
+
+    def _on_step(self, optimizer, t: int) -> None:
         agent = self.agent
         if agent.role == WORKER:
             return
@@ -196,7 +249,8 @@ class StepCounter:
             agent.settings_done = True
             self.step_thread = get_ident()
             settings.capture_settings(agent, optimizer)
-        self._close_step(t, t_end)
+        self._close_step(t)
+        self._refresh_fast()
 
     def on_backward(self) -> None:
         """A top-level backward pass ended: a step boundary unless an optimizer ends steps."""
@@ -205,11 +259,10 @@ class StepCounter:
         if self.step_thread is not None and get_ident() != self.step_thread:
             return
         t = perf_ns()
-        t_end = now_ns()
         if self.evaluation is not None:
             self._settle_evaluation_at_step()
         if self.boundary_kind == "backward":
-            self._close_step(t, t_end)
+            self._close_step(t)
             return
         # Not known yet: hold a candidate step, the figures since the last candidate.
         mark = self.held_mark
@@ -217,7 +270,7 @@ class StepCounter:
             start = self.boundary if self.boundary is not None else self.start_ns
             mark = (start, 0, 0, 0, 0)
         t0, wait0, samples0, _, eval0 = mark
-        row = self._step_row(t, t_end, t0)
+        row = self._step_row(t, t0)
         row[2] = t - t0 - (self.eval_ns - eval0)
         row[3] = self.data_wait - wait0
         row[5] = (self.samples - samples0) or None
@@ -253,10 +306,10 @@ class StepCounter:
         if not at_exit:
             agent.after_step(mark[0] if mark is not None else perf_ns())
 
-    def _step_row(self, t: int, t_end: int, boundary: int) -> list:
+    def _step_row(self, t: int, boundary: int) -> list:
         row = [
             self.step,
-            t_end,
+            t,  # perf_counter_ns: the flush sends the offset to UNIX time
             t - boundary - self.eval_ns,
             self.data_wait,
             self.last_batch_size,
@@ -277,10 +330,10 @@ class StepCounter:
             row.extend(extra)
         return row
 
-    def _close_step(self, t: int, t_end: int) -> None:
+    def _close_step(self, t: int) -> None:
         boundary = self.boundary if self.boundary is not None else self.start_ns
         agent = self.agent
-        agent.steps.append(self._step_row(t, t_end, boundary))
+        agent.steps.append(self._step_row(t, boundary))
         self.step += 1
         self.boundary = t
         self.prev_step_fed = self.batches > 0

@@ -1,42 +1,35 @@
-"""The distributed part of the in-process agent: what each rank of a torchrun job records.
+"""The agent's rank part: what each rank of a torchrun job records.
 
-Loaded by the agent (by path, like the agent itself: standard library only at import) into
-processes that torchrun started (``RANK`` set), once torch is imported. It adds:
+Built by :func:`.hooks.install` in processes that torchrun started (``RANK`` set), once torch
+is imported. It adds:
 
 - per step: forward time (``DistributedDataParallel.forward``), backward time
   (``torch.autograd.backward``, which ``Tensor.backward`` calls), optimizer time (the
   optimizer's step pre-hook to the agent's post-hook), and DDP's own figures for the
   iterations DDP samples (1-10, then every 100th): backward communication, its overlap with
-  backward compute, backward compute (``_get_ddp_logging_data()``, gloo included);
+  backward compute, backward compute (``_get_ddp_logging_data()``, gloo included); the values
+  go in the step in :data:`.contract.RANK_STEP_FIELDS` order, by name;
 - events: ``rank-info`` (rank, node, host, rendezvous, affinity), ``rank-device`` (the device
   the model is on), ``ddp-config`` (buckets, static graph...), ``sampler-epoch`` and
   ``sampler-set-epoch`` (DistributedSampler), ``rank-epoch`` (batches per epoch of a rank's
   loader), ``rank-error`` and ``rank-terminated`` (with a flight-recorder dump written to
   ``TORCHDOCTOR_FR_DIR``).
 
-Every hook runs under the agent's rule: a failure switches the agent off, never reaches the
-user's code. The SIGTERM handler is installed only where the job left SIGTERM at its default,
-and ends the process with the same signal after the dump.
+Every hook body runs under the agent's guard (:func:`.hooks.guard`): a failure switches the
+agent off and says so once, never reaching the user's code. The SIGTERM handler is installed
+only where the job left SIGTERM at its default, and ends the process with the same signal
+after the dump.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from _weakref import ref as _weakref_ref
 
-ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"
-FR_PREFIX = "fr_trace_rank_"
-# Extra step values, in this order, appended after the agent's own STEP_FIELDS.
-STEP_FIELDS = (
-    "forward_ns",
-    "backward_ns",
-    "optimizer_ns",
-    "comm_ns",
-    "comm_overlap_ns",
-    "backward_compute_ns",
-)
+from .contract import ENV_FR_DIR, FR_PREFIX, RANK_STEP_FIELDS, env_int, perf_ns
+from .hooks import guard
+
 _DDP_POLL_FIRST = 12  # DDP samples its runtime stats on iterations 1-10 ...
 _DDP_POLL_EVERY = 100  # ... and every 100th after that
 _DDP_CONFIG_KEYS = (
@@ -56,15 +49,6 @@ _DDP_CONFIG_KEYS = (
     "gloo_num_threads",
     "device_ids",
 )
-
-_perf_ns = time.perf_counter_ns
-
-
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
 
 
 class RankInstrument:
@@ -100,18 +84,18 @@ class RankInstrument:
         if ddp_mod is None:
             import torch.nn.parallel.distributed as ddp_mod
         ddp_cls = ddp_mod.DistributedDataParallel
-        agent._patch(ddp_cls, "forward", _make_forward(self, ddp_cls.forward))
-        agent._patch(torch.autograd, "backward", _make_backward(self, torch.autograd.backward))
+        agent.patch(ddp_cls, "forward", _make_forward(self, ddp_cls.forward))
+        agent.patch(torch.autograd, "backward", _make_backward(self, torch.autograd.backward))
         self.pre_handle = optimizer_mod.register_optimizer_step_pre_hook(_make_pre_step(self))
         sampler_mod = sys.modules.get("torch.utils.data.distributed")
         if sampler_mod is None:
             import torch.utils.data.distributed as sampler_mod
         sampler_cls = sampler_mod.DistributedSampler
-        agent._patch(sampler_cls, "__iter__", _make_sampler_iter(self, sampler_cls.__iter__))
-        agent._patch(sampler_cls, "set_epoch", _make_set_epoch(self, sampler_cls.set_epoch))
+        agent.patch(sampler_cls, "__iter__", _make_sampler_iter(self, sampler_cls.__iter__))
+        agent.patch(sampler_cls, "set_epoch", _make_set_epoch(self, sampler_cls.set_epoch))
         dl_cls = dataloader_mod.DataLoader
-        agent._patch(dl_cls, "__iter__", _make_loader_iter(self, dl_cls.__iter__))
-        agent._patch(sys, "excepthook", _make_excepthook(self, sys.excepthook))
+        agent.patch(dl_cls, "__iter__", _make_loader_iter(self, dl_cls.__iter__))
+        agent.patch(sys, "excepthook", _make_excepthook(self, sys.excepthook))
         self._install_sigterm()
         agent.event("rank-info", self._rank_info())
 
@@ -136,16 +120,16 @@ class RankInstrument:
         except OSError:
             affinity = None
         return {
-            "rank": _env_int("RANK"),
-            "local_rank": _env_int("LOCAL_RANK"),
-            "world_size": _env_int("WORLD_SIZE"),
-            "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
-            "node_rank": _env_int("GROUP_RANK"),
+            "rank": env_int("RANK"),
+            "local_rank": env_int("LOCAL_RANK"),
+            "world_size": env_int("WORLD_SIZE"),
+            "local_world_size": env_int("LOCAL_WORLD_SIZE"),
+            "node_rank": env_int("GROUP_RANK"),
             "hostname": os.uname().nodename,
             "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
             "master_addr": os.environ.get("MASTER_ADDR"),
-            "master_port": _env_int("MASTER_PORT"),
-            "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT"),
+            "master_port": env_int("MASTER_PORT"),
+            "restart_count": env_int("TORCHELASTIC_RESTART_COUNT"),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": self.torch.get_num_threads(),
@@ -156,21 +140,22 @@ class RankInstrument:
     # -- per step -----------------------------------------------------------------------------
 
     def step_values(self, now: int) -> list | None:
-        """The extra values of the step under way (perf_counter_ns ``now``), in STEP_FIELDS
-        order; None when this rank showed nothing of its own (no DDP forward, no backward).
-        Reading does not reset: the agent may read a candidate step before the real one ends
-        (:meth:`step_closed` starts the next)."""
+        """The extra values of the step under way (perf_counter_ns ``now``), in
+        RANK_STEP_FIELDS order; None when this rank showed nothing of its own (no DDP forward,
+        no backward). Reading does not reset: the agent may read a candidate step before the
+        real one ends (:meth:`step_closed` starts the next)."""
         if not (self.seen_forward or self.seen_backward or self.optimizer_start is not None):
             return None
-        opt = now - self.optimizer_start if self.optimizer_start is not None else None
-        values = [
-            self.forward_ns if self.seen_forward else None,
-            self.backward_ns if self.seen_backward else None,
-            opt,
-            None,
-            None,
-            None,
-        ]
+        values = {
+            "forward_ns": self.forward_ns if self.seen_forward else None,
+            "backward_ns": self.backward_ns if self.seen_backward else None,
+            "optimizer_ns": (
+                now - self.optimizer_start if self.optimizer_start is not None else None
+            ),
+            "comm_ns": None,
+            "comm_overlap_ns": None,
+            "backward_compute_ns": None,
+        }
         step = self.agent.step
         if self.comm_step != step:
             self.comm_step = step
@@ -179,8 +164,10 @@ class RankInstrument:
             if ddp is not None and (step < _DDP_POLL_FIRST or step % _DDP_POLL_EVERY < 2):
                 self.comm = self._ddp_runtime(ddp)
         if self.comm is not None:
-            values[3:6] = self.comm
-        return values
+            values.update(self.comm)
+        # By name: a field the contract names and this does not fill is an error (the guard
+        # switches the agent off and says so), never a value in another field's column.
+        return [values[name] for name in RANK_STEP_FIELDS]
 
     def step_closed(self) -> None:
         self.forward_ns = self.backward_ns = 0
@@ -196,11 +183,11 @@ class RankInstrument:
         if first or data.get("has_rebuilt_buckets") and not getattr(self, "_rebuilt", False):
             self._rebuilt = bool(data.get("has_rebuilt_buckets"))
             self.agent.event("ddp-config", {k: data[k] for k in _DDP_CONFIG_KEYS if k in data})
-        return [
-            data.get("backward_comm_time"),
-            data.get("backward_compute_comm_overlap_time"),
-            data.get("backward_compute_time"),
-        ]
+        return {
+            "comm_ns": data.get("backward_comm_time"),
+            "comm_overlap_ns": data.get("backward_compute_comm_overlap_time"),
+            "backward_compute_ns": data.get("backward_compute_time"),
+        }
 
     def on_forward(self, module) -> None:
         if self.ddp is None:
@@ -210,7 +197,7 @@ class RankInstrument:
             self.agent.event("rank-device", self._device_of(module))
 
     def _device_of(self, module) -> dict:
-        detail = {"rank": self.agent.rank, "local_rank": _env_int("LOCAL_RANK")}
+        detail = {"rank": self.agent.rank, "local_rank": env_int("LOCAL_RANK")}
         try:
             param = next(module.parameters())
             detail["device"] = str(param.device)
@@ -348,22 +335,22 @@ class RankInstrument:
 
 
 def _make_forward(inst: RankInstrument, original):
+    agent = inst.agent
+    on_forward = guard(agent, "ddp-forward", inst.on_forward)
+
     def forward(self, *args, **kwargs):
-        agent = inst.agent
         if not agent.active or inst.depth:
             return original(self, *args, **kwargs)
-        try:
-            inst.on_forward(self)
-        except Exception as exc:
-            agent.disable("ddp-forward", exc)
+        on_forward(self)
+        if not agent.active:  # it failed: switched off, the call goes on untimed
             return original(self, *args, **kwargs)
         inst.depth += 1
-        t0 = _perf_ns()
+        t0 = perf_ns()
         try:
             return original(self, *args, **kwargs)
         finally:
             inst.depth -= 1
-            inst.forward_ns += _perf_ns() - t0
+            inst.forward_ns += perf_ns() - t0
             inst.seen_forward = True
 
     forward.__wrapped__ = original
@@ -374,11 +361,11 @@ def _make_backward(inst: RankInstrument, original):
     def backward(*args, **kwargs):
         if not inst.agent.active:
             return original(*args, **kwargs)
-        t0 = _perf_ns()
+        t0 = perf_ns()
         try:
             return original(*args, **kwargs)
         finally:
-            inst.backward_ns += _perf_ns() - t0
+            inst.backward_ns += perf_ns() - t0
             inst.seen_backward = True
 
     backward.__wrapped__ = original
@@ -389,18 +376,17 @@ def _make_backward(inst: RankInstrument, original):
 def _make_pre_step(inst: RankInstrument):
     def torchdoctor_pre_step_hook(optimizer, args, kwargs):
         if inst.agent.active and inst.optimizer_start is None:
-            inst.optimizer_start = _perf_ns()
+            inst.optimizer_start = perf_ns()
 
     return torchdoctor_pre_step_hook
 
 
 def _make_sampler_iter(inst: RankInstrument, original):
+    on_iter = guard(inst.agent, "distributed-sampler", inst.on_sampler_iter)
+
     def __iter__(self):
         if inst.agent.active:
-            try:
-                inst.on_sampler_iter(self)
-            except Exception as exc:
-                inst.agent.disable("distributed-sampler", exc)
+            on_iter(self)
         return original(self)
 
     __iter__.__wrapped__ = original
@@ -408,13 +394,12 @@ def _make_sampler_iter(inst: RankInstrument, original):
 
 
 def _make_set_epoch(inst: RankInstrument, original):
+    on_set_epoch = guard(inst.agent, "distributed-sampler", inst.on_set_epoch)
+
     def set_epoch(self, epoch):
         result = original(self, epoch)
         if inst.agent.active:
-            try:
-                inst.on_set_epoch(self, epoch)
-            except Exception as exc:
-                inst.agent.disable("distributed-sampler", exc)
+            on_set_epoch(self, epoch)
         return result
 
     set_epoch.__wrapped__ = original
@@ -422,13 +407,12 @@ def _make_set_epoch(inst: RankInstrument, original):
 
 
 def _make_loader_iter(inst: RankInstrument, original):
+    on_loader_iter = guard(inst.agent, "rank-epoch", inst.on_loader_iter)
+
     def __iter__(self):
         it = original(self)  # the agent's own hook runs inside: loader info and epoch count
         if inst.agent.active:
-            try:
-                inst.on_loader_iter(self)
-            except Exception as exc:
-                inst.agent.disable("rank-epoch", exc)
+            on_loader_iter(self)
         return it
 
     __iter__.__wrapped__ = original
@@ -465,7 +449,7 @@ def _make_sigterm(inst: RankInstrument):
 
 def install(agent, torch) -> RankInstrument | None:
     """Install the distributed hooks into a rank process; None when it is not a rank."""
-    if _env_int("RANK") is None:
+    if env_int("RANK") is None:
         return None
     inst = RankInstrument(agent, torch)
     inst.install()
