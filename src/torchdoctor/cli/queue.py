@@ -31,6 +31,7 @@ def command(ctx: click.Context, as_json: bool) -> None:
     with _queue(say_mode=not as_json) as queue:
         jobs = queue.jobs()
         paused = queue.paused
+        everyone = queue.system
     if as_json:
         click.echo(json.dumps({"paused": paused, "jobs": [_plain(j) for j in jobs]}, indent=2))
         return
@@ -39,7 +40,7 @@ def command(ctx: click.Context, as_json: bool) -> None:
     if not jobs:
         click.echo("no jobs; queue one with `torchdoctor submit -- CMD ARGS...`")
         return
-    click.echo(_table(jobs, time.time()))
+    click.echo(_table(jobs, time.time(), owners=everyone))
 
 
 def _plain(job) -> dict:
@@ -63,9 +64,12 @@ _HEADER = (
 )
 
 
-def _table(jobs, now: float) -> str:
+def _table(jobs, now: float, owners: bool = False) -> str:
+    """One row a job; the OWNER column on a machine-wide queue (everyone's jobs)."""
     rows = [_HEADER] + [_row(j, now) for j in jobs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER) - 1)]
+    if not owners:
+        rows = [r[:1] + r[2:] for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
