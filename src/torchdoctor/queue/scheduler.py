@@ -98,6 +98,8 @@ class Scheduler:
             if busy:
                 idle_since = time.monotonic()
                 timeout = POLL_WAITING_S if self._waiting_on_resources else POLL_RUNNING_S
+            elif idle_exit_s == float("inf"):
+                timeout = None  # machine-wide: it serves until stopped
             else:
                 timeout = idle_exit_s - (time.monotonic() - idle_since)
                 if timeout <= 0:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from torchdoctor.errors import UserError
@@ -236,10 +237,11 @@ def _run_as_owner(job: Job, store: QueueStore) -> tuple[str, str | None, int | N
             hooks.send(end=[state, reason, status], used=_measured_of(job.recording))
             code = 0
         except BaseException:  # noqa: BLE001 - said in the scheduler's log, seen as failed
-            import traceback
-
             traceback.print_exc()
         finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
             os._exit(code)
     os.close(write)
     child = pid
@@ -271,14 +273,17 @@ def _run_as_owner(job: Job, store: QueueStore) -> tuple[str, str | None, int | N
                     forward(signal.SIGTERM, None)
             elif "end" in message:
                 ended, used = message["end"], message.get("used", {})
+    how = "unknown"
     while True:
         try:
-            os.waitpid(child, 0)
+            how = str(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
             break
         except ChildProcessError:
             break
         except InterruptedError:
             continue
+    if ended[2] is None and ended[0] == FAILED:
+        ended[1] += f" (status {how}; see the scheduler's log)"
     return ended[0], ended[1], ended[2], used
 
 
@@ -300,6 +305,9 @@ def _become(job: Job) -> None:
 def _preload() -> None:
     """Import what the job's run needs before it drops root: its owner may not be able to read
     the interpreter's own files (a venv under /root), and must not need to."""
+    import email.parser  # noqa: F401 - importlib.metadata's, for the recording's versions
+    import importlib.metadata  # noqa: F401
+
     import torchdoctor.instrument.collector  # noqa: F401
     import torchdoctor.recording.summary  # noqa: F401
     import torchdoctor.run.session  # noqa: F401
