@@ -10,7 +10,7 @@ import socket
 import threading
 
 from tests.queue.conftest import GIB, UUID0, one_gpu
-from tests.queue.shared import shared  # noqa: F401 - the fixture
+from tests.queue.shared import JOB, shared  # noqa: F401 - the fixture
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -46,3 +46,114 @@ def test_two_users_asking_for_every_core_at_once_run_one_after_the_other(shared)
         assert job.uid == user.uid and job.user == user.name
     (s1, e1), (s2, e2) = seen.values()
     assert e1 <= s2 or e2 <= s1  # the jobs' own clocks: never on the same cores at once
+
+
+def test_two_users_30gib_each_on_a_40gib_gpu_one_waits_and_says_why(shared):
+    m = shared(one_gpu(40))
+    alice, bob = m.add_user(), m.add_user()
+    m.start_scheduler()
+    hold = ["--gpus", "1", "--vram", "30GiB"]
+    a = m.submit(alice, *hold, *m.job_args("--gate", m.gate("a")))
+    m.until(lambda: m.job(a).state == "running")
+    b = m.submit(bob, *hold, *m.job_args("--gate", m.gate("b")))
+    shown = m.until(
+        lambda: "waits" in (out := m.as_user(bob, "queue", "show", str(b)).stdout) and out
+    )
+    assert "needs 1 GPU(s) with 30.0 GiB free" in shown, shown
+    assert m.job(b).state == "queued"
+    m.open_gate("a")
+    m.open_gate("b")
+    ja, jb = m.ended(a), m.ended(b)
+    assert (ja.state, jb.state) == ("done", "done"), m.scheduler_log()
+    assert ja.assigned_gpus == jb.assigned_gpus == [UUID0]
+    assert _disjoint(ja, jb)
+
+
+def test_one_users_four_jobs_do_not_starve_anothers_one(shared):
+    m = shared()
+    alice, bob = m.add_user(), m.add_user()
+    m.start_scheduler()
+    every = ["--cpus", str(CORES)]
+    first = m.submit(alice, *every, *m.job_args("--gate", m.gate("a1")))
+    m.until(lambda: m.job(first).state == "running")
+    rest = [m.submit(alice, *every, *m.job_args("--burn", "0.2")) for _ in range(3)]
+    b = m.submit(bob, *every, *m.job_args("--burn", "0.2"))
+    m.open_gate("a1")
+    jobs = [m.ended(i) for i in (first, *rest, b)]
+    assert all(j.state == "done" for j in jobs), m.scheduler_log()
+    by_start = [j.id for j in sorted(jobs, key=lambda j: j.started_at)]
+    assert by_start[1] == b, by_start  # second, not fifth
+    for x, y in itertools.combinations(jobs, 2):
+        assert _disjoint(x, y)
+
+
+def test_an_admins_per_user_limit_holds(shared):
+    m = shared(config="[limits]\ncpus = 1\n")
+    alice = m.add_user()
+    m.start_scheduler()
+    refused = m.as_user(alice, "submit", "--cpus", "2", *m.job_args())
+    assert refused.returncode != 0
+    assert refused.stderr.count("\n") == 1 and "may use at most 1" in refused.stderr
+    if CORES < 2:
+        return
+    ids = [m.submit(alice, "--cpus", "1", *m.job_args("--burn", "0.3")) for _ in range(2)]
+    second = m.until(lambda: (j := m.job(ids[1])).reason and j)
+    jobs = [m.ended(i) for i in ids]
+    assert all(j.state == "done" for j in jobs), m.scheduler_log()
+    assert _disjoint(*jobs)  # a free core, and still one job at a time
+    assert (
+        "may use 1 core(s) at once" in (second.reason or "")
+        or jobs[1].started_at >= jobs[0].ended_at
+    )
+
+
+def test_another_users_job_cannot_be_touched_or_read_and_runs_as_its_owner(shared):
+    m = shared()
+    alice, bob = m.add_user(), m.add_user()
+    m.start_scheduler()
+    a = m.submit(alice, "--cpus", "1", *m.job_args("--gate", m.gate("a"), "--exit", "0"))
+    job = m.until(lambda: (j := m.job(a)).state == "running" and j.job_pid and j)
+    with open(f"/proc/{job.job_pid}/status") as f:
+        uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(alice.uid)] * 4  # real, effective, saved, filesystem
+    for args in (("queue", "cancel", str(a)), ("queue", "pause", str(a)), ("queue", "logs", str(a)),
+                 ("queue", "priority", str(a), "5"), ("queue", "restart", str(a))):  # fmt: skip
+        done = m.as_user(bob, *args)
+        assert done.returncode != 0, args
+        assert (
+            done.stderr.count("\n") == 1
+            and "your own jobs" in done.stderr
+            or ("restart" in args and "only an ended job" in done.stderr)
+        ), (args, done.stderr)
+        assert done.stdout == ""
+    listed = m.as_user(bob, "queue", "--json")
+    seen = json.loads(listed.stdout)["jobs"]
+    assert [(j["id"], j["user"], j["argv"], j["cwd"], j["log"]) for j in seen] == [
+        (a, alice.name, [], None, None)
+    ]
+    shown = m.as_user(bob, "queue", "show", str(a)).stdout
+    assert "only its owner and root see it" in shown and JOB not in shown
+    assert m.job(a).state == "running"
+    assert JOB in m.as_user(alice, "queue", "show", str(a)).stdout
+    m.open_gate("a")
+    assert m.ended(a).state == "done"
+    assert '"uid"' in m.as_user(alice, "queue", "logs", str(a)).stdout
+
+
+def test_scheduler_killed_while_both_users_jobs_run_keeps_both_exit_statuses(shared):
+    m = shared()
+    alice, bob = m.add_user(), m.add_user()
+    m.start_scheduler()
+    a = m.submit(alice, "--cpus", "1", *m.job_args("--gate", m.gate("a"), "--exit", "3"))
+    b = m.submit(bob, "--cpus", "1", *m.job_args("--gate", m.gate("b"), "--exit", "0"))
+    if CORES >= 2:
+        m.until(lambda: m.job(a).state == m.job(b).state == "running")
+    m.kill_scheduler()
+    m.open_gate("a")
+    m.open_gate("b")
+    m.start_scheduler()  # a restarted service (systemd's Restart=on-failure)
+    ja, jb = m.ended(a), m.ended(b)
+    assert (ja.state, ja.exit_status) == ("failed", 3), m.scheduler_log()
+    assert (jb.state, jb.exit_status) == ("done", 0)
+    shown = json.loads(m.as_user(alice, "queue", "show", "--json", str(a)).stdout)
+    assert shown["job"]["exit_status"] == 3

@@ -190,7 +190,12 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
     lines.append(f"  log        {job.log or hidden}")
     recording = Path(job.recording) if job.recording else None
     has_recording = recording is not None and recording.exists()
-    lines.append(f"  recording  {recording if has_recording else 'none (the job did not start)'}")
+    if not job.argv:
+        lines.append(f"  recording  {hidden}")
+    else:
+        lines.append(
+            f"  recording  {recording if has_recording else 'none (the job did not start)'}"
+        )
     click.echo("\n".join(lines))
     if has_recording and job.ended:
         from torchdoctor.cli.common import print_end_report

@@ -9,7 +9,8 @@ CPU cores are handed out as disjoint sets; RAM is MemAvailable minus the same ki
 Order, across users: round-robin. Each user's waiting jobs are in their own line (priority,
 then first come first served: priorities order one user's jobs, never one user before
 another); the next job to place is the one whose owner has the fewest jobs running or placed
-before it, earlier submission breaking ties. So one user's 20 queued jobs never starve
+before it; between owners with as many, the one whose last job started longest ago (never
+first), then earlier submission. So one user's 20 queued jobs never starve
 another's one. An admin's per-user limit (GPUs, cores at once) keeps a job waiting, without
 holding anything back from others. A job that does not fit keeps what it would
 take (in every resource where it fits) and freezes the rest of the resources it lacks, so a
@@ -77,13 +78,17 @@ class _Pool:
     user_gpus: Counter = field(default_factory=Counter)
 
 
-def order(jobs: list[Job], running: list[Job] = ()) -> list[Job]:
-    """The line: round-robin by user (fewest jobs running or ahead first), each user's own
-    jobs by higher priority, then earlier submission."""
+def order(
+    jobs: list[Job], running: list[Job] = (), last_start: dict[Any, float] | None = None
+) -> list[Job]:
+    """The line: round-robin by user (fewest jobs running or ahead first, then the user whose
+    last job started longest ago: ``last_start``, uid -> time), each user's own jobs by higher
+    priority, then earlier submission."""
     ahead = Counter(job.uid for job in running)
+    last = last_start or {}
     out = []
     for job in sorted(jobs, key=lambda j: (-j.priority, j.id)):
-        out.append(((ahead[job.uid], job.id), job))
+        out.append(((ahead[job.uid], last.get(job.uid) or 0.0, job.id), job))
         ahead[job.uid] += 1
     return [job for _key, job in sorted(out, key=lambda pair: pair[0])]
 
@@ -94,12 +99,13 @@ def plan(
     usage: dict[int, Usage],
     waiting: list[Job],
     limits: Callable[[str | None], Any] | None = None,
+    last_start: dict[Any, float] | None = None,
 ) -> list[Decision]:
     """One decision per waiting job (in line order): start where, or why it waits.
     ``limits(user)`` is the admin's limit for a user (``gpus``, ``cpus``; None: none)."""
     pool = _pool(machine, running, usage)
     decisions = []
-    for job in order(waiting, running):
+    for job in order(waiting, running, last_start):
         over = _over_limit(job, limits(job.user) if limits else None, pool)
         if over is not None:
             decisions.append(Decision(job.id, None, None, over))

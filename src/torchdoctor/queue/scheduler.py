@@ -233,7 +233,7 @@ class Scheduler:
         if not queued:
             return
         eligible = []
-        for job in order(queued, self.store.jobs(ACTIVE)):
+        for job in order(queued, self.store.jobs(ACTIVE), self.store.last_starts()):
             blocked = self._dependencies(job)
             if blocked is None:
                 eligible.append(job)
@@ -261,7 +261,14 @@ class Scheduler:
             from torchdoctor.queue.system import QueueConfig
 
             config = QueueConfig()
-        for decision in plan(machine, running, usage, eligible, limits=config.limit):
+        for decision in plan(
+            machine,
+            running,
+            usage,
+            eligible,
+            limits=config.limit,
+            last_start=self.store.last_starts(),
+        ):
             job = by_id[decision.job_id]
             if decision.start:
                 self._start(job, decision.gpus or [], decision.cpus or [], running)

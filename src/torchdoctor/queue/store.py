@@ -155,6 +155,13 @@ class QueueStore:
                 [*job_ids, *TERMINAL],
             ).rowcount
 
+    def last_starts(self) -> dict[int | None, float]:
+        """uid -> when that user's last job started (what round-robin between users reads)."""
+        rows = self._db.execute(
+            "SELECT uid, max(started_at) FROM jobs WHERE started_at IS NOT NULL GROUP BY uid"
+        ).fetchall()
+        return {row[0]: row[1] for row in rows}
+
     def last_finished(self, argv: list[str], uid: int | None = None) -> Job | None:
         """The most recent job of exactly this command that ran to a successful end (of this
         user's, with ``uid``: on a machine-wide queue no one is sized from another's runs)."""
