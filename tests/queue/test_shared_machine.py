@@ -7,6 +7,8 @@ import itertools
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 from tests.queue.conftest import GIB, UUID0, one_gpu
@@ -157,3 +159,84 @@ def test_scheduler_killed_while_both_users_jobs_run_keeps_both_exit_statuses(sha
     assert (jb.state, jb.exit_status) == ("done", 0)
     shown = json.loads(m.as_user(alice, "queue", "show", "--json", str(a)).stdout)
     assert shown["job"]["exit_status"] == 3
+
+
+def _raw(m, user, payload: bytes) -> dict:
+    """Send bytes to the machine-wide socket as ``user``; the scheduler's answer."""
+    path = str(m.system_dir / "queue.sock")
+
+    def send() -> int:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(20)
+            conn.connect(path)
+            try:
+                conn.sendall(payload)
+            except BrokenPipeError:
+                pass  # it stopped reading a request too large: its answer is waiting
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        print(data.decode().strip())
+        return 0
+
+    done = m.as_user_call(user, send)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _request(method: str, *args, **kwargs) -> bytes:
+    return json.dumps({"method": method, "args": list(args), "kwargs": kwargs}).encode() + b"\n"
+
+
+def test_forged_identity_symlinks_and_bad_requests_are_refused_and_it_keeps_serving(shared):
+    m = shared()
+    alice, mallory = m.add_user(), m.add_user()
+    m.start_scheduler()
+    a = m.submit(alice, "--cpus", "1", *m.job_args("--gate", m.gate("a")))
+    # A uid in the request is not who sent it: the kernel's peer credential is.
+    forged = json.loads(_request("cancel", a))
+    forged.update(uid=alice.uid, user=alice.name)
+    answer = _raw(m, mallory, json.dumps(forged).encode() + b"\n")
+    assert not answer["ok"] and "your own jobs" in answer["error"]
+    assert not m.job(a).ended
+    env = m.user_env(mallory)
+    base = {"argv": ["/usr/bin/python3", JOB], "env": env, "name": "x", "cpus": 1}
+    answer = _raw(m, mallory, _request("submit", {**base, "cwd": "/", "uid": 0}))
+    assert not answer["ok"] and "unknown request fields" in answer["error"]
+    # Paths into alice's home (0700), named directly or through a symlink mallory made.
+    link = mallory.home / "into-alice"
+    os.symlink(alice.home, link)
+    os.lchown(link, mallory.uid, mallory.gid)
+    bad_log = _raw(m, mallory, _request("submit", {**base, "cwd": "/", "log_dir": str(link)}))
+    bad_cwd = _raw(m, mallory, _request("submit", {**base, "cwd": str(link), "log_dir": "/tmp"}))
+    jobs = [m.ended(bad_log["result"]["job"]["id"]), m.ended(bad_cwd["result"]["job"]["id"])]
+    assert [j.state for j in jobs] == ["failed", "failed"]
+    assert "Permission denied" in jobs[0].reason and "cannot write" in jobs[0].reason
+    assert "cannot enter its folder" in jobs[1].reason
+    assert sorted(p.name for p in alice.home.iterdir() if not p.name.startswith(".")) == []
+    # Malformed and oversized requests get a line each; the scheduler goes on.
+    assert "one JSON object" in _raw(m, mallory, b"not json\n")["error"]
+    assert "too large" in _raw(m, mallory, b"[" * (2 << 20) + b"\n")["error"]
+    assert "unknown request" in _raw(m, mallory, _request("close"))["error"]
+    assert _raw(m, mallory, _request("jobs"))["ok"]
+    m.open_gate("a")
+    assert m.ended(a).state == "done"
+
+
+def test_a_state_file_others_can_write_is_refused(shared):
+    m = shared()
+    m.start_scheduler()
+    m.kill_scheduler()
+    os.chmod(m.system_dir / "queue.sqlite", 0o666)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "queue", "serve", "--system"],
+        env=m.root_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1 and "writable by others" in done.stderr, done.stderr
