@@ -61,7 +61,7 @@ After=network.target
 
 [Service]
 Type=simple
-ExecStart={_exec("exporter")}
+ExecStart={_exec("exporter", "--all-users")}
 Restart=on-failure
 NoNewPrivileges=yes
 ProtectSystem=strict
