@@ -38,6 +38,7 @@ from torchdoctor.queue.store import QueueStore
 SRC = Path(__file__).resolve().parents[2] / "src"
 JOB = str(HELPERS / "shared_job.py")
 SYSTEM_PYTHON = "/usr/bin/python3"
+SECRET_VAR, SECRET_VALUE = "TDQ_TEST_TOKEN", "s3cr3t-token"
 
 
 def need_root() -> None:
@@ -115,6 +116,7 @@ class SharedMachine:
             "TORCHDOCTOR_SYSTEM_DIR": str(self.system_dir),
             fake_nvml.STATE_ENV: self.machine,
             "LANG": "C.UTF-8",
+            SECRET_VAR: f"{SECRET_VALUE}-{user.name}",  # must never reach a metric
         }
 
     def as_user(self, user: User, *args: str, timeout: float = 120.0) -> Done:
@@ -308,8 +310,8 @@ def preload() -> None:
         main(["queue", "--help"])
 
 
-@pytest.fixture
-def shared(capsys):
+def shared_machines(capsys):
+    """The test's fixture body: yields ``make(gpus, config)``, cleans up every machine made."""
     need_root()
     preload()
     capsys.readouterr()

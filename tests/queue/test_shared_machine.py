@@ -3,6 +3,7 @@ who may see and touch what, a killed scheduler, and the requests an attacker wou
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -11,10 +12,17 @@ import subprocess
 import sys
 import threading
 
-from tests.queue.conftest import GIB, UUID0, one_gpu
-from tests.queue.shared import JOB, shared  # noqa: F401 - the fixture
+import pytest
+
+from tests.queue.conftest import UUID0, one_gpu
+from tests.queue.shared import JOB, SECRET_VALUE, shared_machines
 
 CORES = len(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def shared(capsys):
+    yield from shared_machines(capsys)
 
 
 def _disjoint(a, b) -> bool:
@@ -46,6 +54,8 @@ def test_two_users_asking_for_every_core_at_once_run_one_after_the_other(shared)
         assert first["gid"] == user.gid
         assert first["cpus"] == (f"0-{CORES - 1}" if CORES > 1 else "0")
         assert job.uid == user.uid and job.user == user.name
+        assert job.used_rss and job.used_rss > 1024 * 1024  # measured from its recording
+        assert os.stat(job.recording).st_uid == user.uid  # written as its owner, in their home
     (s1, e1), (s2, e2) = seen.values()
     assert e1 <= s2 or e2 <= s1  # the jobs' own clocks: never on the same cores at once
 
@@ -169,10 +179,9 @@ def _raw(m, user, payload: bytes) -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(20)
             conn.connect(path)
-            try:
+            # A request too large: it stops reading and answers; the answer waits for us.
+            with contextlib.suppress(BrokenPipeError):
                 conn.sendall(payload)
-            except BrokenPipeError:
-                pass  # it stopped reading a request too large: its answer is waiting
             data = b""
             while not data.endswith(b"\n"):
                 chunk = conn.recv(65536)
@@ -240,3 +249,50 @@ def test_a_state_file_others_can_write_is_refused(shared):
     )
     assert done.returncode != 0
     assert done.stderr.count("\n") == 1 and "writable by others" in done.stderr, done.stderr
+
+
+def test_the_machines_exporter_scraped_by_prometheus_has_both_users_jobs(shared, tmp_path):
+    from tests.exporters.prom import PROMETHEUS, free_port, prometheus, wait_for
+
+    if not os.path.exists(PROMETHEUS):
+        if os.environ.get("CI") == "true":
+            raise AssertionError("CI=true: Prometheus is missing (make system)")
+        pytest.skip("Prometheus is not installed (make system)")
+    m = shared()
+    alice, bob = m.add_user(), m.add_user()
+    m.start_scheduler()
+    ids = {
+        u.name: m.submit(u, "--cpus", "1", *m.job_args("--gate", m.gate(u.name)))
+        for u in (alice, bob)
+    }
+    m.until(lambda: all(m.job(i).state == "running" for i in ids.values()) if CORES > 1 else True)
+    port = free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "torchdoctor", "exporter", "--all-users", "--no-findings",
+         "--listen", str(port)],
+        env=m.root_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert "/metrics" in exporter.stderr.readline()
+        with prometheus(tmp_path, [f"127.0.0.1:{port}"]) as prom:
+
+            def both() -> set[str]:
+                users = {
+                    r["metric"].get("user") for r in prom.query("torchdoctor_job_recording_up == 1")
+                }
+                return users >= {alice.name, bob.name} and users
+
+            wait_for("both users' jobs in Prometheus", both)
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert SECRET_VALUE not in text and JOB not in text  # no environment, no command line
+    finally:
+        exporter.terminate()
+        exporter.wait(timeout=30)
+        for u in (alice, bob):
+            m.open_gate(u.name)
+    assert all(m.ended(i).state == "done" for i in ids.values()), m.scheduler_log()
