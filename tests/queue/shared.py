@@ -281,7 +281,11 @@ class SharedMachine:
             finally:
                 store.close()
         for user in self.users:
-            subprocess.run(["userdel", "--remove", user.name], capture_output=True)
+            subprocess.run(["userdel", "--force", "--remove", user.name], capture_output=True)
+            # The registry folder its recorded jobs announced themselves in.
+            shutil.rmtree(
+                Path(tempfile.gettempdir()) / f"torchdoctor-{user.uid}", ignore_errors=True
+            )
 
 
 def _cli(args: tuple[str, ...]):
