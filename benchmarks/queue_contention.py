@@ -216,9 +216,9 @@ def shared_machine(card: Scorecard, steps: int) -> None:
         )
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.queue.shared import SharedMachine, preload
-
     import signal
+
+    from tests.queue.shared import SharedMachine, preload
 
     preload()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still removes the users
