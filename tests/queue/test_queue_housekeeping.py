@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from tests.queue.conftest import FAKE_JOB, one_gpu
@@ -24,8 +25,9 @@ def test_submit_says_what_the_job_will_see_with_the_defaults(queue_env):
 def test_priority_pause_restart_clean_and_show_json(queue_env):
     q = queue_env(one_gpu())
     q.td("queue", "pause", check=True)  # nothing starts while we arrange the line
-    first = q.submit("--", sys.executable, FAKE_JOB)
-    second = q.submit("--", sys.executable, FAKE_JOB, "--exit", "5")
+    every = ["--cpus", str(len(os.sched_getaffinity(0)))]  # one at a time: the order shows
+    first = q.submit(*every, "--", sys.executable, FAKE_JOB)
+    second = q.submit(*every, "--", sys.executable, FAKE_JOB, "--exit", "5")
     held = q.submit("--", sys.executable, FAKE_JOB)
     assert q.td("queue", "priority", str(second), "7", check=True).stdout.strip() == (
         f"job {second} priority 7"
@@ -33,7 +35,7 @@ def test_priority_pause_restart_clean_and_show_json(queue_env):
     q.td("queue", "pause", str(held), check=True)
     q.td("queue", "resume", check=True)
     assert q.wait(second) == 5 and q.wait(first) == 0
-    assert q.job(second).started_at <= q.job(first).started_at  # its priority put it first
+    assert q.job(second).ended_at <= q.job(first).started_at  # its priority put it first
     shown = json.loads(q.td("queue", "show", "--json", str(held), check=True).stdout)
     assert shown["schema_version"] == 1
     assert shown["job"]["state"] == "queued" and shown["job"]["held"] is True

@@ -54,6 +54,8 @@ def supervise(job_id: int, state_dir: str | None = None) -> int:
         return 1  # cancelled, or taken by another supervisor
     job = store.get(job_id)
     assert job is not None
+    if job.recording is None:  # a job stored without one: the queue's own folder
+        job.recording = str(paths.recording(job.id, job.name))
     if job.uid is not None and job.uid != os.getuid():
         state, reason, status, used = _run_as_owner(job, store)
     elif job.uid is None and system:
@@ -152,7 +154,7 @@ def _run(job: Job, hooks) -> tuple[str, str | None, int | None]:
     # The job inherits our mask: set before it starts, so its first thread is already pinned.
     if job.assigned_cpus:
         os.sched_setaffinity(0, job.assigned_cpus)
-    recording = Path(job.recording) if job.recording else Path(f"{job.id}.sqlite")
+    recording = Path(job.recording)
     stopper: list[Stopper] = []
 
     def started(pid: int) -> None:
