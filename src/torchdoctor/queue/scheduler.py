@@ -176,9 +176,11 @@ class Scheduler:
                     **end_fields(LOST, "the machine restarted while it ran", None),
                 )
         if rebooted and self.store.jobs((QUEUED,)):
+            who = "root's " if self.system else ""
             self.store.set_meta(
                 **{
-                    PAUSED_KEY: "the machine restarted; `torchdoctor queue resume` starts jobs again"
+                    PAUSED_KEY: f"the machine restarted; {who}`torchdoctor queue resume` starts "
+                    "jobs again"
                 }
             )
 
