@@ -74,6 +74,7 @@ class _Pool:
     mem_avail: int
     cores_frozen: bool = False
     mem_frozen: bool = False
+    busy: dict[int, float] = field(default_factory=dict)  # free CPUs kept busy by others
     user_cpus: Counter = field(default_factory=Counter)  # uid -> cores held or placed
     user_gpus: Counter = field(default_factory=Counter)
 
@@ -100,10 +101,13 @@ def plan(
     waiting: list[Job],
     limits: Callable[[str | None], Any] | None = None,
     last_start: dict[Any, float] | None = None,
+    busy_outside: float | None = None,
 ) -> list[Decision]:
     """One decision per waiting job (in line order): start where, or why it waits.
-    ``limits(user)`` is the admin's limit for a user (``gpus``, ``cpus``; None: none)."""
-    pool = _pool(machine, running, usage)
+    ``limits(user)`` is the admin's limit for a user (``gpus``, ``cpus``; None: none).
+    ``busy_outside``: a CPU no queue job holds that was at least this busy (0-1) is kept busy
+    by processes the queue did not start, and is not promised (None: every free CPU is)."""
+    pool = _pool(machine, running, usage, busy_outside)
     decisions = []
     for job in order(waiting, running, last_start):
         over = _over_limit(job, limits(job.user) if limits else None, pool)
@@ -135,7 +139,12 @@ def _over_limit(job: Job, limit: Any, pool: _Pool) -> str | None:
     return None
 
 
-def _pool(machine: MachineState, running: list[Job], usage: dict[int, Usage]) -> _Pool:
+def _pool(
+    machine: MachineState,
+    running: list[Job],
+    usage: dict[int, Usage],
+    busy_outside: float | None = None,
+) -> _Pool:
     avail = {g.uuid: g.free - gpu_margin(g.total) for g in machine.gpus}
     jobs_on = {g.uuid: 0 for g in machine.gpus}
     exclusive: set[str] = set()
@@ -160,12 +169,20 @@ def _pool(machine: MachineState, running: list[Job], usage: dict[int, Usage]) ->
         user_gpus[job.uid] += len(job.assigned_gpus)
         if job.mem is not None:
             mem -= max(0, job.mem - held.rss)
+    busy = {}
+    if busy_outside is not None:
+        busy = {
+            c: share
+            for c, share in machine.cpu_busy.items()
+            if share >= busy_outside and c not in used_cores and c in machine.cpus
+        }
     return _Pool(
         gpu_avail=avail,
         gpu_jobs=jobs_on,
         gpu_exclusive=exclusive,
         gpu_frozen=set(),
-        cores=[c for c in machine.cpus if c not in used_cores],
+        busy=busy,
+        cores=[c for c in machine.cpus if c not in used_cores and c not in busy],
         core_budget=machine.max_cores - n_cores,
         mem_avail=mem,
         user_cpus=user_cpus,
@@ -285,7 +302,13 @@ def _choose_cpus(
     n = job.cpus
     if n > len(pool.cores) or n > pool.core_budget:
         free = max(0, min(len(pool.cores), pool.core_budget))
-        return None, f"needs {n} core(s), {free} free"
+        why = f"needs {n} core(s), {free} free"
+        if pool.busy:
+            shares = ", ".join(
+                f"{c} ({share * 100:.0f} %)" for c, share in sorted(pool.busy.items())
+            )
+            why += f" (CPU {shares} busy with processes outside the queue)"
+        return None, why
     by_node: dict[int, list[int]] = {}
     for c in pool.cores:
         by_node.setdefault(machine.cpu_node.get(c, 0), []).append(c)

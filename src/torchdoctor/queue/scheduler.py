@@ -152,7 +152,7 @@ class Scheduler:
         from torchdoctor.queue.system import QueueConfig, load_config
 
         if not self.system:
-            return QueueConfig()
+            return QueueConfig(busy_outside=None)  # a per-user queue: as before
         return load_config()
 
     def _pass(self) -> None:
@@ -262,7 +262,7 @@ class Scheduler:
             print(f"torchdoctor: {getattr(exc, 'message', exc)}; no per-user limits", flush=True)
             from torchdoctor.queue.system import QueueConfig
 
-            config = QueueConfig()
+            config = QueueConfig(busy_outside=None)
         for decision in plan(
             machine,
             running,
@@ -270,6 +270,7 @@ class Scheduler:
             eligible,
             limits=config.limit,
             last_start=self.store.last_starts(),
+            busy_outside=config.busy_outside,
         ):
             job = by_id[decision.job_id]
             if decision.start:

@@ -32,7 +32,8 @@ SYSTEM_DIR_ENV = "TORCHDOCTOR_SYSTEM_DIR"
 SYSTEM_DIR = "/var/lib/torchdoctor"
 CONFIG_ENV = "TORCHDOCTOR_QUEUE_CONFIG"
 CONFIG_FILE = "/etc/torchdoctor/queue.toml"
-USER_MODE_NOTE = "queue-mode-noted"  # in the user's state folder once they have been told
+USER_MODE_NOTE = "queue-mode-noted"
+BUSY_OUTSIDE = 0.9  # in the user's state folder once they have been told
 
 # What a request may ask of the queue, and the only names the scheduler will call.
 METHODS = frozenset(
@@ -113,6 +114,9 @@ class QueueConfig:
     default: Limit = field(default_factory=Limit)
     users: dict[str, Limit] = field(default_factory=dict)
     path: str | None = None
+    # A free CPU at least this busy (0-1) with processes the queue did not start is not
+    # promised; None: off (a per-user queue, or `busy_outside = false`).
+    busy_outside: float | None = BUSY_OUTSIDE
 
     def limit(self, user: str | None) -> Limit:
         return self.users.get(user or "", self.default)
@@ -126,8 +130,10 @@ def load_config(path: str | None = None) -> QueueConfig:
         cpus = 8
         [limits.users.alice]  # this one
         cpus = 16
+        [cores]
+        busy_outside = 0.9    # a free CPU this busy outside the queue is not promised; false: off
 
-    No file: no limits."""
+    No file: no limits, busy_outside 0.9."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -159,7 +165,14 @@ def load_config(path: str | None = None) -> QueueConfig:
     users = limits.get("users", {})
     if not isinstance(users, dict):
         raise UserError(f"{path}: [limits.users] must be a table")
+    cores = data.get("cores", {})
+    busy = cores.get("busy_outside", BUSY_OUTSIDE) if isinstance(cores, dict) else None
+    if busy is False:
+        busy = None
+    elif busy is True or not isinstance(busy, (int, float)) or not 0 < busy <= 1:
+        raise UserError(f"{path}: cores.busy_outside must be a share in (0, 1] or false")
     return QueueConfig(
+        busy_outside=None if busy is None else float(busy),
         default=one({k: v for k, v in limits.items() if k != "users"}, "limits"),
         users={name: one(t, f"limits.users.{name}") for name, t in users.items()},
         path=path,
