@@ -20,9 +20,10 @@ setup: $(STAMP)
 
 # Debian packages the tests drive for real: headless Chromium (HTML report), tmux (top at 80x24),
 # Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
-# (network namespaces and tc for two-node tests). Each is checked by the program it provides.
+# (network namespaces and tc for two-node tests), systemd (systemd-analyze verify of the queue's
+# units). Each is checked by the program it provides.
 SYSTEM_PACKAGES := chromium:chromium tmux:tmux slurmctld:slurm-wlm munged:munge \
-	prometheus:prometheus ip:iproute2 tc:iproute2
+	prometheus:prometheus ip:iproute2 tc:iproute2 systemd-analyze:systemd
 system:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair##*:}"; \

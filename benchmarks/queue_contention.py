@@ -11,7 +11,13 @@ Targets (issue 13): the queue's makespan is not longer than by hand (ratio <= 1)
 job's step time stays within 20 % of the same job alone with the same core; on an idle queue
 submit-to-start latency <= 0.5 s and the idle scheduler uses <= 0.1 % of a core.
 
-    python benchmarks/queue_contention.py [--steps N]
+Shared machine (issue 25, as root only): two real users (made with useradd, removed after)
+submit 3 jobs each (`--cpus 1`) at once to the machine-wide queue (`queue serve --system`),
+beside the same six jobs started at once by hand. Their jobs run /usr/bin/python3 with the
+venv's packages on PYTHONPATH (the users cannot execute an interpreter under /root); the
+baselines run the same interpreter. Same targets.
+
+    python benchmarks/queue_contention.py [--steps N] [--no-shared | --shared-only]
 """
 
 from __future__ import annotations
@@ -136,8 +142,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--no-shared", action="store_true", help="Skip the two-user part.")
+    parser.add_argument("--shared-only", action="store_true", help="Only the two-user part.")
     args = parser.parse_args()
     card = Scorecard("queue_contention")
+    if not args.no_shared:
+        shared_machine(card, args.steps)
+    if args.shared_only:
+        return card.exit_code()
     with tempfile.TemporaryDirectory(prefix="tdq-bench-") as tmp:
         script = Path(tmp) / "job.py"
         script.write_text(JOB)
@@ -187,6 +199,117 @@ def main() -> int:
     load = os.getloadavg()
     card.info("load average at the end", f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     return card.exit_code()
+
+
+SHARED_USERS, SHARED_JOBS_EACH = 2, 3
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def shared_machine(card: Scorecard, steps: int) -> None:
+    """2 users x 3 jobs through the machine-wide queue vs by hand vs alone (root only)."""
+    import shutil
+    import sysconfig
+
+    if os.getuid() != 0 or shutil.which("useradd") is None or not os.access(SYSTEM_PYTHON, os.X_OK):
+        card.info(
+            "shared machine (2 users x 3 jobs)", "skipped: needs root, useradd and /usr/bin/python3"
+        )
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import signal
+
+    from tests.queue.shared import SharedMachine, preload
+
+    preload()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still removes the users
+    base = Path(tempfile.mkdtemp(prefix="tdq-bench-shared-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    machine = SharedMachine(base, [])
+    machine.config.write_text("")
+    site = sysconfig.get_paths()["purelib"]  # the venv's torch, importable by anyone
+    machine.pythonpath = os.pathsep.join([machine.pythonpath, site])
+    script = base / "job.py"
+    script.write_text(JOB)
+    script.chmod(0o644)
+    n = SHARED_USERS * SHARED_JOBS_EACH
+    env = {**os.environ, "PYTHONPATH": site}
+    command = [SYSTEM_PYTHON, str(script), str(steps)]
+    try:
+        users = [machine.add_user() for _ in range(SHARED_USERS)]
+        machine.start_scheduler()
+        log("shared machine: alone on one core...")
+        pinned = {
+            **env,
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
+        cpu = min(os.sched_getaffinity(0))
+
+        def one_alone() -> float:
+            done = subprocess.run(command, capture_output=True, text=True, env=pinned, check=True,
+                                  preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))  # fmt: skip
+            return step_of(done.stdout)
+
+        before = one_alone()
+        log(f"shared machine: {n} jobs by hand...")
+        start = time.monotonic()
+        procs = [
+            subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)
+        ]
+        hand_steps = [step_of(p.communicate()[0]) for p in procs]
+        hand_span = time.monotonic() - start
+        log(f"shared machine: {SHARED_USERS} users x {SHARED_JOBS_EACH} jobs through the queue...")
+        import threading
+
+        ids: list[int] = []
+        t0 = time.time()
+
+        def submit(user) -> None:
+            for _ in range(SHARED_JOBS_EACH):
+                ids.append(machine.submit(user, "--cpus", "1", "--", *command))
+
+        threads = [threading.Thread(target=submit, args=(u,)) for u in users]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        jobs = [machine.ended(i) for i in ids]
+        queue_span = max(j.ended_at for j in jobs) - t0
+        bad = [j for j in jobs if j.state != "done"]
+        if bad:
+            raise RuntimeError(f"queued jobs failed: {[(j.id, j.reason) for j in bad]}")
+        queue_steps = [step_of(Path(j.log).read_text()) for j in jobs]
+        alone_core = (before + one_alone()) / 2
+        overlaps = sum(
+            1
+            for a in jobs
+            for b in jobs
+            if a.id < b.id
+            and set(a.assigned_cpus) & set(b.assigned_cpus)
+            and not (a.ended_at <= b.started_at or b.ended_at <= a.started_at)
+        )
+    finally:
+        machine.close()
+        shutil.rmtree(base, ignore_errors=True)
+    ratio = queue_span / hand_span
+    card.check(
+        "shared machine: makespan, queue / by hand (2 users x 3 jobs)", ratio,
+        f"{ratio:.2f} ({queue_span:.1f} s vs {hand_span:.1f} s)", at_most=1.0,
+    )  # fmt: skip
+    worst = max(queue_steps) / alone_core
+    card.check(
+        "shared machine: queued job step time / alone on one core (worst of 6)", worst,
+        f"{worst:.2f} ({max(queue_steps) * 1e3:.1f} ms vs {alone_core * 1e3:.1f} ms)", at_most=1.2,
+    )  # fmt: skip
+    card.info(
+        "shared machine: by hand, job step time / alone on one core (worst of 6)",
+        f"{max(hand_steps) / alone_core:.2f} ({max(hand_steps) * 1e3:.1f} ms)",
+    )
+    card.check(
+        "shared machine: two users' jobs on the same core at the same time", overlaps,
+        str(overlaps), at_most=0,
+    )  # fmt: skip
 
 
 def _stop_scheduler(env: dict[str, str]) -> None:

@@ -19,6 +19,12 @@ from tests.exporters.jobs import TRAIN
 from tests.exporters.prom import free_port, wait_for
 
 
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name  # the exporter labels each job with its owner
+
+
 def _families(url: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -99,7 +105,7 @@ def test_exporter_serves_the_host_and_each_recorded_job(tmp_path: Path) -> None:
         pss = [
             s
             for s in fams["torchdoctor_job_memory_pss_bytes"].samples
-            if s.labels == {"run_id": "fleetjob", "role": "trainer"}
+            if s.labels == {"run_id": "fleetjob", "role": "trainer", "user": _me()}
         ]
         assert pss  # PSS may still be on its slower tier at the first samples
         # The run endpoint's series and the exporter's carry the same run_id.

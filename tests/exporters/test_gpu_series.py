@@ -51,9 +51,16 @@ def test_host_exporter_serves_each_device() -> None:
     assert series["torchdoctor_gpu_power_watts"][0].value == 61.0
     assert series["torchdoctor_gpu_sm_clock_hertz"][0].value == 1410e6
     (info,) = [s for s in series["torchdoctor_gpu_info"] if s.labels["gpu"] == "1"]
-    assert info.labels["uuid"] == "gpu-ab12cd34-0000-4000-8000-000000000001"  # lower case
+    # As NVML spells it, so that it joins with dcgm-exporter's series on `uuid`.
+    assert info.labels["uuid"] == "GPU-AB12CD34-0000-4000-8000-000000000001"
     assert info.labels["name"] == "NVIDIA A100-SXM4-80GB"
     assert info.labels["driver_version"] == "550.54.15"
+    # Clock-event (throttle) reasons: one 0/1 series a reason; the fake GPUs idle.
+    events = {
+        (s.labels["gpu"], s.labels["reason"]): s.value
+        for s in series["torchdoctor_gpu_clock_event_reason_active"]
+    }
+    assert events[("0", "gpu_idle")] == 1 and events[("0", "hw_thermal_slowdown")] == 0
 
 
 def test_job_endpoint_serves_the_jobs_gpu_memory(tmp_path: Path) -> None:

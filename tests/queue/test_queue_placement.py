@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from torchdoctor.queue.machine import GpuState, MachineState
@@ -100,3 +101,56 @@ def test_ram_admission_counts_promises_of_running_jobs():
 
 def test_cpu_list_format():
     assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+
+
+def test_a_free_core_kept_busy_outside_the_queue_is_not_promised():
+    m = machine(cpus=2)
+    m.cpu_busy = {0: 0.97, 1: 0.05}
+    (one,) = plan(m, [], {}, [job(1, cpus=1)], busy_outside=0.9)
+    assert one.cpus == [1]
+    (two,) = plan(m, [], {}, [job(2, cpus=2)], busy_outside=0.9)
+    assert not two.start
+    assert "needs 2 core(s), 1 free (CPU 0 (97 %) busy with processes outside the queue)" in (
+        two.reason
+    )
+    (anyway,) = plan(m, [], {}, [job(3, cpus=2)], busy_outside=None)  # a per-user queue
+    assert anyway.cpus == [0, 1]
+    held = job(4, cpus=1, state="running", assigned_cpus=[0])  # its own job keeps CPU 0 busy
+    (beside,) = plan(m, [held], {}, [job(5, cpus=1)], busy_outside=0.9)
+    assert beside.cpus == [1]
+
+
+def test_the_machine_reader_measures_each_cpus_busy_share_between_reads():
+    from torchdoctor.queue.machine import MachineReader
+
+    reader = MachineReader()
+    try:
+        assert reader.read().cpu_busy == {}  # nothing to compare with yet
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass  # some work for the CPUs to show
+        busy = reader.read().cpu_busy
+    finally:
+        reader.close()
+    assert set(busy) <= set(range(os.cpu_count() or 1)) and busy
+    assert all(0.0 <= share <= 1.0 for share in busy.values())
+    assert max(busy.values()) > 0.0
+
+
+def test_the_admins_busy_outside_setting(tmp_path):
+    import pytest
+
+    from torchdoctor.errors import UserError
+    from torchdoctor.queue.system import load_config
+
+    path = tmp_path / "queue.toml"
+    assert load_config(str(tmp_path / "none.toml")).busy_outside == 0.9
+    path.write_text("[cores]\nbusy_outside = false\n")
+    assert load_config(str(path)).busy_outside is None
+    path.write_text("[cores]\nbusy_outside = 0.5\n[limits.users.alice]\ngpus = 1\n")
+    config = load_config(str(path))
+    assert config.busy_outside == 0.5 and config.limit("alice").gpus == 1
+    assert config.limit("bob").gpus is None
+    path.write_text("[cores]\nbusy_outside = 3\n")
+    with pytest.raises(UserError, match="busy_outside must be a share"):
+        load_config(str(path))

@@ -30,7 +30,30 @@ from torchdoctor.errors import UserError
     is_flag=True,
     help="Leave out the torchdoctor_finding_active series (no diagnosis is run).",
 )
-def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> None:
+@click.option(
+    "--no-host",
+    is_flag=True,
+    help="Leave out the host series (CPU, memory, disks...) node_exporter already serves.",
+)
+@click.option(
+    "--no-gpus",
+    is_flag=True,
+    help="Leave out the GPU series dcgm-exporter already serves (they join on `uuid`).",
+)
+@click.option(
+    "--all-users",
+    is_flag=True,
+    help="Every user's recorded jobs, each labelled `user` (run by root, or by a service "
+    "user allowed to read the users' registry folders; the systemd unit does this).",
+)
+def command(
+    listen: str | None,
+    print_dashboard: bool,
+    no_findings: bool,
+    no_host: bool,
+    no_gpus: bool,
+    all_users: bool,
+) -> None:
     """Serve the machine (CPU, memory, swap, disks, pressure, GPUs) and every job recorded by
     `torchdoctor run` or `attach` on this machine, for Prometheus or any OpenMetrics scraper.
 
@@ -57,12 +80,16 @@ def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> Non
     address, port = (
         parse_listen(listen, "--listen") if listen else (DEFAULT_ADDRESS, DEFAULT_EXPORTER_PORT)
     )
-    gpus = GpuReader()
-    collector = HostCollector(HostReader(), gpus, _recorded_jobs, findings=not no_findings)
+    gpus = None if no_gpus else GpuReader()
+    jobs = _every_users_jobs if all_users else _recorded_jobs
+    collector = HostCollector(
+        None if no_host else HostReader(), gpus, jobs, findings=not no_findings
+    )
     try:
         server = serve(collector, address, port)
     except OSError as exc:
-        gpus.close()
+        if gpus is not None:
+            gpus.close()
         raise UserError(f"{bind_error(exc, address, port)}; choose another with --listen") from None
     done = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in _STOP_SIGNALS}
@@ -81,7 +108,8 @@ def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> Non
             signal.signal(sig, handler)
         stop(server)
         collector.close()
-        gpus.close()
+        if gpus is not None:
+            gpus.close()
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -95,3 +123,15 @@ def _recorded_jobs() -> list[Path]:
         return [entry.recording_path for entry in active()]
     except OSError:
         return []  # no private registry folder (yet): no recorded job to serve
+
+
+def _every_users_jobs() -> list[Path]:
+    """The machine's exporter: every user's recorded jobs (see registry.every_users_active)."""
+    from torchdoctor.recording.registry import every_users_active
+
+    paths = _recorded_jobs()  # ours, wherever our own registry is
+    return paths + [
+        entry.recording_path
+        for _uid, entry in every_users_active()
+        if entry.recording_path not in paths
+    ]

@@ -1,4 +1,5 @@
-"""``torchdoctor queue``: list, inspect, cancel, pause and wait for this user's queued jobs."""
+"""``torchdoctor queue``: list, inspect, cancel, pause and wait for queued jobs: this user's
+own queue, or the machine-wide one where it is installed (``queue serve --system``)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,24 @@ from torchdoctor.errors import UserError
 from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
 
-def _queue():
-    from torchdoctor.queue import Queue
+def _queue(say_mode: bool = False):
+    from torchdoctor.queue.system import open_queue
 
-    return Queue()
+    return open_queue(say_mode)
 
 
 @click.group("queue", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="The jobs as JSON.")
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:
-    """Without a sub-command: list your jobs (state, asked vs used, wait and run time)."""
+    """Without a sub-command: list the jobs (owner, state, asked vs used, wait and run time):
+    yours, or on a machine-wide queue everyone's (commands and logs only to their owner)."""
     if ctx.invoked_subcommand is not None:
         return
-    with _queue() as queue:
+    with _queue(say_mode=not as_json) as queue:
         jobs = queue.jobs()
         paused = queue.paused
+        everyone = queue.system
     if as_json:
         click.echo(json.dumps({"paused": paused, "jobs": [_plain(j) for j in jobs]}, indent=2))
         return
@@ -37,7 +40,7 @@ def command(ctx: click.Context, as_json: bool) -> None:
     if not jobs:
         click.echo("no jobs; queue one with `torchdoctor submit -- CMD ARGS...`")
         return
-    click.echo(_table(jobs, time.time()))
+    click.echo(_table(jobs, time.time(), owners=everyone))
 
 
 def _plain(job) -> dict:
@@ -48,6 +51,7 @@ def _plain(job) -> dict:
 
 _HEADER = (
     "ID",
+    "OWNER",
     "STATE",
     "NAME",
     "GPUS",
@@ -60,9 +64,12 @@ _HEADER = (
 )
 
 
-def _table(jobs, now: float) -> str:
+def _table(jobs, now: float, owners: bool = False) -> str:
+    """One row a job; the OWNER column on a machine-wide queue (everyone's jobs)."""
     rows = [_HEADER] + [_row(j, now) for j in jobs]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER) - 1)]
+    if not owners:
+        rows = [r[:1] + r[2:] for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
@@ -91,7 +98,20 @@ def _row(job, now: float) -> tuple[str, ...]:
         ran = fmt_duration((job.ended_at or now) - job.started_at)
     elif not job.ended:
         waited = fmt_duration(now - job.submitted_at)
-    return (str(job.id), job.state, job.name, gpus, vram, cores, ram, waited, ran, _note(job))
+    owner = job.user or (str(job.uid) if job.uid is not None else "-")
+    return (
+        str(job.id),
+        owner,
+        job.state,
+        job.name,
+        gpus,
+        vram,
+        cores,
+        ram,
+        waited,
+        ran,
+        _note(job),
+    )
 
 
 def _note(job) -> str:
@@ -112,9 +132,10 @@ def _note(job) -> str:
     metavar="FILE",
     help="TOML threshold overrides.",
 )
-def show(job_id: int, thresholds: str | None) -> None:
-    """One job: what it asked and got, where each figure came from, how it ended; then the
-    summary and findings of its recording."""
+@click.option("--json", "as_json", is_flag=True, help="The job as JSON (no environment).")
+def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
+    """One job: what it asked and got, where each figure came from, how it ended (or why it
+    waits); then the summary and findings of its recording."""
     from pathlib import Path
 
     from rich.console import Console
@@ -123,10 +144,15 @@ def show(job_id: int, thresholds: str | None) -> None:
 
     with _queue() as queue:
         job = queue.job(job_id)
+    if as_json:
+        click.echo(json.dumps({"schema_version": 1, "job": _plain(job)}, indent=2))
+        return
+    hidden = "(only its owner and root see it)"
     lines = [
         f"job {job.id}: {job.name}  ({job.state})",
-        f"  command    {one_line(job.argv)}",
-        f"  folder     {job.cwd}",
+        f"  owner      {job.user or job.uid}",
+        f"  command    {one_line(job.argv) if job.argv else hidden}",
+        f"  folder     {job.cwd or hidden}",
     ]
     if job.after:
         lines.append(f"  after      {', '.join(map(str, job.after))}")
@@ -160,11 +186,16 @@ def show(job_id: int, thresholds: str | None) -> None:
     if job.exit_status is not None:
         lines.append(f"  exit       {job.exit_status}")
     if job.reason:
-        lines.append(f"  note       {job.reason}")
-    lines.append(f"  log        {job.log}")
+        lines.append(f"  {'waits' if job.state == 'queued' else 'note '}      {job.reason}")
+    lines.append(f"  log        {job.log or hidden}")
     recording = Path(job.recording) if job.recording else None
     has_recording = recording is not None and recording.exists()
-    lines.append(f"  recording  {recording if has_recording else 'none (the job did not start)'}")
+    if not job.argv:
+        lines.append(f"  recording  {hidden}")
+    else:
+        lines.append(
+            f"  recording  {recording if has_recording else 'none (the job did not start)'}"
+        )
     click.echo("\n".join(lines))
     if has_recording and job.ended:
         from torchdoctor.cli.common import print_end_report
@@ -198,9 +229,9 @@ def cancel(job_id: int, grace: float) -> None:
 @click.argument("job_id", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 def logs(job_id: int, follow: bool) -> None:
-    """What the job wrote (stdout and stderr)."""
+    """What the job wrote (stdout and stderr); only its owner (and root) may read it."""
     with _queue() as queue:
-        job = queue.job(job_id)
+        job = queue.own(job_id, "read the logs of")
         out = sys.stdout.buffer
         offset = 0
         while True:
@@ -208,7 +239,7 @@ def logs(job_id: int, follow: bool) -> None:
             if not follow or job.ended:
                 break
             time.sleep(0.2)
-            job = queue.job(job_id)
+            job = queue.own(job_id, "read the logs of")
         offset = _copy_from(job.log, offset, out)
         if job.state == "queued" and offset == 0 and not follow:
             click.echo(f"job {job_id} has not started yet ({job.reason or 'queued'})", err=True)
@@ -229,9 +260,17 @@ def _copy_from(path: str | None, offset: int, out) -> int:
 
 
 @command.command("pause")
-def pause() -> None:
-    """Start nothing new; running jobs finish."""
+@click.argument("job_id", type=int, required=False)
+def pause(job_id: int | None) -> None:
+    """Start nothing new (running jobs finish); with JOB_ID: keep that waiting job of yours
+    from starting. A machine-wide queue is paused as a whole by root only."""
     with _queue() as queue:
+        if job_id is not None:
+            queue.hold(job_id)
+            click.echo(
+                f"job {job_id} paused: it does not start until `torchdoctor queue resume {job_id}`"
+            )
+            return
         queue.pause()
     click.echo(
         "queue paused: running jobs go on, nothing new starts until `torchdoctor queue resume`"
@@ -239,11 +278,111 @@ def pause() -> None:
 
 
 @command.command("resume")
-def resume() -> None:
-    """Start jobs again."""
+@click.argument("job_id", type=int, required=False)
+def resume(job_id: int | None) -> None:
+    """Start jobs again; with JOB_ID: let that paused job of yours start."""
     with _queue() as queue:
+        if job_id is not None:
+            queue.release(job_id)
+            click.echo(f"job {job_id} resumed")
+            return
         queue.resume()
     click.echo("queue resumed")
+
+
+@command.command("priority")
+@click.argument("job_id", type=int)
+@click.argument("priority", type=int)
+def priority(job_id: int, priority: int) -> None:
+    """Change a waiting job's priority (higher starts first among its owner's jobs)."""
+    with _queue() as queue:
+        job = queue.set_priority(job_id, priority)
+    click.echo(f"job {job.id} priority {job.priority}")
+
+
+@command.command("restart")
+@click.argument("job_id", type=int)
+def restart(job_id: int) -> None:
+    """Queue an ended job again as a new job (same command, folder, environment, needs)."""
+    with _queue() as queue:
+        job = queue.restart(job_id)
+    click.echo(f"job {job.id} queued: a restart of job {job_id}")
+
+
+@command.command("clean")
+@click.option(
+    "--older-than",
+    metavar="DURATION",
+    help="Only jobs that ended longer ago than this, e.g. 90s, 30m, 2h, 7d.",
+)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["done", "failed", "cancelled", "lost"]),
+    help="Only jobs that ended so (repeatable; default: every ended job).",
+)
+def clean(older_than: str | None, states: tuple[str, ...]) -> None:
+    """Forget ended jobs (yours; root: everyone's). Their logs and recordings stay."""
+    from torchdoctor.queue.model import TERMINAL
+
+    age = _duration(older_than) if older_than is not None else None
+    with _queue() as queue:
+        gone = queue.clean(age, tuple(states) or TERMINAL)
+    click.echo(
+        f"removed {len(gone)} ended job(s)" + (f": {', '.join(map(str, gone))}" if gone else "")
+    )
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    body, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit.isdigit():
+        body, unit = text.strip(), "s"
+    try:
+        value = float(body) * units[unit]
+    except (KeyError, ValueError):
+        raise UserError(
+            f"--older-than {text}: give a duration such as 90s, 30m, 2h or 7d"
+        ) from None
+    if value < 0:
+        raise UserError(f"--older-than {text}: a duration is not negative")
+    return value
+
+
+@command.command("serve")
+@click.option(
+    "--system",
+    is_flag=True,
+    required=True,
+    help="The machine-wide scheduler (root): every user's jobs, each run as its submitter.",
+)
+def serve(system: bool) -> None:
+    """Run the machine-wide scheduler in the foreground (what the systemd unit runs)."""
+    from torchdoctor.queue.scheduler import serve_system
+
+    serve_system()
+
+
+@command.command("install")
+@click.option(
+    "--dir",
+    "folder",
+    default="/etc/systemd/system",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the unit files go.",
+)
+def install(folder: str) -> None:
+    """Write systemd units for the machine-wide scheduler and the exporter."""
+    from torchdoctor.queue.service import write_units
+
+    for path in write_units(folder):
+        click.echo(f"wrote {path}")
+    click.echo(
+        "then: systemctl daemon-reload && systemctl enable --now torchdoctor-queue "
+        "torchdoctor-exporter"
+    )
 
 
 @command.command("wait")

@@ -69,8 +69,9 @@ def command(
     """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
     torchdoctor's recorder, without a shell, with this environment. `torchdoctor queue` shows
     it; its output goes to `torchdoctor queue logs ID`."""
-    from torchdoctor.queue import Queue, Request
+    from torchdoctor.queue import Request
     from torchdoctor.queue.needs import resolve_need
+    from torchdoctor.queue.system import open_queue
     from torchdoctor.units import fmt_bytes
 
     args = list(argv)
@@ -83,9 +84,9 @@ def command(
     gpu_ids = [g.strip() for g in gpu.split(",") if g.strip()] if gpu else None
     if gpu_ids and gpus and gpus != len(gpu_ids):
         raise UserError(f"--gpus {gpus} and --gpu {gpu} disagree: give one of them")
-    with Queue() as queue:
-        vram_need, vram_source = resolve_need("vram", vram, args, queue.store, estimate_args)
-        mem_need, mem_source = resolve_need("mem", mem, args, queue.store)
+    with open_queue() as queue:
+        vram_need, vram_source = resolve_need("vram", vram, args, queue, estimate_args)
+        mem_need, mem_source = resolve_need("mem", mem, args, queue)
         request = Request(
             argv=args,
             cwd=os.path.abspath(cwd or os.getcwd()),
@@ -114,4 +115,17 @@ def command(
         asks.append("whole GPUs")
     if job.mem is not None:
         asks.append(f"{fmt_bytes(job.mem)} RAM ({job.mem_source})")
-    click.echo(f"job {job.id} queued: {job.name}; asks {', '.join(asks)}")
+    click.echo(f"job {job.id} queued: {job.name}; asks {', '.join(asks)}; {_will_see(job)}")
+
+
+def _will_see(job) -> str:
+    """What the job finds when it runs (the defaults a user may not have meant)."""
+    from torchdoctor.queue.environment import is_torchrun, processes_per_node
+
+    ranks = processes_per_node(job.argv) if is_torchrun(job.argv) else 1
+    threads = max(1, job.cpus // ranks)
+    gpus = "no GPU (CUDA_VISIBLE_DEVICES empty)" if not job.gpus else f"{job.gpus} GPU(s)"
+    return (
+        f"it will see {gpus}, {job.cpus} core{'s' if job.cpus != 1 else ''} "
+        f"and OMP_NUM_THREADS={threads}"
+    )

@@ -10,6 +10,7 @@ set), ``rank``, ``gpu`` (NVML index) and ``uuid``, and small fixed sets (``mode`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from prometheus_client.core import (
 
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.sampling import roles
+from torchdoctor.sampling.gpus import CLOCK_EVENT_REASONS
 
 PREFIX = "torchdoctor_"
 ROLES = (roles.TRAINER, roles.WORKER, roles.LAUNCHER, roles.OTHER)
@@ -66,9 +68,14 @@ class Families:
         return iter(self._families.values())
 
 
-def add_job(f: Families, job: JobState, findings: dict[str, bool] | None) -> None:
-    """Every series of one recorded job, labelled with its ``run_id``."""
+def add_job(
+    f: Families, job: JobState, findings: dict[str, bool] | None, user: str | None = None
+) -> None:
+    """Every series of one recorded job, labelled with its ``run_id`` (and, from the
+    machine's exporter, the ``user`` whose job it is). Never its command or environment."""
     run = {"run_id": job.run_id}
+    if user is not None:
+        run["user"] = user
     meta = job.meta
     f.gauge("job_recording_up", "1 when the job's recording could be read.", run, 1)
     f.info(
@@ -360,6 +367,19 @@ def add_gpus(
         f.gauge("gpu_temperature_celsius", "Core temperature.", labels, g.get("temperature_c"))
         mhz = g.get("sm_clock_mhz")
         f.gauge("gpu_sm_clock_hertz", "SM clock.", labels, None if mhz is None else mhz * 1e6)
+        reasons = g.get("clock_event_reasons")
+        if isinstance(reasons, str):  # a recording's JSON column
+            reasons = json.loads(reasons)
+        if reasons is not None:
+            for reason in [name for _bit, name in CLOCK_EVENT_REASONS] + [
+                r for r in reasons if r.startswith("other_")
+            ]:
+                f.gauge(
+                    "gpu_clock_event_reason_active",
+                    "1 while NVML names this reason for holding the clocks down (throttling).",
+                    {**labels, "reason": reason},
+                    int(reason in reasons),
+                )
         f.gauge(
             "gpu_pcie_rx_bytes_per_second",
             "PCIe receive throughput as NVML reports it (a rate, NVML keeps no counter).",
@@ -379,4 +399,5 @@ def _ratio(percent: float | None) -> float | None:
 
 
 def _uuid(gpu: dict[str, Any]) -> str:
-    return str(gpu.get("uuid") or "").lower()
+    """As NVML spells it (``GPU-...``), so the series join with dcgm-exporter's."""
+    return str(gpu.get("uuid") or "")

@@ -58,6 +58,7 @@ class _JobSource:
     def __init__(self, path: Path, findings: BackgroundDiagnosis | None) -> None:
         self.path = path
         self.run_id = path.stem
+        self.user: str | None = None  # whose recording it is: the owner of the file
         self._findings = findings
         self.state: JobState | None = None
         self.error: str | None = None
@@ -71,6 +72,7 @@ class _JobSource:
                     self.error = "recording not created yet"
                     return None
                 self.state = JobState(RecordingTail(self.path))
+                self.user = _owner(self.path)
             self.state.update()
             self.error = None
         except sqlite3.Error as exc:
@@ -195,7 +197,7 @@ class HostCollector:
         for src in self._sources.values():
             job = src.update()
             if job is not None:
-                add_job(f, job, src.findings())
+                add_job(f, job, src.findings(), user=src.user or "")
         _jobs_up(f, self._sources.values())
         f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
         f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},
@@ -209,6 +211,19 @@ class HostCollector:
             for src in self._sources.values():
                 src.close()
             self._sources.clear()
+
+
+def _owner(path: Path) -> str | None:
+    import pwd
+
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _flat(table: str, record: Any) -> dict[str, Any]:

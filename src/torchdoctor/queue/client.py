@@ -3,6 +3,7 @@ need be starting) this user's scheduler through its socket."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -10,10 +11,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchdoctor.errors import UserError
 from torchdoctor.queue.machine import MachineReader, MachineState
-from torchdoctor.queue.model import ACTIVE, CANCELLED, FAILED, PAUSED_KEY, QUEUED, Job
+from torchdoctor.queue.model import (
+    ACTIVE,
+    CANCELLED,
+    FAILED,
+    PAUSED_KEY,
+    QUEUED,
+    TERMINAL,
+    Job,
+)
 from torchdoctor.queue.paths import QueuePaths, queue_paths
 from torchdoctor.queue.processes import Stopper, is_alive
 from torchdoctor.queue.protocol import request
@@ -41,18 +51,40 @@ class Request:
     mem_source: str | None = None
     priority: int = 0
     after: list[int] | None = None
+    # Where the job's log and recording go (the submitter's own folders); default: the queue's.
+    log_dir: str | None = None
+    recording_dir: str | None = None
 
 
 class Queue:
-    """This user's queue; ``paths`` default to the XDG folders of our environment."""
+    """A queue's state acted on by one caller: this user's own queue (``paths`` default to the
+    XDG folders of our environment), or, inside the machine-wide scheduler, the machine's
+    queue on behalf of the user ``caller`` (the uid the kernel gave for the request)."""
 
-    def __init__(self, paths: QueuePaths | None = None) -> None:
+    system = False
+    config: Any = None  # the admin's limits (machine-wide), a QueueConfig
+
+    def __init__(
+        self,
+        paths: QueuePaths | None = None,
+        *,
+        caller: int | None = None,
+        store: QueueStore | None = None,
+    ) -> None:
         self.paths = paths or queue_paths()
-        self.paths.make()
-        self.store = QueueStore(self.paths.db)
+        self.caller = os.getuid() if caller is None else caller
+        if store is None:
+            self.paths.make()
+            store = QueueStore(self.paths.db)
+            self._own_store = True
+        else:
+            self._own_store = False
+        self.store = store
+        self._kick = self._kick_scheduler
 
     def close(self) -> None:
-        self.store.close()
+        if self._own_store:
+            self.store.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -79,6 +111,18 @@ class Queue:
         for dep in req.after or []:
             if self.store.get(dep) is None:
                 raise UserError(f"--after {dep}: there is no job {dep} in your queue")
+        uid, user, gid = self.caller, *_user(self.caller)
+        if self.config is not None:
+            limit = self.config.limit(user)
+            for kind, asked, most in (
+                ("cpus", req.cpus, limit.cpus),
+                ("gpus", len(gpu_ids or []) or req.gpus, limit.gpus),
+            ):
+                if most is not None and asked > most:
+                    raise UserError(
+                        f"--{kind} {asked}: {user or uid} may use at most {most} at once on this "
+                        f"machine (the admin's limit in {self.config.path}); ask for at most {most}"
+                    )
         job = Job(
             id=0,
             name=req.name,
@@ -95,19 +139,29 @@ class Queue:
             cpus=req.cpus,
             mem=req.mem,
             mem_source=req.mem_source,
+            uid=uid,
+            user=user,
+            gid=gid,
         )
         not_found: UserError | None = None
-        try:
-            resolve_command(job.argv, env=job.env, cwd=job.cwd)
-        except UserError as exc:
-            not_found = exc
-            job.state, job.reason, job.exit_status = FAILED, exc.message, exc.exit_code
-            job.ended_at = job.submitted_at
+        if uid == os.getuid():  # another user's command is looked for as that user, at start
+            try:
+                resolve_command(job.argv, env=job.env, cwd=job.cwd)
+            except UserError as exc:
+                not_found = exc
+                job.state, job.reason, job.exit_status = FAILED, exc.message, exc.exit_code
+                job.ended_at = job.submitted_at
         job.id = self.store.add(job)
+        logs = Path(req.log_dir) if req.log_dir else self.paths.log(job.id).parent
+        recordings = (
+            Path(req.recording_dir)
+            if req.recording_dir
+            else self.paths.recording(job.id, "x").parent
+        )
         self.store.update(
             job.id,
-            log=str(self.paths.log(job.id)),
-            recording=str(self.paths.recording(job.id, _file_name(job.name))),
+            log=str(logs / f"{job.id}.log"),
+            recording=str(recordings / f"{job.id}-{_file_name(job.name)}.sqlite"),
         )
         if not_found is not None:
             raise UserError(
@@ -123,14 +177,28 @@ class Queue:
         job = self.store.get(job_id)
         if job is None:
             raise UserError(
-                f"there is no job {job_id} in your queue (`torchdoctor queue` lists them)"
+                f"there is no job {job_id} in {self._where} (`torchdoctor queue` lists them)"
+            )
+        return job
+
+    @property
+    def _where(self) -> str:
+        return "the machine's queue" if self.system else "your queue"
+
+    def own(self, job_id: int, action: str) -> Job:
+        """The job, when the caller may ``action`` it: their own, or anyone's for root."""
+        job = self.job(job_id)
+        if self.caller != 0 and job.uid is not None and job.uid != self.caller:
+            raise UserError(
+                f"job {job_id} is {job.user or f'uid {job.uid}'}'s: you may {action} only "
+                "your own jobs"
             )
         return job
 
     def cancel(self, job_id: int, grace_s: float = 10.0, wait: bool = True) -> Job:
         """Cancel a job: a waiting one never starts; a running one gets TERM on its whole
         process group, then KILL after ``grace_s``. Returns it once it has ended."""
-        job = self.job(job_id)
+        job = self.own(job_id, "cancel")
         if job.ended:
             raise UserError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
         if job.state == QUEUED and self.store.update(
@@ -175,12 +243,98 @@ class Queue:
             time.sleep(WAIT_POLL_S)
 
     def pause(self) -> None:
+        self._machine_wide("pause the whole queue")
         self.store.set_meta(**{PAUSED_KEY: "paused by `torchdoctor queue pause`"})
         self.kick()
 
     def resume(self) -> None:
+        self._machine_wide("resume the whole queue")
         self.store.set_meta(**{PAUSED_KEY: None})
         self.kick()
+
+    def _machine_wide(self, action: str) -> None:
+        if self.system and self.caller != 0:
+            raise UserError(
+                f"only root may {action} on a machine-wide queue; "
+                "give a job id to pause or resume one of your own jobs"
+            )
+
+    def hold(self, job_id: int) -> Job:
+        """Keep a waiting job from starting until :meth:`release`."""
+        job = self.own(job_id, "pause")
+        if not self.store.update(job_id, only_if=(QUEUED,), held=True, reason="paused"):
+            raise UserError(f"job {job_id} is {job.state}: only a waiting job can be paused")
+        self.kick()
+        return self.job(job_id)
+
+    def release(self, job_id: int) -> Job:
+        job = self.own(job_id, "resume")
+        if not self.store.update(job_id, only_if=(QUEUED,), held=False, reason=None):
+            raise UserError(f"job {job_id} is {job.state}: only a paused waiting job resumes")
+        self.kick()
+        return self.job(job_id)
+
+    def set_priority(self, job_id: int, priority: int) -> Job:
+        """A waiting job's place among its owner's jobs (higher starts first)."""
+        job = self.own(job_id, "change the priority of")
+        if not self.store.update(job_id, only_if=(QUEUED,), priority=priority):
+            raise UserError(
+                f"job {job_id} is {job.state}: only a waiting job's priority can change"
+            )
+        self.kick()
+        return self.job(job_id)
+
+    def restart(self, job_id: int) -> Job:
+        """Queue an ended job again: the same command, folder, environment and needs, as a
+        new job (the old one and its log stay as they were)."""
+        old = self.own(job_id, "restart")
+        if not old.ended:
+            raise UserError(f"job {job_id} is {old.state}: only an ended job can be restarted")
+        job = dataclasses.replace(
+            old,
+            id=0,
+            state=QUEUED,
+            submitted_at=time.time(),
+            after=[],
+            held=False,
+            restarted_from=old.id,
+            **{f: None for f in _RUN_FIELDS},
+            **{f: [] for f in ("assigned_gpus", "assigned_cpus")},
+            cancel_requested=False,
+        )
+        job.id = self.store.add(job)
+        logs = Path(old.log).parent if old.log else self.paths.log(job.id).parent
+        recordings = (
+            Path(old.recording).parent
+            if old.recording
+            else self.paths.recording(job.id, "x").parent
+        )
+        self.store.update(
+            job.id,
+            log=str(logs / f"{job.id}.log"),
+            recording=str(recordings / f"{job.id}-{_file_name(job.name)}.sqlite"),
+        )
+        self.kick()
+        return self.job(job.id)
+
+    def clean(
+        self, older_than_s: float | None = None, states: tuple[str, ...] = TERMINAL
+    ) -> list[int]:
+        """Forget ended jobs (in ``states``, ended more than ``older_than_s`` ago): the
+        caller's own (root: everyone's). Their logs and recordings stay. The ids removed."""
+        now = time.time()
+        gone = [
+            job.id
+            for job in self.store.jobs(tuple(s for s in states if s in TERMINAL))
+            if (self.caller == 0 or job.uid in (None, self.caller))
+            and (older_than_s is None or (job.ended_at or now) <= now - older_than_s)
+        ]
+        self.store.delete(gone)
+        return gone
+
+    def last_finished(self, argv: list[str]) -> Job | None:
+        """The caller's last successful run of this command (what ``auto`` sizes from)."""
+        return self.store.last_finished(argv, uid=self.caller if self.system else None)
 
     @property
     def paused(self) -> str | None:
@@ -195,7 +349,10 @@ class Queue:
 
     # -- the scheduler ----------------------------------------------------------------------
 
-    def kick(self) -> int:
+    def kick(self) -> None:
+        self._kick()
+
+    def _kick_scheduler(self) -> int:
         """Wake the scheduler (starting it when none runs); its PID."""
         try:
             return int(request(self.paths.socket, {"op": "kick"})["pid"])
@@ -243,6 +400,25 @@ class Queue:
             os.close(read)
             if write >= 0:
                 os.close(write)
+
+
+# What a run leaves in a job: a restarted job starts without it.
+_RUN_FIELDS = (
+    "reason", "started_at", "ended_at", "exit_status", "master_port", "boot_id",
+    "supervisor_pid", "supervisor_start", "job_pid", "job_start", "recording", "log",
+    "used_vram", "used_rss", "used_cores",
+)  # fmt: skip
+
+
+def _user(uid: int) -> tuple[str | None, int | None]:
+    """The user's name and primary group, from the password database."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return None, None
+    return entry.pw_name, entry.pw_gid
 
 
 def check_request(req: Request, machine: MachineState) -> list[str] | None:

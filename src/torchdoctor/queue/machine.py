@@ -34,6 +34,8 @@ class MachineState:
     cpu_node: dict[int, int]  # CPU -> NUMA node
     mem_total: int
     mem_available: int
+    # CPU -> share of it busy since the previous read (from /proc/stat); empty at the first
+    cpu_busy: dict[int, float] = field(default_factory=dict)
 
     def gpu(self, uuid: str) -> GpuState | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
@@ -49,6 +51,7 @@ class MachineReader:
         self._gpus = GpuReader(nvml_module, slow_refresh_s=math.inf)
         self._numa = {g.index: self._gpus.numa_node(g.index) for g in self._gpus.status.gpus}
         self._cpu_node = cpu_nodes()
+        self._cpu_ticks: dict[int, tuple[int, ...]] = {}
 
     def read(self) -> MachineState:
         from torchdoctor.sampling.hostinfo import available_ram, read_host_info
@@ -89,7 +92,26 @@ class MachineReader:
             cpu_node=self._cpu_node,
             mem_total=total,
             mem_available=min(mem_available, total),
+            cpu_busy=self._busy(),
         )
+
+    def _busy(self) -> dict[int, float]:
+        """Each CPU's busy share since the last read: what anyone, the queue's jobs or not,
+        kept it doing (1 - idle and I/O-wait ticks over all ticks)."""
+        try:
+            ticks = procfs.parse_proc_stat(procfs.read_path("/proc/stat", 1 << 20)).per_cpu
+        except (OSError, ValueError):
+            return {}
+        busy = {}
+        for cpu, now in ticks.items():
+            before = self._cpu_ticks.get(cpu)
+            if before is not None:
+                total = sum(now) - sum(before)
+                idle = (now[3] + now[4]) - (before[3] + before[4])
+                if total > 0:
+                    busy[cpu] = max(0.0, min(1.0, 1 - idle / total))
+        self._cpu_ticks = ticks
+        return busy
 
     def close(self) -> None:
         self._gpus.close()

@@ -56,6 +56,13 @@ class Job:
     used_vram: int | None = None  # measured peak per GPU, bytes
     used_rss: int | None = None  # measured peak of the job's processes, bytes
     used_cores: float | None = None  # mean CPU use, cores
+    # Who submitted it (the peer credential of the request on a machine-wide queue; our own
+    # uid on a per-user queue): it runs as this user and only they (and root) may act on it.
+    uid: int | None = None
+    user: str | None = None
+    gid: int | None = None
+    held: bool = False  # `queue pause ID`: a waiting job that does not start until resumed
+    restarted_from: int | None = None  # `queue restart ID`: the ended job this one repeats
 
     @property
     def active(self) -> bool:

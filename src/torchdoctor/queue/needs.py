@@ -7,10 +7,10 @@ import json
 import shlex
 import subprocess
 import sys
+from typing import Any
 
 from torchdoctor.errors import UserError
-from torchdoctor.queue.model import ASKED
-from torchdoctor.queue.store import QueueStore
+from torchdoctor.queue.model import ASKED, Job
 from torchdoctor.units import fmt_bytes
 
 AUTO = "auto"
@@ -22,10 +22,11 @@ def resolve_need(
     kind: str,
     value: str | None,
     argv: list[str],
-    store: QueueStore,
+    history: Any,
     estimate_args: str | None = None,
 ) -> tuple[int | None, str | None]:
-    """``--vram``/``--mem`` (``kind``) as bytes and the source of the figure."""
+    """``--vram``/``--mem`` (``kind``) as bytes and the source of the figure; ``history`` is
+    the queue (its ``last_finished(argv)``)."""
     from torchdoctor.estimate.profiles import parse_size
 
     if value is None:
@@ -33,7 +34,7 @@ def resolve_need(
     if value.strip().lower() != AUTO:
         return parse_size(value), ASKED
     option = f"--{kind}"
-    past = store.last_finished(argv)
+    past: Job | None = history.last_finished(argv)
     peak = None
     if past is not None:
         peak = past.used_vram if kind == "vram" else past.used_rss

@@ -6,7 +6,13 @@ counts in full until NVML shows its processes' memory), minus a margin. Memory h
 else - other users, other programs - is already off NVML's free figure: it counts as used.
 CPU cores are handed out as disjoint sets; RAM is MemAvailable minus the same kind of promises.
 
-Order: priority, then first come first served. A job that does not fit keeps what it would
+Order, across users: round-robin. Each user's waiting jobs are in their own line (priority,
+then first come first served: priorities order one user's jobs, never one user before
+another); the next job to place is the one whose owner has the fewest jobs running or placed
+before it; between owners with as many, the one whose last job started longest ago (never
+first), then earlier submission. So one user's 20 queued jobs never starve
+another's one. An admin's per-user limit (GPUs, cores at once) keeps a job waiting, without
+holding anything back from others. A job that does not fit keeps what it would
 take (in every resource where it fits) and freezes the rest of the resources it lacks, so a
 job further down the line starts only on what the earlier ones could not use anyway: backfill
 never delays a job ahead of it.
@@ -14,7 +20,10 @@ never delays a job ahead of it.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchdoctor.queue.machine import GpuState, MachineState
 from torchdoctor.queue.model import Job
@@ -65,11 +74,24 @@ class _Pool:
     mem_avail: int
     cores_frozen: bool = False
     mem_frozen: bool = False
+    busy: dict[int, float] = field(default_factory=dict)  # free CPUs kept busy by others
+    user_cpus: Counter = field(default_factory=Counter)  # uid -> cores held or placed
+    user_gpus: Counter = field(default_factory=Counter)
 
 
-def order(jobs: list[Job]) -> list[Job]:
-    """The line: higher priority first, then earlier submission."""
-    return sorted(jobs, key=lambda j: (-j.priority, j.id))
+def order(
+    jobs: list[Job], running: list[Job] = (), last_start: dict[Any, float] | None = None
+) -> list[Job]:
+    """The line: round-robin by user (fewest jobs running or ahead first, then the user whose
+    last job started longest ago: ``last_start``, uid -> time), each user's own jobs by higher
+    priority, then earlier submission."""
+    ahead = Counter(job.uid for job in running)
+    last = last_start or {}
+    out = []
+    for job in sorted(jobs, key=lambda j: (-j.priority, j.id)):
+        out.append(((ahead[job.uid], last.get(job.uid) or 0.0, job.id), job))
+        ahead[job.uid] += 1
+    return [job for _key, job in sorted(out, key=lambda pair: pair[0])]
 
 
 def plan(
@@ -77,22 +99,60 @@ def plan(
     running: list[Job],
     usage: dict[int, Usage],
     waiting: list[Job],
+    limits: Callable[[str | None], Any] | None = None,
+    last_start: dict[Any, float] | None = None,
+    busy_outside: float | None = None,
 ) -> list[Decision]:
-    """One decision per waiting job (in line order): start where, or why it waits."""
-    pool = _pool(machine, running, usage)
+    """One decision per waiting job (in line order): start where, or why it waits.
+    ``limits(user)`` is the admin's limit for a user (``gpus``, ``cpus``; None: none).
+    ``busy_outside``: a CPU no queue job holds that was at least this busy (0-1) is kept busy
+    by processes the queue did not start, and is not promised (None: every free CPU is)."""
+    pool = _pool(machine, running, usage, busy_outside)
     decisions = []
-    for job in order(waiting):
-        decisions.append(_place(job, machine, pool))
+    for job in order(waiting, running, last_start):
+        over = _over_limit(job, limits(job.user) if limits else None, pool)
+        if over is not None:
+            decisions.append(Decision(job.id, None, None, over))
+            continue
+        decision = _place(job, machine, pool)
+        if decision.start:
+            pool.user_cpus[job.uid] += job.cpus
+            pool.user_gpus[job.uid] += job.gpus
+        decisions.append(decision)
     return decisions
 
 
-def _pool(machine: MachineState, running: list[Job], usage: dict[int, Usage]) -> _Pool:
+def _over_limit(job: Job, limit: Any, pool: _Pool) -> str | None:
+    """Why the owner's limit keeps this job waiting, or None."""
+    if limit is None:
+        return None
+    who = job.user or f"uid {job.uid}"
+    for kind, asked, held, most in (
+        ("core", job.cpus, pool.user_cpus[job.uid], limit.cpus),
+        ("GPU", job.gpus, pool.user_gpus[job.uid], limit.gpus),
+    ):
+        if most is not None and asked and held + asked > most:
+            return (
+                f"waiting: {who} may use {most} {kind}(s) at once (the admin's limit); "
+                f"{held} in use by their jobs"
+            )
+    return None
+
+
+def _pool(
+    machine: MachineState,
+    running: list[Job],
+    usage: dict[int, Usage],
+    busy_outside: float | None = None,
+) -> _Pool:
     avail = {g.uuid: g.free - gpu_margin(g.total) for g in machine.gpus}
     jobs_on = {g.uuid: 0 for g in machine.gpus}
     exclusive: set[str] = set()
     used_cores: set[int] = set()
     n_cores = 0
     mem = machine.mem_available - ram_margin(machine.mem_total)
+    user_cpus: Counter = Counter()
+    user_gpus: Counter = Counter()
     for job in running:
         held = usage.get(job.id, Usage())
         for uuid in job.assigned_gpus:
@@ -105,16 +165,28 @@ def _pool(machine: MachineState, running: list[Job], usage: dict[int, Usage]) ->
                 avail[uuid] -= max(0, job.vram - held.vram.get(uuid, 0))
         used_cores.update(job.assigned_cpus)
         n_cores += len(job.assigned_cpus)
+        user_cpus[job.uid] += len(job.assigned_cpus)
+        user_gpus[job.uid] += len(job.assigned_gpus)
         if job.mem is not None:
             mem -= max(0, job.mem - held.rss)
+    busy = {}
+    if busy_outside is not None:
+        busy = {
+            c: share
+            for c, share in machine.cpu_busy.items()
+            if share >= busy_outside and c not in used_cores and c in machine.cpus
+        }
     return _Pool(
         gpu_avail=avail,
         gpu_jobs=jobs_on,
         gpu_exclusive=exclusive,
         gpu_frozen=set(),
-        cores=[c for c in machine.cpus if c not in used_cores],
+        busy=busy,
+        cores=[c for c in machine.cpus if c not in used_cores and c not in busy],
         core_budget=machine.max_cores - n_cores,
         mem_avail=mem,
+        user_cpus=user_cpus,
+        user_gpus=user_gpus,
     )
 
 
@@ -230,7 +302,13 @@ def _choose_cpus(
     n = job.cpus
     if n > len(pool.cores) or n > pool.core_budget:
         free = max(0, min(len(pool.cores), pool.core_budget))
-        return None, f"needs {n} core(s), {free} free"
+        why = f"needs {n} core(s), {free} free"
+        if pool.busy:
+            shares = ", ".join(
+                f"{c} ({share * 100:.0f} %)" for c, share in sorted(pool.busy.items())
+            )
+            why += f" (CPU {shares} busy with processes outside the queue)"
+        return None, why
     by_node: dict[int, list[int]] = {}
     for c in pool.cores:
         by_node.setdefault(machine.cpu_node.get(c, 0), []).append(c)

@@ -31,8 +31,11 @@ def request(path: Path, message: dict[str, Any], timeout_s: float = 10.0) -> dic
     return json.loads(data)
 
 
-def listen(path: Path) -> socket.socket:
-    """A listening socket at ``path`` that only its owner can connect to."""
+MAX_REQUEST = 1 << 20
+
+
+def listen(path: Path, mode: int = 0o600) -> socket.socket:
+    """A listening socket at ``path``; by default only its owner can connect to it."""
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
@@ -40,7 +43,7 @@ def listen(path: Path) -> socket.socket:
         server.bind(str(path))
     finally:
         os.umask(old)
-    os.chmod(path, 0o600)
+    os.chmod(path, mode)
     server.listen(64)
     server.setblocking(False)
     return server
@@ -51,20 +54,34 @@ def peer_uid(conn: socket.socket) -> int:
     return _PEERCRED.unpack(creds)[1]
 
 
-def read_message(conn: socket.socket, limit: int = 1 << 20) -> dict[str, Any] | None:
+def read_message(
+    conn: socket.socket, limit: int = MAX_REQUEST, *, strict: bool = False
+) -> dict[str, Any] | None:
+    """One JSON object on one line; None when it is not one (``strict``: ValueError saying
+    what is wrong, to be answered)."""
     data = b""
+    problem = None
     while not data.endswith(b"\n"):
         chunk = conn.recv(65536)
         if not chunk:
-            return None
+            problem = "the request ended before its end of line"
+            break
         data += chunk
         if len(data) > limit:
-            return None
-    try:
-        message = json.loads(data)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
+            problem = f"request too large (over {limit} bytes)"
+            break
+    message = None
+    if problem is None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            problem = "a request is one JSON object on one line"
+        else:
+            if not isinstance(message, dict):
+                problem, message = "a request is one JSON object on one line", None
+    if problem is not None and strict:
+        raise ValueError(problem)
+    return message
 
 
 def answer(conn: socket.socket, message: dict[str, Any]) -> None:

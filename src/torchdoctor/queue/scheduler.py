@@ -56,18 +56,28 @@ class AlreadyRunning(Exception):
 
 
 class Scheduler:
-    def __init__(self, paths: QueuePaths) -> None:
-        paths.make()
+    """``system``: the machine-wide scheduler (root), serving every user on its socket."""
+
+    def __init__(self, paths: QueuePaths, *, system: bool = False) -> None:
+        self.system = system
+        if system:
+            from torchdoctor.queue.system import make_system_paths
+
+            make_system_paths(paths)
+        else:
+            paths.make()
         self.paths = paths
-        self._lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock)
             raise AlreadyRunning from None
         self.store = QueueStore(paths.db)
+        os.chmod(paths.db, 0o600)
         self.boot = boot_id()
-        self.server = listen(paths.socket)
+        # Machine-wide, anyone may connect: who they are is the kernel's peer credential.
+        self.server = listen(paths.socket, mode=0o666 if system else 0o600)
         self.store.set_meta(
             scheduler_pid=str(os.getpid()), scheduler_start=str(start_time(os.getpid()))
         )
@@ -88,6 +98,8 @@ class Scheduler:
             if busy:
                 idle_since = time.monotonic()
                 timeout = POLL_WAITING_S if self._waiting_on_resources else POLL_RUNNING_S
+            elif idle_exit_s == float("inf"):
+                timeout = None  # machine-wide: it serves until stopped
             else:
                 timeout = idle_exit_s - (time.monotonic() - idle_since)
                 if timeout <= 0:
@@ -105,13 +117,43 @@ class Scheduler:
             with conn:
                 conn.settimeout(2.0)
                 try:
-                    if peer_uid(conn) != os.getuid():
-                        continue  # another user: not a word
-                    message = read_message(conn)
-                    if message is not None:
-                        answer(conn, {"ok": True, "pid": os.getpid()})
+                    uid = peer_uid(conn)
+                    if not self.system:
+                        if uid != os.getuid():
+                            continue  # another user: not a word
+                        if read_message(conn) is not None:
+                            answer(conn, {"ok": True, "pid": os.getpid()})
+                        continue
+                    try:
+                        message = read_message(conn, strict=True)
+                    except ValueError as exc:
+                        answer(conn, {"ok": False, "error": str(exc)})
+                        continue
+                    answer(conn, self._serve(uid, message))
                 except OSError:
                     continue
+
+    def _serve(self, uid: int, message: object) -> dict:
+        """One user's request to the machine-wide queue, run as that user's :class:`Queue`."""
+        from torchdoctor.queue.client import Queue
+        from torchdoctor.queue.system import serve_request
+
+        queue = Queue(self.paths, caller=uid, store=self.store)
+        queue.system = True
+        queue._kick = lambda: None  # we are the scheduler: the pass after this request runs
+        queue.config = self._config()
+        try:
+            return serve_request(queue, message)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the queue down
+            traceback.print_exc()
+            return {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+
+    def _config(self):
+        from torchdoctor.queue.system import QueueConfig, load_config
+
+        if not self.system:
+            return QueueConfig(busy_outside=None)  # a per-user queue: as before
+        return load_config()
 
     def _pass(self) -> None:
         try:
@@ -134,9 +176,11 @@ class Scheduler:
                     **end_fields(LOST, "the machine restarted while it ran", None),
                 )
         if rebooted and self.store.jobs((QUEUED,)):
+            who = "root's " if self.system else ""
             self.store.set_meta(
                 **{
-                    PAUSED_KEY: "the machine restarted; `torchdoctor queue resume` starts jobs again"
+                    PAUSED_KEY: f"the machine restarted; {who}`torchdoctor queue resume` starts "
+                    "jobs again"
                 }
             )
 
@@ -191,7 +235,7 @@ class Scheduler:
         if not queued:
             return
         eligible = []
-        for job in order(queued):
+        for job in order(queued, self.store.jobs(ACTIVE), self.store.last_starts()):
             blocked = self._dependencies(job)
             if blocked is None:
                 eligible.append(job)
@@ -202,13 +246,32 @@ class Scheduler:
             for job in eligible:
                 self._set_reason(job, f"queue paused: {paused}")
             return
+        held = [job for job in eligible if job.held]
+        for job in held:
+            self._set_reason(job, "paused by its owner: `torchdoctor queue resume ID` releases it")
+        eligible = [job for job in eligible if not job.held]
         if not eligible:
             return
         machine = self._read_machine()
         running = self.store.jobs(ACTIVE)
         usage = measure_usage(running, machine)
         by_id = {job.id: job for job in eligible}
-        for decision in plan(machine, running, usage, eligible):
+        try:
+            config = self._config()
+        except Exception as exc:  # noqa: BLE001 - a broken config must not stop the queue
+            print(f"torchdoctor: {getattr(exc, 'message', exc)}; no per-user limits", flush=True)
+            from torchdoctor.queue.system import QueueConfig
+
+            config = QueueConfig(busy_outside=None)
+        for decision in plan(
+            machine,
+            running,
+            usage,
+            eligible,
+            limits=config.limit,
+            last_start=self.store.last_starts(),
+            busy_outside=config.busy_outside,
+        ):
             job = by_id[decision.job_id]
             if decision.start:
                 self._start(job, decision.gpus or [], decision.cpus or [], running)
@@ -271,7 +334,13 @@ class Scheduler:
         running.append(job)
         with open(self.paths.scheduler_log, "ab") as log:
             self._children[job.id] = subprocess.Popen(
-                [sys.executable, "-m", "torchdoctor.queue.supervisor", str(job.id)],
+                [
+                    sys.executable,
+                    "-m",
+                    "torchdoctor.queue.supervisor",
+                    str(job.id),
+                    *([str(self.paths.state_dir)] if self.system else []),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -318,6 +387,28 @@ def _rss(pid: int) -> int:
         )
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def serve_system() -> None:
+    """``torchdoctor queue serve --system``: the machine-wide scheduler, in the foreground (a
+    systemd service, or a test), until SIGTERM."""
+    from torchdoctor.errors import UserError
+    from torchdoctor.queue.system import system_paths
+
+    if os.getuid() != 0:
+        raise UserError(
+            "the machine-wide scheduler starts jobs as their submitters: it must run as root"
+        )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        scheduler = Scheduler(system_paths(), system=True)
+    except AlreadyRunning:
+        raise UserError("a machine-wide scheduler already serves this state folder") from None
+    print(f"torchdoctor: machine-wide queue on {scheduler.paths.socket}", flush=True)
+    try:
+        scheduler.serve(float("inf"))
+    finally:
+        scheduler.close()
 
 
 def main() -> None:

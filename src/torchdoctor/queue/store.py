@@ -66,6 +66,7 @@ class QueueStore:
             with self.transaction():
                 for statement in _SCHEMA:
                     self._db.execute(statement)
+                _add_missing_columns(self._db)
                 self._db.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._db.execute("SELECT count(*) FROM jobs").fetchone()
@@ -142,12 +143,34 @@ class QueueStore:
         with self.transaction() as db:
             return db.execute(sql, params).rowcount == 1
 
-    def last_finished(self, argv: list[str]) -> Job | None:
-        """The most recent job of exactly this command that ran to a successful end."""
-        row = self._db.execute(
-            "SELECT * FROM jobs WHERE argv = ? AND state = ? ORDER BY ended_at DESC, id DESC LIMIT 1",
-            (json.dumps(argv), DONE),
-        ).fetchone()
+    def delete(self, job_ids: list[int]) -> int:
+        """Remove ended jobs from the state; how many went."""
+        if not job_ids:
+            return 0
+        marks = ", ".join("?" for _ in job_ids)
+        states = ", ".join("?" for _ in TERMINAL)
+        with self.transaction() as db:
+            return db.execute(
+                f"DELETE FROM jobs WHERE id IN ({marks}) AND state IN ({states})",
+                [*job_ids, *TERMINAL],
+            ).rowcount
+
+    def last_starts(self) -> dict[int | None, float]:
+        """uid -> when that user's last job started (what round-robin between users reads)."""
+        rows = self._db.execute(
+            "SELECT uid, max(started_at) FROM jobs WHERE started_at IS NOT NULL GROUP BY uid"
+        ).fetchall()
+        return {row[0]: row[1] for row in rows}
+
+    def last_finished(self, argv: list[str], uid: int | None = None) -> Job | None:
+        """The most recent job of exactly this command that ran to a successful end (of this
+        user's, with ``uid``: on a machine-wide queue no one is sized from another's runs)."""
+        sql = "SELECT * FROM jobs WHERE argv = ? AND state = ?"
+        params: list[Any] = [json.dumps(argv), DONE]
+        if uid is not None:
+            sql += " AND uid = ?"
+            params.append(uid)
+        row = self._db.execute(sql + " ORDER BY ended_at DESC, id DESC LIMIT 1", params).fetchone()
         return _from_row(row) if row is not None else None
 
     # -- queue-wide settings ----------------------------------------------------------------
@@ -167,6 +190,14 @@ class QueueStore:
                         " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                         (key, value),
                     )
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """A state file written by an older torchdoctor gets the job fields added since (NULL)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    for f in dataclasses.fields(Job):
+        if f.name not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {_column(f)}")
 
 
 def end_fields(state: str, reason: str | None, exit_status: int | None) -> dict[str, Any]:
@@ -197,7 +228,7 @@ def _from_row(row: sqlite3.Row) -> Job:
     for key, value in zip(row.keys(), tuple(row), strict=True):
         if key in _JSON_FIELDS and value is not None:
             value = json.loads(value)
-        elif key == "cancel_requested":
-            value = bool(value)
+        elif key in ("cancel_requested", "held"):
+            value = bool(value) if value is not None else False
         values[key] = value
     return Job(**values)

@@ -10,16 +10,18 @@ meanwhile: the supervisor does not need it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from torchdoctor.errors import UserError
 from torchdoctor.queue.environment import job_environment
 from torchdoctor.queue.model import CANCELLED, DONE, FAILED, RUNNING, STARTING, Job
-from torchdoctor.queue.paths import queue_paths
+from torchdoctor.queue.paths import QueuePaths, queue_paths
 from torchdoctor.queue.processes import (
     Stopper,
     become_subreaper,
@@ -35,9 +37,11 @@ LEFTOVER_GRACE_S = 2.0  # for processes the job left behind when its main proces
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def supervise(job_id: int) -> int:
-    """Run queued job ``job_id`` to its end; 0, or 1 when the job was not ours to run."""
-    paths = queue_paths()
+def supervise(job_id: int, state_dir: str | None = None) -> int:
+    """Run queued job ``job_id`` to its end; 0, or 1 when the job was not ours to run.
+    ``state_dir``: the queue's state folder (default: this user's)."""
+    system = state_dir is not None  # the machine-wide queue's folder, from its scheduler
+    paths = QueuePaths(Path(state_dir), Path(state_dir)) if system else queue_paths()
     store = QueueStore(paths.db)
     me, my_start = os.getpid(), start_time(os.getpid())
     if not store.update(
@@ -50,15 +54,83 @@ def supervise(job_id: int) -> int:
         return 1  # cancelled, or taken by another supervisor
     job = store.get(job_id)
     assert job is not None
-    become_subreaper()
-    state, reason, status = _run(job, store, paths)
-    _finish(job, store, state, reason, status)
+    if job.recording is None:  # a job stored without one: the queue's own folder
+        job.recording = str(paths.recording(job.id, job.name))
+    if job.uid is not None and job.uid != os.getuid():
+        state, reason, status, used = _run_as_owner(job, store)
+    elif job.uid is None and system:
+        # A machine-wide job that names no submitter: nothing runs as root unasked.
+        state, reason, status, used = FAILED, "it names no submitter; not run", None, {}
+    else:
+        become_subreaper()
+        state, reason, status = _run(job, _StoreHooks(store, job))
+        used = _measured_of(job.recording)
+    store.update(job.id, **end_fields(state, reason, status), **used)
     with contextlib.suppress(OSError, ValueError):
         request(paths.socket, {"op": "kick"}, timeout_s=2.0)
     return 0
 
 
-def _run(job: Job, store: QueueStore, paths) -> tuple[str, str | None, int | None]:
+class _StoreHooks:
+    """What the job's run tells the queue, written straight into its state (our own queue)."""
+
+    def __init__(self, store: QueueStore, job: Job) -> None:
+        self.store, self.job_id = store, job.id
+
+    def running(self, pid: int, start: int | None, recording: str) -> bool:
+        """The job runs; whether a cancel was asked meanwhile."""
+        self.store.update(
+            self.job_id,
+            only_if=(STARTING,),
+            state=RUNNING,
+            job_pid=pid,
+            job_start=start,
+            started_at=time.time(),
+            recording=recording,
+        )
+        fresh = self.store.get(self.job_id)
+        return fresh is not None and fresh.cancel_requested
+
+    def stop_asked(self) -> None:
+        pass  # a cancel is in the state already
+
+    def grace_s(self) -> float | None:
+        fresh = self.store.get(self.job_id)
+        return fresh.cancel_grace_s if fresh is not None else None
+
+    def cancelled(self) -> bool:
+        fresh = self.store.get(self.job_id)
+        return fresh is not None and fresh.cancel_requested
+
+
+class _PipeHooks:
+    """The same, from a run as the job's owner (who may not write the machine's state): one
+    JSON line each to the supervisor, which writes it."""
+
+    def __init__(self, fd: int, job: Job) -> None:
+        self._out = os.fdopen(fd, "w", buffering=1)
+        self._grace = job.cancel_grace_s
+        self._cancelled = False
+
+    def send(self, **message: object) -> None:
+        self._out.write(json.dumps(message) + "\n")
+        self._out.flush()
+
+    def running(self, pid: int, start: int | None, recording: str) -> bool:
+        self.send(running=[pid, start, recording])
+        return False  # a cancel asked meanwhile comes as a signal from the supervisor
+
+    def stop_asked(self) -> None:
+        self._cancelled = True  # only a cancel signals the supervisor, which passes it on
+
+    def grace_s(self) -> float | None:
+        return self._grace
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+
+def _run(job: Job, hooks) -> tuple[str, str | None, int | None]:
     from torchdoctor.run.process import resolve_command
     from torchdoctor.run.session import record_command
 
@@ -71,32 +143,31 @@ def _run(job: Job, store: QueueStore, paths) -> tuple[str, str | None, int | Non
         executable = resolve_command(job.argv, env=env, cwd=job.cwd)
     except UserError as exc:
         return FAILED, exc.message, exc.exit_code
+    for path in (job.log, job.recording):
+        if path is not None:
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if path == job.log:  # opened here, as whoever runs the job: never as root
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+            except OSError as exc:
+                return FAILED, f"cannot write {path}: {exc.strerror}", 1
     # The job inherits our mask: set before it starts, so its first thread is already pinned.
     if job.assigned_cpus:
         os.sched_setaffinity(0, job.assigned_cpus)
-    recording = Path(job.recording) if job.recording else paths.recording(job.id, job.name)
+    recording = Path(job.recording)
     stopper: list[Stopper] = []
 
     def started(pid: int) -> None:
         stopper.append(Stopper(pid, job.cancel_grace_s))
-        store.update(
-            job.id,
-            only_if=(STARTING,),
-            state=RUNNING,
-            job_pid=pid,
-            job_start=start_time(pid),
-            started_at=time.time(),
-            recording=str(recording),
-        )
-        fresh = store.get(job.id)
-        if fresh is not None and fresh.cancel_requested:
+        if hooks.running(pid, start_time(pid), str(recording)):
             stopper[0].start()
 
     def signalled(signum: int, forwarded: bool) -> None:
         if signum in _STOP_SIGNALS and stopper:
-            fresh = store.get(job.id)
-            if fresh is not None:
-                stopper[0].grace_s = fresh.cancel_grace_s
+            grace = hooks.grace_s()
+            if grace is not None:
+                stopper[0].grace_s = grace
+            hooks.stop_asked()
             stopper[0].start()
 
     try:
@@ -117,8 +188,7 @@ def _run(job: Job, store: QueueStore, paths) -> tuple[str, str | None, int | Non
         return FAILED, exc.message, exc.exit_code
     if stopper:
         _stop_leftovers(stopper[0])
-    fresh = store.get(job.id)
-    if fresh is not None and fresh.cancel_requested:
+    if hooks.cancelled():
         return CANCELLED, f"cancelled; exit status {status}", status
     if status == 0:
         return DONE, None, 0
@@ -147,14 +217,109 @@ def _how_it_ended(status: int) -> str:
     return f"exited with status {status}"
 
 
-def _finish(
-    job: Job, store: QueueStore, state: str, reason: str | None, status: int | None
-) -> None:
-    used = {}
-    fresh = store.get(job.id)
-    if fresh is not None and fresh.recording:
-        used = _measured(Path(fresh.recording))
-    store.update(job.id, **end_fields(state, reason, status), **used)
+def _measured_of(recording: str | None) -> dict[str, float | int | None]:
+    return _measured(Path(recording)) if recording else {}
+
+
+def _run_as_owner(job: Job, store: QueueStore) -> tuple[str, str | None, int | None, dict]:
+    """Run the job (and its recorder) in a child that has become its submitter: their uid,
+    groups and umask, before it enters their folder or opens their files, so a path they name
+    reaches only what they could reach themselves. We stay root only to keep the state."""
+    _preload()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the job's owner from here on
+        code = 70
+        try:
+            os.close(read)
+            _become(job)
+            become_subreaper()
+            hooks = _PipeHooks(write, job)
+            state, reason, status = _run(job, hooks)
+            hooks.send(end=[state, reason, status], used=_measured_of(job.recording))
+            code = 0
+        except BaseException:  # noqa: BLE001 - said in the scheduler's log, seen as failed
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(write)
+    child = pid
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, forward)
+    ended: list = [FAILED, "its run as its owner stopped before the job ended", None]
+    used: dict = {}
+    with os.fdopen(read) as lines:
+        for line in lines:
+            message = json.loads(line)
+            if "running" in message:
+                job_pid, job_start, recording = message["running"]
+                store.update(
+                    job.id,
+                    only_if=(STARTING,),
+                    state=RUNNING,
+                    job_pid=job_pid,
+                    job_start=job_start,
+                    started_at=time.time(),
+                    recording=recording,
+                )
+                fresh = store.get(job.id)
+                if fresh is not None and fresh.cancel_requested:
+                    forward(signal.SIGTERM, None)
+            elif "end" in message:
+                ended, used = message["end"], message.get("used", {})
+    how = "unknown"
+    while True:
+        try:
+            how = str(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+            break
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+    if ended[2] is None and ended[0] == FAILED:
+        ended[1] += f" (status {how}; see the scheduler's log)"
+    return ended[0], ended[1], ended[2], used
+
+
+def _become(job: Job) -> None:
+    """Drop to the job's owner: supplementary groups, group, then user (last: after it,
+    nothing else may change), and a private umask."""
+    import pwd
+
+    entry = pwd.getpwuid(job.uid)
+    gid = entry.pw_gid
+    os.setgroups(os.getgrouplist(entry.pw_name, gid))
+    os.setgid(gid)
+    os.setuid(job.uid)
+    if os.getuid() != job.uid or os.geteuid() != job.uid:
+        raise PermissionError(f"could not become uid {job.uid}")
+    os.umask(0o077)
+
+
+def _preload() -> None:
+    """Import what the job's run needs before it drops root: its owner may not be able to read
+    the interpreter's own files (a venv under /root), and must not need to."""
+    import email.parser  # noqa: F401 - importlib.metadata's, for the recording's versions
+    import importlib.metadata  # noqa: F401
+
+    import torchdoctor.instrument.collector  # noqa: F401
+    import torchdoctor.recording.summary  # noqa: F401
+    import torchdoctor.run.session  # noqa: F401
+    import torchdoctor.sampling.host  # noqa: F401
+    import torchdoctor.sampling.job  # noqa: F401
+    from torchdoctor.recording import open_recording  # noqa: F401
+    from torchdoctor.sampling.gpus import GpuReader
+
+    with contextlib.suppress(Exception):
+        GpuReader().close()  # loads the NVML bindings
 
 
 def _measured(path: Path) -> dict[str, float | int | None]:
@@ -178,7 +343,7 @@ def _measured(path: Path) -> dict[str, float | int | None]:
 
 
 def main() -> None:
-    sys.exit(supervise(int(sys.argv[1])))
+    sys.exit(supervise(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
 
 
 if __name__ == "__main__":
