@@ -190,6 +190,28 @@ def test_no_optimizer_loop_attached_steps_by_backward(tmp_path: Path) -> None:
     assert "estimated from sampled stacks" in show.stdout
 
 
+@needs_py_spy
+def test_job_that_ends_during_the_attach_is_recorded_to_its_end(tmp_path: Path) -> None:
+    job = _start_job("data-bound")
+    rec = tmp_path / "ends.sqlite"
+    try:
+        attach = _attach(job.pid, rec)
+        _wait_for(rec, "steps", 10, attach)
+        out, _ = job.communicate("stop\n", timeout=60)
+        ended = time.time()
+        _, err = attach.communicate(timeout=60)  # ends by itself with the job
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert attach.returncode == 0, err
+    assert job.returncode == 7 and out.startswith("job finished after ")
+    with open_recording(rec) as r:
+        assert r.complete and r.meta["ended_at"] >= ended - 1.0
+        steps = r.rows("steps")
+        # The last chunk, cut short by the job's exit, is in: steps up to the job's last ones.
+        assert max(s["t_end"] for s in steps) >= ended - 3.0
+
+
 # -- refused targets: one line, the tree still recorded -------------------------------------
 
 HOLD = "import sys; print('ready', flush=True); sys.stdin.readline()"
