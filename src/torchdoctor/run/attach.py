@@ -252,7 +252,7 @@ class _StepWriter:
             self.writer.add_dataloaders([self._loader(chunk)])
 
     def _loader(self, chunk: ChunkResult) -> DataLoaderRecord:
-        workers = 0 if chunk.loader_kind == "single-process" else len(_children(self.pid))
+        workers = 0 if chunk.loader_kind == "single-process" else len(_workers(self.pid))
         return DataLoaderRecord(
             pid=self.pid,
             rank=None,
@@ -271,8 +271,10 @@ class _StepWriter:
         )
 
 
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid`` (its DataLoader workers, when it has a multiprocessing one)."""
+def _workers(pid: int) -> list[int]:
+    """Child processes of ``pid`` that run its own interpreter: its DataLoader workers (not the
+    helpers a job may start, such as a compiler or a shell)."""
+    exe = _exe_name(pid)
     out: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -280,7 +282,8 @@ def _children(pid: int) -> list[int]:
         return out
     for tid in tasks:
         try:
-            out.extend(int(c) for c in read_path(f"/proc/{pid}/task/{tid}/children").split())
+            children = [int(c) for c in read_path(f"/proc/{pid}/task/{tid}/children").split()]
         except OSError:
             continue
+        out.extend(c for c in children if _exe_name(c) == exe)
     return out
