@@ -20,16 +20,29 @@ a CPU with AMX state ("Couldn't write extended state status"), which left a test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchdoctor.errors import UserError
 from torchdoctor.recording.records import DataLoaderRecord, SettingRecord, StepRecord
+from torchdoctor.run.process import exit_status, spawn
 from torchdoctor.sampling.procfs import parse_environ, read_path
-from torchdoctor.sampling.pystacks import ChunkResult, StackSampler, py_spy_path
+from torchdoctor.sampling.pystacks import (
+    CHUNK_S,
+    DEFAULT_RATE_HZ,
+    ChunkResult,
+    analyse,
+    py_spy_path,
+)
 from torchdoctor.sampling.roles import is_python
 
 SAMPLED = "sampled-stacks"
@@ -175,11 +188,22 @@ class InsideView:
     reason: str | None
     sampler: StackSampler | None = None
     steps: int = 0
+    writer: Any = None
+    say: Callable[[str], None] | None = None
 
     def stop(self) -> None:
-        """Stop sampling; what the last chunk held is written before this returns."""
-        if self.sampler is not None:
-            self.sampler.stop()
+        """Stop sampling; what the last chunk held is written before this returns. A sampler
+        that failed is said once and kept in the metadata."""
+        if self.sampler is None:
+            return
+        self.sampler.stop()
+        error = self.sampler.error
+        if error is not None:
+            self.reason = f"sampling the stack failed: {error}"
+            if self.say is not None:
+                self.say(f"torchdoctor: {self.reason} ({self.steps} steps seen before).")
+            if self.writer is not None:
+                self.writer.set_meta({"steps_source_reason": self.reason})
 
 
 def look_inside(
@@ -192,7 +216,7 @@ def look_inside(
         say(f"torchdoctor: not looking inside: {reason}; recording the process tree only.")
         writer.set_meta({"steps_source": NONE, "steps_source_reason": reason})
         return InsideView(NONE, reason)
-    view = InsideView(SAMPLED, None)
+    view = InsideView(SAMPLED, None, writer=writer, say=say)
     state = _StepWriter(pid, writer, view)
     options = {} if rate_hz is None else {"rate_hz": rate_hz}
     sampler = StackSampler(pid, state.on_chunk, **options)
@@ -269,6 +293,110 @@ class _StepWriter:
             dataset_len=None,
             sampler_type=None,
         )
+
+
+class StackSampler:
+    """Samples the main thread of ``pid`` with py-spy in chunks of ``chunk_s`` on a thread of
+    its own and hands each chunk's :class:`ChunkResult` to ``on_chunk`` (from that thread).
+
+    Ends when :meth:`stop` is called or the process ends; ``error`` then says why it could not
+    sample, if it could not. py-spy is started with no signal blocked (our threads block
+    Ctrl-C for :func:`torchdoctor.run.process.wait_for_signal`), so that SIGINT ends a chunk
+    at once and py-spy writes what it has."""
+
+    def __init__(
+        self,
+        pid: int,
+        on_chunk: Callable[[ChunkResult], None],
+        *,
+        rate_hz: int = DEFAULT_RATE_HZ,
+        chunk_s: float = CHUNK_S,
+        py_spy: str | None = None,
+    ) -> None:
+        self.pid = pid
+        self.on_chunk = on_chunk
+        self.rate_hz = rate_hz
+        self.chunk_s = chunk_s
+        self.py_spy = py_spy or py_spy_path()
+        self.error: str | None = None
+        self.chunks = 0
+        self._stop = threading.Event()
+        self._child: int | None = None
+        self._lock = threading.Lock()
+        self._dir = tempfile.mkdtemp(prefix="torchdoctor-stacks-")
+        self._thread = threading.Thread(target=self._loop, name="torchdoctor-stacks", daemon=True)
+
+    def start(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the chunk under way early (py-spy writes what it has on SIGINT) and wait."""
+        with self._lock:
+            self._stop.set()
+            child = self._child
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGINT)
+        self._thread.join(timeout)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _loop(self) -> None:
+        if self.py_spy is None:
+            self.error = "py-spy is not installed"
+            return
+        log = os.path.join(self._dir, "py-spy.log")
+        n = 0
+        while not self._stop.is_set() and os.path.exists(f"/proc/{self.pid}"):
+            out = os.path.join(self._dir, f"chunk{n}.json")
+            n += 1
+            argv = [
+                self.py_spy,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--rate",
+                str(self.rate_hz),
+                "--duration",
+                str(max(1, round(self.chunk_s))),
+                "--nonblocking",
+                "--idle",
+                "--format",
+                "speedscope",
+                "--output",
+                out,
+            ]
+            with self._lock:
+                if self._stop.is_set():
+                    break
+                try:
+                    self._child = spawn(self.py_spy, argv, dict(os.environ), log=log)
+                except UserError as exc:
+                    self.error = str(exc)
+                    return
+            _, status = os.waitpid(self._child, 0)
+            ended = time.time()
+            with self._lock:
+                self._child = None
+            try:
+                with open(out, encoding="utf-8") as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                if os.path.exists(f"/proc/{self.pid}") and not self._stop.is_set():
+                    self.error = _last_line(log) or f"py-spy ended with {exit_status(status)}"
+                return
+            os.unlink(out)
+            self.chunks += 1
+            self.on_chunk(analyse(data, self.pid, ended))
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 def _workers(pid: int) -> list[int]:

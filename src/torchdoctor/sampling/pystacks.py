@@ -17,17 +17,9 @@ slow jobs worth attaching to). Time in each phase is its samples times the perio
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,103 +172,3 @@ def _loader_facts(result: ChunkResult, frames: list[dict[str, Any]]) -> None:
             result.loader_kind = "multiprocessing"
         elif name.endswith(".__getitem__") and result.dataset_type is None:
             result.dataset_type = name.rsplit(".", 1)[0]
-
-
-class StackSampler:
-    """Samples the main thread of ``pid`` in chunks of ``chunk_s`` on a thread of its own and
-    hands each chunk's :class:`ChunkResult` to ``on_chunk`` (from that thread).
-
-    Ends when :meth:`stop` is called or the process ends; ``error`` then says why it could not
-    sample, if it could not."""
-
-    def __init__(
-        self,
-        pid: int,
-        on_chunk: Callable[[ChunkResult], None],
-        *,
-        rate_hz: int = DEFAULT_RATE_HZ,
-        chunk_s: float = CHUNK_S,
-        py_spy: str | None = None,
-    ) -> None:
-        self.pid = pid
-        self.on_chunk = on_chunk
-        self.rate_hz = rate_hz
-        self.chunk_s = chunk_s
-        self.py_spy = py_spy or py_spy_path()
-        self.error: str | None = None
-        self.chunks = 0
-        self._stop = threading.Event()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
-        self._dir = tempfile.mkdtemp(prefix="torchdoctor-stacks-")
-        self._thread = threading.Thread(target=self._loop, name="torchdoctor-stacks", daemon=True)
-
-    def start(self) -> StackSampler:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """End the chunk under way early (py-spy writes what it has on SIGINT) and wait."""
-        self._stop.set()
-        with self._lock:
-            proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-        self._thread.join(timeout)
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _loop(self) -> None:
-        if self.py_spy is None:
-            self.error = "py-spy is not installed"
-            return
-        n = 0
-        while not self._stop.is_set() and os.path.exists(f"/proc/{self.pid}"):
-            out = os.path.join(self._dir, f"chunk{n}.json")
-            n += 1
-            argv = [
-                self.py_spy,
-                "record",
-                "--pid",
-                str(self.pid),
-                "--rate",
-                str(self.rate_hz),
-                "--duration",
-                str(max(1, round(self.chunk_s))),
-                "--nonblocking",
-                "--idle",
-                "--format",
-                "speedscope",
-                "--output",
-                out,
-            ]
-            with self._lock:
-                if self._stop.is_set():
-                    break
-                self._proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-            _, err = self._proc.communicate()
-            ended = time.time()
-            code = self._proc.returncode
-            with self._lock:
-                self._proc = None
-            try:
-                with open(out, encoding="utf-8") as f:
-                    data = json.load(f)
-            except (OSError, ValueError):
-                if os.path.exists(f"/proc/{self.pid}") and not self._stop.is_set():
-                    self.error = _last_line(err) or f"py-spy exited with status {code}"
-                return
-            os.unlink(out)
-            self.chunks += 1
-            self.on_chunk(analyse(data, self.pid, ended))
-
-
-def _last_line(err: bytes | None) -> str:
-    lines = [line.strip() for line in (err or b"").decode(errors="replace").splitlines()]
-    lines = [line for line in lines if line]
-    return lines[-1] if lines else ""
