@@ -25,6 +25,8 @@ from tests.conftest import TORCHDOCTOR
 from torchdoctor import open_recording
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.sampling.pystacks import py_spy_path
+from torchdoctor.thresholds import Thresholds
+from torchdoctor.top.recordings import RecordingWatcher
 
 IN_CI = os.environ.get("CI") == "true"
 IS_ROOT = os.geteuid() == 0
@@ -237,6 +239,12 @@ def _refused(job: subprocess.Popen[str], tmp_path: Path, *prefix: str) -> tuple[
         assert r.meta["steps_source"] == "none"
         assert r.meta["steps_source_reason"]
         assert r.step_stats() is None or r.step_stats().step_count == 0
+    watcher = RecordingWatcher(Thresholds())  # `top` says why there are no steps
+    try:
+        status = watcher.status(rec, now=time.time())
+        assert status.unavailable["steps"] == f"steps not seen: {r.meta['steps_source_reason']}"
+    finally:
+        watcher.close()
     lines = [line for line in err.splitlines() if "not looking inside" in line]
     assert len(lines) == 1, err
     assert lines[0].endswith("recording the process tree only.")
