@@ -131,6 +131,11 @@ def main() -> int:
             f"median step {k} (attached / control job)",
             f"{median(attached, k) * 1e3:.2f} / {median(control, k) * 1e3:.2f} ms",
         )
+    # py-spy --nonblocking never stops the job: a pause would show as a longest step during
+    # the attach well above the longest ones around it.
+    for k in spans:
+        longest = max(dt for t0, t1 in spans[k] for dt in attached.window(t0, t1))
+        card.info(f"longest step {k} (attached job)", f"{longest * 1e3:.1f} ms")
     card.info("noise: attached/control between the 'before' windows", f"{noise * 100:.1f} %")
     card.info(
         "attach CPU use (with py-spy)", f"{statistics.fmean(attach_cpu) * 100:.1f} % of a core"
