@@ -210,8 +210,12 @@ def look_inside(
     pid: int, writer: Any, say: Callable[[str], None], *, rate_hz: int | None = None
 ) -> InsideView:
     """Start seeing ``pid``'s steps into ``writer`` (a RecordingWriter), or say in one line
-    why not; the recording's metadata gets ``steps_source`` either way."""
-    reason = refusal(pid)
+    why not; the recording's metadata gets ``steps_source`` either way. Never raises: the
+    process tree is recorded whatever happens here."""
+    try:
+        reason = refusal(pid)
+    except Exception as exc:  # noqa: BLE001 - looking inside is optional, the recording is not
+        reason = f"checking the process failed ({type(exc).__name__}: {exc})"
     if reason is not None:
         say(f"torchdoctor: not looking inside: {reason}; recording the process tree only.")
         writer.set_meta({"steps_source": NONE, "steps_source_reason": reason})
@@ -387,7 +391,11 @@ class StackSampler:
                 return
             os.unlink(out)
             self.chunks += 1
-            self.on_chunk(analyse(data, self.pid, ended))
+            try:
+                self.on_chunk(analyse(data, self.pid, ended))
+            except Exception as exc:  # noqa: BLE001 - said once by InsideView.stop
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
 
 
 def _last_line(path: str) -> str:
