@@ -165,6 +165,14 @@ def test_data_bound_job_attached_mid_run_is_named_dataloader_bound(tmp_path: Pat
     found = findings["dataloader-bound"]
     assert found.severity in ("warning", "critical")
     assert found.recommendation  # the fix, sized as under `torchdoctor run`
+    html = tmp_path / "report.html"
+    report = subprocess.run(
+        [*TORCHDOCTOR, "report", str(rec), "-o", str(html)], capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stderr
+    page = html.read_text()
+    assert "steps seen by" in page and "sampled-stacks: main thread" in page
+    assert "dataloader-bound" in page
 
 
 @needs_py_spy
