@@ -32,6 +32,7 @@ ORDER = [
     "advice_works.py",
     "tune_vs_grid.py",
     "top_overhead.py",
+    "attach_overhead.py",
     "soak.py",
     "queue_contention.py",
     "scrape_cost.py",

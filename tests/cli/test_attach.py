@@ -45,7 +45,7 @@ def test_attach_records_the_tree_until_it_exits(tmp_path: Path) -> None:
         text=True,
     )
     first_line = attach.stderr.readline()
-    assert f"recording PID {pid}" in first_line and "not instrumented" in first_line
+    assert f"recording PID {pid}" in first_line and str(rec) in first_line
     _wait_for_samples(rec, 3)
     job.stdin.write("done\n")
     job.stdin.flush()

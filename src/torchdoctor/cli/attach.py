@@ -20,6 +20,7 @@ from torchdoctor.errors import UserError
 from torchdoctor.recording import RecordingWriter, registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
+from torchdoctor.run.attach import look_inside
 from torchdoctor.run.process import hold_signals, release_signals, wait_for_signal
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
 from torchdoctor.sampling.sampler import Sampler
@@ -37,8 +38,10 @@ def command(
 ) -> None:
     """Record the running process PID and all its descendants until it exits or Ctrl-C.
 
-    An attached job is not instrumented: its steps, data wait and PyTorch settings are not
-    seen (start it with `torchdoctor run` or use torchdoctor.watch() for those).
+    Its steps and data wait are seen by sampling its main thread's Python stack from outside
+    (py-spy, read-only: the job is never stopped); where that is not allowed one line says why
+    and only the process tree is recorded. PyTorch settings are not seen (start the job with
+    `torchdoctor run` or use torchdoctor.watch() for those).
     """
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.host import HostReader
@@ -54,7 +57,6 @@ def command(
     if not quiet:
         console.print(
             f"torchdoctor: recording PID {pid} ({one_line(argv, 80)}) into {path}; Ctrl-C stops."
-            " Attached jobs are not instrumented: steps and data wait are not seen."
         )
     held = hold_signals()
     try:
@@ -73,6 +75,7 @@ def command(
         job = JobReader(pid)
         recorder = Recorder(Sampler(HostReader(pid=pid), job, gpus), writer, interval)
         recorder.start()
+        inside = look_inside(pid, writer, _say(console, quiet))
         registered = registry.announce(pid, path)
         stopped_by = None
         while job.root_alive():
@@ -80,6 +83,7 @@ def command(
             if signum is not None:
                 stopped_by = signum
                 break
+        inside.stop()
         recorder.stop()
         if registered:
             registry.withdraw(pid)
@@ -107,3 +111,10 @@ def _process_env(pid: int) -> dict[str, str]:
     except OSError:
         return dict(os.environ)
     return parse_environ(raw, None)
+
+
+def _say(console, quiet: bool):
+    """One unwrapped line on stderr (a refusal must stay one line), nothing when quiet."""
+    if quiet:
+        return lambda _line: None
+    return lambda line: console.print(line, soft_wrap=True)

@@ -66,7 +66,11 @@ def render_summary(summary: RunSummary, console: Console) -> None:
             line += f", {steps['steps_per_s']:.2f} steps/s"
         if steps.get("boundary") == "backward":
             line += " (no optimizer step seen: each backward() ends a step)"
-        console.print(line)
+        if summary.steps_source == "sampled-stacks":
+            line += " (estimated from sampled stacks)"
+        console.print(line, soft_wrap=True)
+    elif summary.steps_source == "none" and summary.steps_source_reason:
+        console.print(f"steps: not seen ({summary.steps_source_reason})", soft_wrap=True)
     evaluation = summary.evaluation
     if evaluation and evaluation.get("passes"):
         passes = evaluation["passes"]

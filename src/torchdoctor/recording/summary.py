@@ -60,6 +60,9 @@ class RunSummary:
     gpus: list[GpuSummary]
     gpu_unavailable: str | None
     steps: dict[str, Any] | None = None  # Recording.step_stats() as a dict, when recorded
+    # How an attached job's steps were seen ("sampled-stacks" / "none"), and why not.
+    steps_source: str | None = None
+    steps_source_reason: str | None = None
     # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -123,6 +126,8 @@ def summarize(rec: Recording) -> RunSummary:
         gpus=_gpus(rec),
         gpu_unavailable=_gpu_unavailable(meta.get("gpus")),
         steps=_steps(rec),
+        steps_source=meta.get("steps_source"),
+        steps_source_reason=meta.get("steps_source_reason"),
         evaluation=_evaluation(rec),
         settings=_settings(rec),
         state=describe_state(rec.state, rec.path, hint=False),

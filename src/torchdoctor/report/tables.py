@@ -352,6 +352,7 @@ def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
         ("root process", f"pid {meta['root_pid']}" if meta.get("root_pid") else "n/a"),
         ("sampling interval", fmt_value(meta.get("interval_s"), SECONDS)),
         ("instrumented (steps, settings)", yes_no(meta.get("instrumented"))),
+        *_steps_source_rows(meta),
         ("torch version", text_or_na(meta.get("torch_version"))),
         ("torchdoctor version", text_or_na(meta.get("torchdoctor_version"))),
         ("recording", str(rec.path)),
@@ -434,6 +435,9 @@ def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
         "exit_status",
         "interval_s",
         "instrumented",
+        "steps_source",
+        "steps_source_detail",
+        "steps_source_reason",
         "torch_version",
         "torchdoctor_version",
         "root_pid",
@@ -491,3 +495,12 @@ def yes_no(value: Any) -> str:
     if value is None:
         return "n/a"
     return "yes" if value else "no"
+
+
+def _steps_source_rows(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """How an attached job's steps were seen (sampled stacks), or why they were not."""
+    source = meta.get("steps_source")
+    if source is None:
+        return []
+    text = meta.get("steps_source_detail") or meta.get("steps_source_reason") or ""
+    return [("steps seen by", f"{source}: {text}" if text else str(source))]

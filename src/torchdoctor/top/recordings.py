@@ -122,9 +122,7 @@ class RecordingWatcher:
         # Rows are only ever appended: the last rowid is the count, without a table scan.
         status.steps = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM steps").fetchone()[0]
         if status.steps == 0:
-            status.unavailable["steps"] = (
-                "no step recorded yet (is the training loop instrumented?)"
-            )
+            status.unavailable["steps"] = _no_steps_reason(db)
             return
         columns = ", ".join(_STEP_COLUMNS)
         cursor = db.execute(
@@ -180,3 +178,14 @@ def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | Non
             f" (recorder pid {state.writer_pid})"
         )
     return describe_state(state, path, now)
+
+
+def _no_steps_reason(db: sqlite3.Connection) -> str:
+    """Why a recording has no step yet: an attach that may not look inside says why."""
+    import json
+
+    row = db.execute("SELECT value FROM meta WHERE key = 'steps_source_reason'").fetchone()
+    if row is not None:
+        with contextlib.suppress(ValueError, TypeError):
+            return f"steps not seen: {json.loads(row[0])}"
+    return "no step recorded yet (is the training loop instrumented?)"
