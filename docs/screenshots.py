@@ -55,7 +55,14 @@ def top_pane(work: Path) -> str:
     session = f"td-shot-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-L", session]
     job = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "train.py"), "--steps", "400"],
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train.py"),
+            "--steps",
+            "100",
+            "--batch-size",
+            "4",
+        ],
         cwd=work,
         env=_env(),
         stdout=subprocess.DEVNULL,
@@ -124,7 +131,9 @@ def main() -> int:
                 sys.executable,
                 str(ROOT / "examples" / "train.py"),
                 "--steps",
-                "60",
+                "6",
+                "--batch-size",
+                "4",
             ],
             cwd=work,
             env=_env(),

@@ -390,6 +390,12 @@ def schemas_page() -> None:
             for key, prop in props.items():
                 kind = prop.get("type", "")
                 kind = " or ".join(kind) if isinstance(kind, list) else str(kind)
+                if "const" in prop:
+                    kind = f"always `{json.dumps(prop['const'])}`"
+                elif "enum" in prop:
+                    kind = " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
+                elif not kind and "$ref" in prop:
+                    kind = f"see `{prop['$ref']}`"
                 desc = _md_cell(str(prop.get("description", "")))
                 out.append(f"| `{key}` | {kind} | {'yes' if key in required else ''} | {desc} |")
             out.append("")
@@ -449,8 +455,15 @@ def architecture_page() -> str:
         return "This checkout has no ARCHITECTURE.md.\n"
     text = path.read_text(encoding="utf-8")
     text = _LINK.sub(lambda m: f"{m.group(1)} (`{m.group(2)}`)", text)
-    # Its headings sit under this page's title.
-    return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
+    # Its headings sit under this page's title (lines in code blocks are not headings).
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            line = "#" + line
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------- the pages
