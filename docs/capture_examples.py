@@ -140,7 +140,20 @@ def ex_estimate() -> str:
 
 
 def ex_tune() -> str:
-    return run(["torchdoctor", "tune", "--budget", "120", "--", *TRAIN, "--steps", "30"])
+    return run(
+        [
+            "torchdoctor",
+            "tune",
+            "--budget",
+            "300",
+            "--trial-steps",
+            "3",
+            "--",
+            *TRAIN,
+            "--steps",
+            "30",
+        ]
+    )
 
 
 def ex_top() -> str:

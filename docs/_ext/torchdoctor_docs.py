@@ -65,8 +65,9 @@ def cli_pages() -> list[str]:
         body.append(_rst_title("Example", "-"))
         if example.exists():
             body.append(
-                "Captured by ``docs/capture_examples.py`` on the bundled example job "
-                "(the first line is the command as it ran):\n\n"
+                "Captured by ``docs/capture_examples.py`` on the bundled example job (the "
+                "first line is the command as it ran); the figures are those of the machine "
+                "it ran on:\n\n"
                 f".. literalinclude:: ../../examples/{name}.txt\n   :language: text\n"
             )
         else:
