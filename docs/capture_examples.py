@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -64,18 +65,25 @@ def _clean(text: str) -> str:
 
 
 def run(shown: list[str], timeout: float = 900) -> str:
-    proc = subprocess.run(
+    # A session of its own: on a timeout the whole tree goes (the job under `torchdoctor run`
+    # would outlive its recorder otherwise).
+    proc = subprocess.Popen(
         _argv(shown),
         cwd=WORK,
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
-        check=False,
+        start_new_session=True,
     )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     status = "" if proc.returncode == 0 else f"[exit status {proc.returncode}]\n"
-    return f"$ {' '.join(shown)}\n" + _clean(proc.stdout) + status
+    return f"$ {' '.join(shown)}\n" + _clean(output) + status
 
 
 def _recording() -> str:
