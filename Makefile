@@ -60,4 +60,4 @@ bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) torchdoctor-runs .pytest_cache docs/_build docs/generated
+	rm -rf $(VENV) torchdoctor-runs .pytest_cache docs/_build docs/reference
