@@ -155,7 +155,7 @@ def ex_tune() -> str:
             "--budget",
             "300",
             "--trial-steps",
-            "3",
+            "5",
             "--",
             *TRAIN,
             "--steps",
