@@ -6,13 +6,14 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # The CPU build of torch; an unpinned torch would pull a CUDA build of several GB.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup system demo test lint bench clean
+.PHONY: setup system demo test lint docs bench clean
 
+# pip >= 25.1 reads the development tools from pyproject's [dependency-groups] (PEP 735).
 $(STAMP):
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --upgrade 'pip>=25.1'
 	$(BIN)/pip install -q $(TORCH_PIN)
-	$(BIN)/pip install -q -e '.[test]' $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[all]' --group dev $(TORCH_PIN)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -39,9 +40,19 @@ demo: setup
 # ruff also guards the NVML choke point and keeps torch out of module-level imports; the
 # import-linter contracts in pyproject.toml guard the package layers.
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs
+	$(BIN)/ruff format --check src tests benchmarks examples docs
 	$(BIN)/lint-imports --no-cache
+	$(MAKE) docs
+
+# The manual (docs/, Sphinx): strict, so a warning, a broken link or a page left out of the
+# table of contents fails. The man pages come from the same source into man/, which the wheel
+# installs as share/man/man1.
+SPHINX := $(BIN)/python -m sphinx -q -W --keep-going -n
+docs: setup
+	$(SPHINX) -b html docs docs/_build/html
+	$(SPHINX) -b man docs docs/_build/man
+	mkdir -p man && cp docs/_build/man/*.1 man/
 
 test: setup system lint
 	$(BIN)/pytest -q --durations=15
@@ -50,4 +61,4 @@ bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) torchdoctor-runs .pytest_cache
+	rm -rf $(VENV) torchdoctor-runs .pytest_cache docs/_build docs/reference

@@ -7,7 +7,10 @@ target, met/MISSED) is what the README's benchmark table is made from; the exit 
 when a benchmark failed or any target was missed. GPU-only checks (gpu_check.sh,
 estimate_cuda_check.py) run on a GPU machine by hand and are skipped here.
 
-    python benchmarks/run_all.py [NAME...] [--markdown]
+    python benchmarks/run_all.py [NAME...] [--markdown] [--save]
+
+--save writes the figures to benchmarks/results/latest.jsonl (one JSON line per figure, as the
+scorecard wrote them), which the manual's benchmark page renders with ``table`` below.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from scorecard import RESULTS_ENV, Figure, read_results
 
 HERE = Path(__file__).resolve().parent
+SAVED = HERE / "results" / "latest.jsonl"
 ORDER = [
     "snapshot_cost.py",
     "nvml_read_cost.py",
@@ -58,6 +62,10 @@ def main(argv: list[str]) -> int:
             if code != 0:
                 failed.append(name)
         figures = read_results(results)
+        if "--save" in argv:
+            SAVED.parent.mkdir(exist_ok=True)
+            SAVED.write_text(Path(results).read_text(encoding="utf-8") if figures else "")
+            print(f"figures saved to {SAVED.relative_to(HERE.parent)}")
     print()
     print(table(figures, markdown))
     load = os.getloadavg()

@@ -1,0 +1,124 @@
+"""The package as a user gets it: `python -m build` gives an sdist and a wheel, and the wheel,
+installed into a fresh virtualenv (its dependencies from the package index, as pip is set up
+here), runs `torchdoctor --version` and records a command."""
+
+from __future__ import annotations
+
+import email
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import torchdoctor
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _clean_env() -> dict[str, str]:
+    """This test's environment without our source tree on the path: the venv must import the
+    installed wheel, not the checkout."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def _has_setuptools(major: int) -> bool:
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    return int(setuptools.__version__.split(".")[0]) >= major
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    pytest.importorskip("build")
+    out = tmp_path_factory.mktemp("dist")
+    # The sdist is built from a copy: build writes egg-info beside the sources.
+    src = tmp_path_factory.mktemp("src") / "torchdoctor"
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "__pycache__", "*.egg-info", "torchdoctor-runs", "_build", "build"
+        ),
+    )
+    # Without isolation when this environment has the build backend pyproject asks for: the same
+    # artefacts, without downloading setuptools into two throwaway environments.
+    isolation = ["--no-isolation"] if _has_setuptools(77) else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", *isolation, "--outdir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+def test_build_gives_an_sdist_and_a_wheel_with_the_package_data(dist):
+    version = torchdoctor.__version__
+    assert (dist / f"torchdoctor-{version}.tar.gz").exists()
+    wheel = dist / f"torchdoctor-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        meta = email.message_from_bytes(z.read(f"torchdoctor-{version}.dist-info/METADATA"))
+    assert "torchdoctor/py.typed" in names
+    assert "torchdoctor/exporters/grafana-dashboard.json" in names
+    data = f"torchdoctor-{version}.data/data/share/man/man1/"
+    assert data + "torchdoctor.1" in names and data + "torchdoctor-run.1" in names
+    assert meta["Version"] == version
+    assert "Operating System :: POSIX :: Linux" in meta.get_all("Classifier")
+    extras = set(meta.get_all("Provides-Extra"))
+    assert {"prometheus", "parquet", "tensorboard", "all"} <= extras
+    # test and documentation tools are dependency groups, never published extras
+    assert "test" not in extras
+    requires = " ".join(meta.get_all("Requires-Dist"))
+    assert "pytest" not in requires and "sphinx" not in requires.lower()
+
+
+def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
+    wheel = next(dist.glob("torchdoctor-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py, td = venv / "bin" / "python", venv / "bin" / "torchdoctor"
+    env = _clean_env()
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]
+    version = subprocess.run(
+        [str(td), "--version"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"torchdoctor, version {torchdoctor.__version__}"
+    rec = tmp_path / "pass.sqlite"
+    run = subprocess.run(
+        [str(td), "run", "--quiet", "--out", str(rec), "--", str(py), "-c", "pass"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert rec.exists()
+    # the man pages came with it
+    assert (venv / "share" / "man" / "man1" / "torchdoctor-run.1").exists()
+    # it is the installed copy that ran, not this checkout
+    where = subprocess.run(
+        [str(py), "-c", "import torchdoctor; print(torchdoctor.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert where.stdout.strip().startswith(str(venv))
