@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import stderr_console
+from torchdoctor.cli.parsing import WrapperCommand
 
 
 @click.command(
     "scaling",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option("--nproc", default="1,2", show_default=True, metavar="N,N...", help="Rank counts.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Measured steps per trial.")

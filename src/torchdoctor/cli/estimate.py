@@ -119,7 +119,9 @@ Examples:
     "--gpu", metavar="NAME", help="GPU profile, e.g. A100-80GB, H100-80GB, L4, T4, RTX 4090."
 )
 @click.option(
-    "--gpu-memory", metavar="SIZE", help="Target memory instead of a profile, e.g. 24GiB."
+    "--gpu-memory",
+    metavar="SIZE",
+    help="Target memory instead of a profile, e.g. 24G (= 24GiB; 24GB is 24 x 10^9 bytes).",
 )
 @click.option(
     "--margin",

@@ -15,12 +15,13 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 
 
 @click.command(
     "launch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option(
     "--nproc-per-node",

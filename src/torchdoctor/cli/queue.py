@@ -9,6 +9,7 @@ import time
 
 import click
 
+from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.errors import UserError
 from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
@@ -19,7 +20,7 @@ def _queue():
     return Queue()
 
 
-@click.group("queue", invoke_without_command=True)
+@click.group("queue", cls=HelpfulGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="The jobs as JSON.")
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:

@@ -16,13 +16,14 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.run.process import resolve_command
 from torchdoctor.run.session import record_command
 
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @interval_option
 @out_option

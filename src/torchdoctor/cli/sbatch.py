@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import RUNS_FOLDER
 from torchdoctor.slurm import client
@@ -22,7 +23,7 @@ from torchdoctor.units import fmt_duration
 
 @click.command(
     "sbatch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option(
     "--from",
@@ -53,8 +54,9 @@ from torchdoctor.units import fmt_duration
     "time_text",
     default="auto",
     show_default=True,
-    metavar="auto|HH:MM:SS",
-    help="Time limit; auto: measured step time x steps, plus margin.",
+    metavar="auto|TIME",
+    help="Time limit, e.g. 90m, 1h30m, 01:30:00 (a bare number is refused: Slurm reads it as "
+    "minutes); auto: measured step time x steps, plus margin.",
 )
 @click.option(
     "--steps",

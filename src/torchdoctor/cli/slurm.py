@@ -9,11 +9,12 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.slurm.status import JobReport, job_report
 from torchdoctor.units import fmt_duration
 
 
-@click.group("slurm")
+@click.group("slurm", cls=HelpfulGroup)
 def command() -> None:
     """Slurm jobs written by `torchdoctor sbatch`."""
 

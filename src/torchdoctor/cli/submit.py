@@ -7,6 +7,7 @@ import os
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 
 
@@ -19,7 +20,7 @@ def _ids(text: str) -> list[int]:
 
 @click.command(
     "submit",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option("--gpus", type=int, default=0, metavar="N", help="How many GPUs (any of them).")
 @click.option(
@@ -28,11 +29,13 @@ def _ids(text: str) -> list[int]:
 @click.option(
     "--vram",
     metavar="SIZE|auto",
-    help="GPU memory per GPU, e.g. 12GiB; auto: from the last run of this command. "
+    help="GPU memory per GPU, e.g. 12G (= 12GiB, 12 x 2^30 bytes; 12GB is 12 x 10^9); auto: from the last run of this command. "
     "Without it the GPUs are given whole.",
 )
 @click.option("--cpus", type=int, default=1, show_default=True, metavar="N", help="CPU cores.")
-@click.option("--mem", metavar="SIZE|auto", help="RAM, e.g. 16GiB; auto: from the last run.")
+@click.option(
+    "--mem", metavar="SIZE|auto", help="RAM, e.g. 16G (= 16GiB); auto: from the last run."
+)
 @click.option(
     "--estimate",
     "estimate_args",

@@ -42,11 +42,13 @@ from rich.table import Table
 
 from torchdoctor.cli.common import stderr_console
 from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 from torchdoctor.run.process import hold_signals, release_signals
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.space import Config
-from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, parse_duration, tune_command
+from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, tune_command
+from torchdoctor.units import parse_duration
 
 _PURPOSE = {
     "original": "as written",
@@ -60,14 +62,14 @@ _PURPOSE = {
 
 @click.command(
     "tune",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option(
     "--budget",
     default="5m",
     show_default=True,
     metavar="TIME",
-    help="Hard limit on the whole tune, verification included (300, 90s, 5m, 1h).",
+    help="Hard limit on the whole tune, verification included (300 = seconds, 90s, 5m, 1h).",
 )
 @click.option(
     "--trial-steps",
@@ -118,7 +120,7 @@ def command(
     reported only if those runs show it. Ctrl-C stops the current trial and prints what was
     found so far. Your files are never changed: the trials' recordings go to --out.
     """
-    budget_s = parse_duration(budget) if budget else DEFAULT_BUDGET_S
+    budget_s = parse_duration(budget, "--budget") if budget else DEFAULT_BUDGET_S
     if trial_timeout is not None and trial_timeout <= 0:
         raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
     progress = None if quiet else _Progress(stderr_console())

@@ -29,10 +29,10 @@ from datetime import timedelta
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.units import parse_size as parse_size_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 TARGET_RATIO = 0.85  # of the NIC's rated peak, across nodes
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -45,16 +45,11 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def parse_size(text: str) -> int:
-    t = text.strip().upper().removesuffix("IB").removesuffix("B") or "0"
-    unit = t[-1] if t[-1] in _UNITS else ""
-    number = t[:-1] if unit else t
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise UserError(f"cannot read the size {text!r}: write it like 8K, 1M or 256M") from None
+    """One buffer size of ``--sizes`` (the one vocabulary: 8K = 8 x 2^10 bytes)."""
+    value = parse_size_text(text, "--sizes")
     if value < 1:
         raise UserError(f"size {text!r} must be at least 1 byte")
-    return int(value)
+    return value
 
 
 def parse_sizes(text: str) -> list[int]:

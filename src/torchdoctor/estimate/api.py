@@ -15,9 +15,10 @@ from torchdoctor.errors import ParameterError, UserError, require_torch
 from torchdoctor.estimate.fitcheck import DEFAULT_MARGIN, FitCheck, alternatives, other_loops
 from torchdoctor.estimate.loops import HAND_WRITTEN, HF_TRAINER
 from torchdoctor.estimate.max_batch import find_max_batch
-from torchdoctor.estimate.profiles import custom_profile, find_profile, parse_size
+from torchdoctor.estimate.profiles import custom_profile, find_profile
 from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import Target, TrainingSetup
+from torchdoctor.units import parse_size
 
 ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
 
@@ -265,4 +266,4 @@ _PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 
 
 def _size(value: str | int) -> int:
-    return value if isinstance(value, int) else parse_size(value)
+    return value if isinstance(value, int) else parse_size(value, "gpu_memory")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -28,18 +27,6 @@ DEFAULT_BUDGET_S = 300.0
 MIN_BUDGET_S = 20.0
 KEEP_FREE = 0.5  # share of the RAM available at the start that the job must leave free
 _PLACEHOLDER = Config(num_workers=0, num_threads=1)
-
-
-def parse_duration(text: str) -> float:
-    """'5m', '90s', '1h30m', '300' -> seconds; UserError on anything else."""
-    value = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
-        return float(value)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise UserError(f"cannot read the duration {text!r}: write it like 300, 90s, 5m or 1h")
-    scale = {"h": 3600, "m": 60, "s": 1}
-    return sum(float(n) * scale[u] for n, u in parts)
 
 
 def allowed_cpus() -> int:
