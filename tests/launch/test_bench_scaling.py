@@ -16,7 +16,7 @@ JOB = str(Path(__file__).resolve().parent / "jobs" / "ddp_job.py")
 
 def test_one_and_two_ranks_give_e2_and_say_where_the_loss_goes(tmp_path: Path) -> None:
     res = run_td(
-        "bench", "scaling", "--nproc", "1,2", "--steps", "6", "--out", str(tmp_path), "--json",
+        "bench", "scaling", "--nproc", "1,2", "--steps", "6", "--out-dir", str(tmp_path), "--json",
         "--", JOB,
         timeout=400,
     )  # fmt: skip

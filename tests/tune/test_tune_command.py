@@ -79,7 +79,7 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     # machine's load rises during the tune.
     proc = tune(
         "--budget", f"{budget}s", "--trial-steps", "12", "--trial-timeout", "20", "--json",
-        "--out", str(out), "--", sys.executable, JOB, "--sample-ms", "5",
+        "--out-dir", str(out), "--", sys.executable, JOB, "--sample-ms", "5",
         "--crash-with-workers", "3", "--hang-with-workers", "4",
         cwd=tmp_path, timeout=budget + 60,
     )  # fmt: skip
@@ -130,7 +130,7 @@ def test_healthy_job_keeps_its_own_settings_within_the_budget(tmp_path):
     budget = 90
     # Data costs nothing and every step waits 15 ms on something no setting changes.
     proc = tune(
-        "--budget", f"{budget}s", "--trial-steps", "15", "--out", str(out), "--",
+        "--budget", f"{budget}s", "--trial-steps", "15", "--out-dir", str(out), "--",
         sys.executable, JOB, "--sample-ms", "0", "--step-ms", "15",
         cwd=tmp_path,
     )  # fmt: skip
@@ -147,7 +147,7 @@ def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path):
     out = tmp_path / "out"
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [*TORCHDOCTOR, "tune", "--budget", "5m", "--out", str(out), "--",
+        [*TORCHDOCTOR, "tune", "--budget", "5m", "--out-dir", str(out), "--",
          sys.executable, JOB, "--workers", "2", "--ready", str(ready)],
         cwd=tmp_path,
         env=quiet_env(),
@@ -238,7 +238,7 @@ def test_bad_options_say_what_to_do(tmp_path, args, message, code):
 
 def test_command_that_fails_as_written_is_reported_not_tuned(tmp_path):
     proc = tune(
-        "--budget", "60s", "--out", str(tmp_path / "out"), "--",
+        "--budget", "60s", "--out-dir", str(tmp_path / "out"), "--",
         sys.executable, JOB, "--workers", "1", "--crash-with-workers", "1",
         cwd=tmp_path, timeout=120,
     )  # fmt: skip

@@ -9,11 +9,13 @@ import click
 
 from torchdoctor.cli.common import stderr_console
 from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.recording.paths import runs_dir
 
 
 @click.command(
     "scaling",
     cls=WrapperCommand,
+    renamed={"--out": "--out-dir"},
 )
 @click.option("--nproc", default="1,2", show_default=True, metavar="N,N...", help="Rank counts.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Measured steps per trial.")
@@ -29,11 +31,12 @@ from torchdoctor.cli.parsing import WrapperCommand
     "--global-batch", type=int, default=None, metavar="B", help="With --keep global-batch."
 )
 @click.option(
-    "--out",
+    "--out-dir",
+    "out",
     type=click.Path(file_okay=False),
     default=None,
     metavar="DIR",
-    help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/scaling-<time>).",
+    help="Folder for the trials' recordings and logs (default: <recordings folder>/scaling-<time>).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument(
@@ -62,9 +65,7 @@ def command(
     script = split_script(list(argv))
     sizes = parse_sizes(nproc)
     folder = (
-        Path(out)
-        if out
-        else Path("torchdoctor-runs") / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
+        Path(out) if out else runs_dir() / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
     )
     folder.mkdir(parents=True, exist_ok=True)
     console = stderr_console()

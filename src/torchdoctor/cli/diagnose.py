@@ -6,6 +6,7 @@ import contextlib
 
 import click
 
+from torchdoctor.cli.common import thresholds_option
 from torchdoctor.diagnosis.engine import diagnose_job
 from torchdoctor.diagnosis.render import findings_to_json, render_findings
 from torchdoctor.recording.jobs import job_recording_paths
@@ -16,15 +17,8 @@ from torchdoctor.thresholds import load_thresholds
 @click.command("diagnose")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-@click.option(
-    "--thresholds",
-    "thresholds_file",
-    type=click.Path(path_type=str),
-    default=None,
-    help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] "
-    "in the nearest pyproject.toml).",
-)
-def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) -> None:
+@thresholds_option
+def command(files: tuple[str, ...], as_json: bool, thresholds: str | None) -> None:
     """Name the bottleneck of the job recorded in FILES, with evidence and concrete fixes.
 
     Several recordings (or a folder of them) are one distributed job recorded on several
@@ -33,7 +27,7 @@ def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) 
     Exits 0 whatever it finds (it is a report); non-zero only when FILES or the thresholds
     cannot be read.
     """
-    thresholds = load_thresholds(thresholds_file)
+    thresholds = load_thresholds(thresholds)
     paths = job_recording_paths(list(files))
     with contextlib.ExitStack() as stack:
         recordings = [stack.enter_context(open_recording(p)) for p in paths]

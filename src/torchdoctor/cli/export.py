@@ -1,4 +1,4 @@
-"""`torchdoctor export FILE --format csv|parquet|jsonl|tensorboard [--to DIR]`."""
+"""`torchdoctor export FILE --format csv|parquet|jsonl|tensorboard [--out-dir DIR]`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.cli.parsing import Command
 from torchdoctor.exporters.files import FORMATS, export_recording
 from torchdoctor.recording import open_recording
 
 TENSORBOARD = "tensorboard"
 
 
-@click.command("export")
+@click.command("export", cls=Command, renamed={"--to": "--out-dir"})
 @click.argument("file", type=click.Path(dir_okay=True))
 @click.option(
     "--format",
@@ -22,7 +23,7 @@ TENSORBOARD = "tensorboard"
     help="Output format.",
 )
 @click.option(
-    "--to",
+    "--out-dir",
     "folder",
     type=click.Path(file_okay=False),
     default=None,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.cli.common import thresholds_option
 from torchdoctor.errors import UserError
 
 
@@ -30,7 +31,10 @@ from torchdoctor.errors import UserError
     is_flag=True,
     help="Leave out the torchdoctor_finding_active series (no diagnosis is run).",
 )
-def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> None:
+@thresholds_option
+def command(
+    listen: str | None, print_dashboard: bool, no_findings: bool, thresholds: str | None
+) -> None:
     """Serve the machine (CPU, memory, swap, disks, pressure, GPUs) and every job recorded by
     `torchdoctor run` or `attach` on this machine, for Prometheus or any OpenMetrics scraper.
 
@@ -42,6 +46,7 @@ def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> Non
 
         click.echo(dashboard_text(), nl=False)
         return
+    from torchdoctor import config
     from torchdoctor.exporters.prometheus import (
         DEFAULT_ADDRESS,
         DEFAULT_EXPORTER_PORT,
@@ -54,6 +59,7 @@ def command(listen: str | None, print_dashboard: bool, no_findings: bool) -> Non
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.host import HostReader
 
+    listen = config.exporter_listen(listen)  # --listen > $TORCHDOCTOR_EXPORTER_LISTEN > config
     address, port = (
         parse_listen(listen, "--listen") if listen else (DEFAULT_ADDRESS, DEFAULT_EXPORTER_PORT)
     )

@@ -75,7 +75,43 @@ class LazyGroup(HelpfulGroup):
                 formatter.write_dl(rows)
 
 
-class WrapperCommand(click.Command):
+class Command(click.Command):
+    """A command whose old option names still work: ``renamed={"--out": "--out-dir"}`` reads
+    ``--out DIR`` as ``--out-dir DIR`` and says once, on stderr, that the name changed. The
+    old names stay out of the help."""
+
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.renamed = renamed or {}
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self._renamed_args(args))
+
+    def _renamed_args(self, args: list[str]) -> list[str]:
+        if not self.renamed:
+            return args
+        out: list[str] = []
+        warned: set[str] = set()
+        for i, word in enumerate(args):
+            if word == "--":
+                return out + args[i:]
+            name, eq, value = word.partition("=")
+            new = self.renamed.get(name)
+            if new is None:
+                out.append(word)
+                continue
+            if name not in warned:
+                warned.add(name)
+                click.echo(
+                    f"torchdoctor {self.name}: {name} is now {new} (the old name still works "
+                    "for now)",
+                    err=True,
+                )
+            out.append(f"{new}{eq}{value}")
+        return out
+
+
+class WrapperCommand(Command):
     """A command that runs another (``torchdoctor run [OPTIONS] -- CMD...``).
 
     Its own options are read up to ``--`` or the first word that is not an option; an unknown
@@ -91,15 +127,19 @@ class WrapperCommand(click.Command):
         super().__init__(*args, **kwargs)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = self._renamed_args(args)
         self._check_own_options(ctx, args)
-        return super().parse_args(ctx, args)
+        return click.Command.parse_args(self, ctx, args)
 
     def _check_own_options(self, ctx: click.Context, args: list[str]) -> None:
         takes_value: dict[str, bool] = {}
+        shown: list[str] = []
         for param in self.get_params(ctx):
             if isinstance(param, click.Option):
                 for name in [*param.opts, *param.secondary_opts]:
                     takes_value[name] = not param.is_flag and not param.count
+                    if not param.hidden:
+                        shown.append(name)
         i = 0
         while i < len(args):
             word = args[i]
@@ -107,6 +147,6 @@ class WrapperCommand(click.Command):
                 return
             name = word.split("=", 1)[0]
             if name not in takes_value:
-                close = difflib.get_close_matches(name, list(takes_value), n=3, cutoff=0.6)
+                close = difflib.get_close_matches(name, shown, n=3, cutoff=0.6)
                 raise click.NoSuchOption(name, possibilities=close, ctx=ctx)
             i += 2 if takes_value[name] and "=" not in word else 1

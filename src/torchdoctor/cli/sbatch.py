@@ -11,7 +11,7 @@ import click
 from torchdoctor.cli.common import job_name
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import RUNS_FOLDER
+from torchdoctor.recording.paths import runs_dir
 from torchdoctor.slurm import client
 from torchdoctor.slurm.network import doctor_network_env
 from torchdoctor.slurm.notation import require_duration
@@ -76,12 +76,13 @@ from torchdoctor.units import fmt_duration
 @click.option(
     "--recordings",
     type=click.Path(file_okay=False),
-    default=str(RUNS_FOLDER),
-    show_default=True,
+    default=None,
     metavar="DIR",
-    help="Folder (shared by the nodes) for the job's output and its slurm-<id>/ recordings.",
+    help="Folder (shared by the nodes) for the job's output and its slurm-<id>/ recordings "
+    "(default: the recordings folder, $TORCHDOCTOR_RUNS_DIR or ./torchdoctor-runs).",
 )
 @click.option(
+    "-o",
     "--out",
     type=click.Path(dir_okay=False),
     default=None,
@@ -111,7 +112,7 @@ def command(
     account: str | None,
     job_name: str | None,
     signal_checkpoint: bool,
-    recordings: str,
+    recordings: str | None,
     out: str | None,
     doctor_json: str | None,
     submit: bool,
@@ -144,7 +145,7 @@ def command(
     recorded = read_recorded_job(recording)
     size = size_job(recorded, request)
     name = _job_name(job_name, args)
-    folder = Path(recordings).resolve()
+    folder = runs_dir(recordings).resolve()
     opts = ScriptOptions(
         command=args,
         job_name=name,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from torchdoctor.cli.common import thresholds_option
 from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.slurm.status import JobReport, job_report
 from torchdoctor.units import fmt_duration
@@ -27,10 +28,11 @@ def command() -> None:
     default=None,
     metavar="DIR",
     help="The folder given to `sbatch --recordings` (default: the one the job's script names "
-    "while Slurm knows the job, else ./torchdoctor-runs).",
+    "while Slurm knows the job, else the recordings folder).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def status(job_id: str, recordings: str | None, as_json: bool) -> None:
+@thresholds_option
+def status(job_id: str, recordings: str | None, as_json: bool, thresholds: str | None) -> None:
     """State, elapsed time and nodes of JOBID; what it asked for against what it used; and,
     once the nodes' recordings exist, their summary and findings."""
     report = job_report(job_id, Path(recordings) if recordings else None)

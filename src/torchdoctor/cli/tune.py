@@ -40,7 +40,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from torchdoctor.cli.common import stderr_console
+from torchdoctor.cli.common import stderr_console, thresholds_option
 from torchdoctor.cli.json_output import user_output_to_stderr
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
@@ -63,6 +63,7 @@ _PURPOSE = {
 @click.command(
     "tune",
     cls=WrapperCommand,
+    renamed={"--out": "--out-dir"},
 )
 @click.option(
     "--budget",
@@ -88,14 +89,16 @@ _PURPOSE = {
     "step it gets at least 30 s (default: from the first trial's pace).",
 )
 @click.option(
-    "--out",
+    "--out-dir",
+    "out",
     type=click.Path(file_okay=False),
     default=None,
     metavar="DIR",
-    help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/tune-<time>/).",
+    help="Folder for the trials' recordings and logs (default: <recordings folder>/tune-<time>/).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@thresholds_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -106,6 +109,7 @@ def command(
     out: str | None,
     as_json: bool,
     quiet: bool,
+    thresholds: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD in short trials and find its fastest DataLoader and thread settings.
@@ -118,7 +122,7 @@ def command(
     within the measured noise, and picks the cheapest settings within noise of the best.
     The pick is then run against the original in interleaved trials (A B A B ...): a gain is
     reported only if those runs show it. Ctrl-C stops the current trial and prints what was
-    found so far. Your files are never changed: the trials' recordings go to --out.
+    found so far. Your files are never changed: the trials' recordings go to --out-dir.
     """
     budget_s = parse_duration(budget, "--budget") if budget else DEFAULT_BUDGET_S
     if trial_timeout is not None and trial_timeout <= 0:

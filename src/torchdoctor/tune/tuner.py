@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import runs_dir
 from torchdoctor.run.process import resolve_command
 from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
@@ -45,10 +46,10 @@ def available_memory() -> int:
 
 
 def tune_folder(base: Path | None = None) -> Path:
-    """./torchdoctor-runs/tune-<UTC time>/ (a new one each time, made by this call)."""
+    """<recordings folder>/tune-<UTC time>/ (a new one each time, made by this call)."""
     from torchdoctor.recording.paths import create_unique_folder
 
-    root = base or Path("torchdoctor-runs")
+    root = base or runs_dir()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return create_unique_folder(root / f"tune-{stamp}")
 
@@ -57,11 +58,12 @@ def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config |
     """The diagnosis' recommended settings for the first trial, applied to ``original``."""
     from torchdoctor.diagnosis.engine import diagnose
     from torchdoctor.recording import open_recording
+    from torchdoctor.thresholds import load_thresholds
 
     changes: dict = {}
     try:
         with open_recording(recording_path) as rec:
-            findings = diagnose(rec)
+            findings = diagnose(rec, load_thresholds())
     except Exception:  # noqa: BLE001 - a diagnosis problem only costs tune its head start
         return None
     keys = {
