@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
@@ -110,4 +109,7 @@ def command(
     result = run_rank(cfg) if under_launcher() else bench_local(cfg, nproc)
     if result is None:
         return  # not rank 0 of a launch: rank 0 prints
-    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_result(result))
+    if as_json:
+        dump_json("bench-allreduce", result.to_dict())
+    else:
+        click.echo(format_result(result))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import stderr_console
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.recording.paths import runs_dir
 
@@ -57,7 +58,6 @@ def command(
     ranks, stopped after a few warm-up steps plus --steps measured steps on every rank.
     """
     import dataclasses
-    import json
 
     from torchdoctor.launch.plan import split_script
     from torchdoctor.launch.scaling import bench_scaling, parse_sizes
@@ -79,7 +79,7 @@ def command(
         script, sizes, steps, folder, keep=keep, global_batch=global_batch, on_trial=on_trial
     )
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        dump_json("bench-scaling", dataclasses.asdict(result))
         return
     click.echo(f"scaling of {' '.join(script)} ({keep} kept, {steps} measured steps per trial)")
     click.echo(

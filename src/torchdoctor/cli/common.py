@@ -95,31 +95,44 @@ def stderr_console() -> Console:
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
-def print_end_report(path: Path, console: Console, thresholds_path: str | None) -> None:
-    """The summary, then the findings, on stderr; problems here never change the exit status."""
+def print_end_report(
+    path: Path, console: Console | None, thresholds_path: str | None
+) -> tuple[object, list] | None:
+    """The summary, then the findings, on stderr (``console``; None: print nothing); problems
+    here never change the exit status. The recording's line for `torchdoctor ls` is stored on
+    the way (nothing to compute twice). Returns (summary, findings), None when unreadable."""
+    from torchdoctor.cli.recordings import line_of, remember
     from torchdoctor.cli.summary_view import render_summary
     from torchdoctor.recording import open_recording
     from torchdoctor.recording.summary import summarize
 
     try:
         with open_recording(path) as rec:
-            render_summary(summarize(rec), console)
-            _print_findings(rec, console, thresholds_path)
+            summary = summarize(rec)
+            if console is not None:
+                render_summary(summary, console)
+            findings = _print_findings(rec, console, thresholds_path)
+        remember(path, line_of(path, summary, findings))
+        return summary, findings
     except UserError as exc:
-        console.print(f"torchdoctor: could not summarize the recording: {exc.message}")
+        problem = exc.message
     except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
-        console.print(
-            f"torchdoctor: could not summarize the recording ({type(exc).__name__}: {exc})"
-        )
+        problem = f"({type(exc).__name__}: {exc})"
+    (console or stderr_console()).print(
+        f"torchdoctor: could not summarize the recording: {problem}"
+    )
+    return None
 
 
-def _print_findings(rec, console: Console, thresholds_path: str | None) -> None:
+def _print_findings(rec, console: Console | None, thresholds_path: str | None) -> list:
     try:
         from torchdoctor.diagnosis.engine import diagnose
         from torchdoctor.diagnosis.render import render_findings
     except ImportError:
-        return
+        return []
     from torchdoctor.thresholds import load_thresholds
 
     findings = diagnose(rec, load_thresholds(thresholds_path))
-    render_findings(findings, console)
+    if console is not None:
+        render_findings(findings, console)
+    return findings

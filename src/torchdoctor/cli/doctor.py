@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.doctor import Plan, exit_status, run_checks
 from torchdoctor.doctor.render import render, to_json
 from torchdoctor.errors import UserError
@@ -64,7 +67,7 @@ def command(
     except ValueError as exc:
         raise UserError(f"{exc}") from None
     if as_json:
-        click.echo(to_json(checks, plan))
+        dump_json("doctor", json.loads(to_json(checks, plan)))
     else:
         render(checks)
     return exit_status(checks)

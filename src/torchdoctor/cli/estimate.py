@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.cli.json_output import user_output_to_stderr, versioned
 from torchdoctor.errors import ParameterError, UserError
 from torchdoctor.estimate.loops import LOOPS
 from torchdoctor.estimate.profiles import PROFILES
@@ -193,7 +193,9 @@ def _run(
 
     if find_max:
         found = api.max_batch(spec, **options)
-        return json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found)
+        if as_json:
+            return json.dumps(versioned("estimate-max-batch", found.to_dict()), indent=2)
+        return render_max_batch(found)
     check, setup = api.prepare(spec, batch_size=batch_size, **options)
     result = check.estimate(setup, memory_snapshot)
     if not setup.inference:
@@ -203,7 +205,7 @@ def _run(
     if as_json:
         data = result.to_dict()
         data["alternatives"] = [a.to_dict() for a in found_alternatives]
-        return json.dumps(data, indent=2)
+        return json.dumps(versioned("estimate", data), indent=2)
     text = render_estimate(result)
     if found_alternatives:
         text += "\n" + render_alternatives(found_alternatives, result)

@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import runs_dir
 from torchdoctor.slurm import client
@@ -28,10 +30,11 @@ from torchdoctor.units import fmt_duration
 @click.option(
     "--from",
     "recording",
-    type=click.Path(dir_okay=False),
+    type=RECORDING,
     default=None,
     metavar="RECORDING",
-    help="Recording of this job (from `torchdoctor run`) to size the request from.",
+    help="Recording of this job (from `torchdoctor run`; `last`: the newest) to size the "
+    "request from.",
 )
 @click.option("--nodes", type=int, default=1, show_default=True, metavar="N")
 @click.option(
@@ -99,6 +102,12 @@ from torchdoctor.units import fmt_duration
     "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) go into the script.",
 )
 @click.option("--submit", is_flag=True, help="Submit with `sbatch --parsable`; print the job id.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the script, where it went and the job id as JSON.",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
     recording: str | None,
@@ -116,6 +125,7 @@ def command(
     out: str | None,
     doctor_json: str | None,
     submit: bool,
+    as_json: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Write an sbatch script for CMD, sized from its recording: memory, CPUs, GPUs, time.
@@ -161,7 +171,10 @@ def command(
     for note in size.notes:
         click.echo(f"torchdoctor: warning: {note}", err=True)
     if out is None and not submit:
-        click.echo(text, nl=False)
+        if as_json:
+            dump_json("sbatch", _document(text, None, None, size.notes))
+        else:
+            click.echo(text, nl=False)
         return
     folder.mkdir(parents=True, exist_ok=True)  # sbatch writes the job's output there
     path = Path(out) if out else folder / f"{name}.sbatch"
@@ -169,14 +182,26 @@ def command(
     path.write_text(text)
     path.chmod(0o755)
     click.echo(f"torchdoctor: wrote {path}", err=True)
-    if submit:
-        job_id = client.submit(path)
+    job_id = client.submit(path) if submit else None
+    if as_json:
+        dump_json("sbatch", _document(text, path, job_id, size.notes))
+    elif job_id is not None:
         click.echo(job_id)
+    if job_id is not None:
         click.echo(
             f"torchdoctor: submitted job {job_id}; recordings go to {job_folder(folder, job_id)}; "
             f"follow it with `torchdoctor slurm status {job_id}`",
             err=True,
         )
+
+
+def _document(text: str, path: Path | None, job_id: str | None, notes: list[str]) -> dict:
+    return {
+        "script": text,
+        "path": str(path) if path else None,
+        "job_id": job_id,
+        "notes": list(notes),
+    }
 
 
 def _last_recording_of(argv: list[str]) -> str:

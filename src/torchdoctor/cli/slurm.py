@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from torchdoctor.cli.common import thresholds_option
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.slurm.status import JobReport, job_report
 from torchdoctor.units import fmt_duration
@@ -37,7 +37,7 @@ def status(job_id: str, recordings: str | None, as_json: bool, thresholds: str |
     once the nodes' recordings exist, their summary and findings."""
     report = job_report(job_id, Path(recordings) if recordings else None)
     if as_json:
-        click.echo(json.dumps(_to_json(report), indent=2))
+        dump_json("slurm-status", _to_json(report))
         return
     render_report(report, Console(highlight=False, soft_wrap=True))
 

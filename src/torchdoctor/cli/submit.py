@@ -7,6 +7,7 @@ import os
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 
@@ -54,6 +55,7 @@ def _ids(text: str) -> list[int]:
     help="Folder the job runs in (default: this one).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print the job id only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the queued job as JSON.")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
     gpus: int,
@@ -67,6 +69,7 @@ def command(
     name: str | None,
     cwd: str | None,
     quiet: bool,
+    as_json: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
@@ -105,6 +108,25 @@ def command(
             after=[i for text in after for i in _ids(text)],
         )
         job = queue.submit(request)
+    if as_json:
+        dump_json(
+            "submit",
+            {
+                "id": job.id,
+                "name": job.name,
+                "argv": list(job.argv),
+                "cpus": job.cpus,
+                "gpus": job.gpus,
+                "gpu_ids": job.gpu_ids,
+                "vram_bytes": job.vram,
+                "vram_source": job.vram_source,
+                "mem_bytes": job.mem,
+                "mem_source": job.mem_source,
+                "priority": job.priority,
+                "after": list(job.after or []),
+            },
+        )
+        return
     if quiet:
         click.echo(job.id)
         return

@@ -32,7 +32,6 @@ verify-original, verify-tuned; ``status`` one of ok, failed, rejected, interrupt
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchdoctor.cli.common import stderr_console, thresholds_option
-from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.cli.json_output import dump_json, user_output_to_stderr
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 from torchdoctor.run.process import hold_signals, release_signals
@@ -128,6 +127,12 @@ def command(
     if trial_timeout is not None and trial_timeout <= 0:
         raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
     progress = None if quiet else _Progress(stderr_console())
+    from torchdoctor.recording.paths import prepare_folder
+    from torchdoctor.tune.tuner import tune_folder
+
+    folder = prepare_folder(Path(out), "--out-dir") if out else tune_folder()
+    if not quiet:
+        click.echo(f"torchdoctor tune: trials record into {folder}", err=True)
     held = hold_signals()
     try:
         # The trials' output goes to their logs; anything else printed meanwhile goes to
@@ -138,7 +143,7 @@ def command(
                 budget_s=budget_s,
                 trial_steps=trial_steps,
                 trial_timeout_s=trial_timeout,
-                folder=Path(out) if out else None,
+                folder=folder,
                 signals_held=True,
                 on_start=progress.start if progress else None,
                 on_trial=progress.done if progress else None,
@@ -146,7 +151,7 @@ def command(
     finally:
         release_signals(held)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        dump_json("tune", result.to_json())
     else:
         width = None if sys.stdout.isatty() else 120  # a file or pipe: no 80-column cut
         render(result, Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width))
