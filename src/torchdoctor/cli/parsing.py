@@ -21,7 +21,7 @@ class HelpfulGroup(click.Group):
     a usage error that names the closest ones."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args and not self.invoke_without_command:
+        if not args and not self.invoke_without_command and not ctx.resilient_parsing:
             click.echo(ctx.get_help(), color=ctx.color)
             ctx.exit(0)
         return super().parse_args(ctx, args)

@@ -14,10 +14,39 @@ from torchdoctor.errors import UserError
 from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
 
-def _queue():
+def _queue(reading: int | None = None):
+    """This user's queue. ``reading``: a read-only command about job ``reading`` (or 0: about
+    all), which must not create the queue's files where nothing was ever queued."""
     from torchdoctor.queue import Queue
+    from torchdoctor.queue.paths import queue_paths
 
+    if reading is not None and not queue_paths().db.exists():
+        if reading == 0:
+            return None
+        raise UserError(
+            f"there is no job {reading} in your queue: nothing was ever queued here "
+            "(`torchdoctor submit -- CMD` queues one)"
+        )
     return Queue()
+
+
+def complete_job_ids(ctx: click.Context, param: click.Parameter, incomplete: str):
+    """Shell completion of job ids: the queue's jobs, newest first, read without creating it."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        queue = _queue(reading=0)
+        if queue is None:
+            return []
+        with queue:
+            jobs = queue.jobs()
+    except Exception:  # noqa: BLE001 - completion must never print an error into the shell
+        return []
+    return [
+        CompletionItem(str(j.id), help=f"{j.state} {j.name}")
+        for j in sorted(jobs, key=lambda j: -j.id)
+        if str(j.id).startswith(incomplete)
+    ]
 
 
 @click.group("queue", cls=HelpfulGroup, invoke_without_command=True)
@@ -27,9 +56,12 @@ def command(ctx: click.Context, as_json: bool) -> None:
     """Without a sub-command: list your jobs (state, asked vs used, wait and run time)."""
     if ctx.invoked_subcommand is not None:
         return
-    with _queue() as queue:
-        jobs = queue.jobs()
-        paused = queue.paused
+    jobs, paused = [], None
+    queue = _queue(reading=0)
+    if queue is not None:
+        with queue:
+            jobs = queue.jobs()
+            paused = queue.paused
     if as_json:
         click.echo(json.dumps({"paused": paused, "jobs": [_plain(j) for j in jobs]}, indent=2))
         return
@@ -106,7 +138,7 @@ def _note(job) -> str:
 
 
 @command.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option(
     "--thresholds",
     type=click.Path(dir_okay=False),
@@ -122,7 +154,7 @@ def show(job_id: int, thresholds: str | None) -> None:
 
     from torchdoctor.units import one_line
 
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.job(job_id)
     lines = [
         f"job {job.id}: {job.name}  ({job.state})",
@@ -177,7 +209,7 @@ def show(job_id: int, thresholds: str | None) -> None:
 
 
 @command.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option(
     "--grace",
     type=float,
@@ -196,11 +228,11 @@ def cancel(job_id: int, grace: float) -> None:
 
 
 @command.command("logs")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 def logs(job_id: int, follow: bool) -> None:
     """What the job wrote (stdout and stderr)."""
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.job(job_id)
         out = sys.stdout.buffer
         offset = 0
@@ -248,11 +280,11 @@ def resume() -> None:
 
 
 @command.command("wait")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.pass_context
 def wait(ctx: click.Context, job_id: int) -> None:
     """Wait for a job to end; exit with its exit status (1 when it has none)."""
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.wait(job_id)
     if job.state != "done":
         click.echo(f"job {job.id} {job.state}: {_note(job)}", err=True)
