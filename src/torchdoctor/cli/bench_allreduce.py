@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.progress import Steps
 from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
@@ -13,7 +14,7 @@ from torchdoctor.doctor.allreduce import (
     run_rank,
     under_launcher,
 )
-from torchdoctor.doctor.allreduce_report import format_result
+from torchdoctor.doctor.allreduce_report import format_result, format_row
 from torchdoctor.errors import UserError, require_torch
 
 
@@ -62,6 +63,7 @@ from torchdoctor.errors import UserError, require_torch
     help="Seconds a collective may wait for the others.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
     backend: str | None,
     nproc: int,
@@ -72,6 +74,7 @@ def command(
     ops: str,
     timeout_s: float,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Measure all-reduce, all-gather and reduce-scatter like nccl-tests: per size the time per
     op, algbw = S/t and busbw = algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (the others).
@@ -106,7 +109,16 @@ def command(
         ops=chosen_ops,
         timeout_s=timeout_s,
     )
-    result = run_rank(cfg) if under_launcher() else bench_local(cfg, nproc)
+    total = len(cfg.sizes) * len(cfg.ops)
+    with Steps("all-reduce sweep", total=total, quiet=quiet) as steps:
+
+        def on_row(row) -> None:
+            steps.note(f"{row.op:<14} {format_row(row)}")
+            steps.advance(row.op)
+
+        result = (
+            run_rank(cfg, on_row=on_row) if under_launcher() else bench_local(cfg, nproc, on_row)
+        )
     if result is None:
         return  # not rank 0 of a launch: rank 0 prints
     if as_json:

@@ -39,6 +39,7 @@ from torchdoctor.errors import UserError
 @click.option(
     "--bench", is_flag=True, help="Also run a short all-reduce sweep on this node (gloo or nccl)."
 )
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
     as_json: bool,
     master_addr: str | None,
@@ -48,6 +49,7 @@ def command(
     workers: int | None,
     only: tuple[str, ...],
     bench: bool,
+    quiet: bool,
 ) -> int:
     """Check versions, GPUs, network, rendezvous, host limits and left-behind NCCL settings.
 
@@ -62,8 +64,12 @@ def command(
         workers=workers,
         bench=bench,
     )
+    from torchdoctor.cli.progress import Steps
+
+    # --bench sweeps all-reduce sizes for several seconds: say so while it runs.
     try:
-        checks = run_checks(plan, list(only) or None)
+        with Steps("checking" + (" (with an all-reduce sweep)" if bench else ""), quiet=quiet):
+            checks = run_checks(plan, list(only) or None)
     except ValueError as exc:
         raise UserError(f"{exc}") from None
     if as_json:

@@ -147,6 +147,7 @@ Examples:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
 )
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (--max-batch).")
 def command(
     spec: str,
     batch_size: int,
@@ -154,6 +155,7 @@ def command(
     no_fallback: bool,
     memory_snapshot: str | None,
     as_json: bool,
+    quiet: bool,
     **options: Any,
 ) -> None:
     """Estimate the GPU (or CPU) memory of a training step, without a GPU.
@@ -173,7 +175,7 @@ def command(
         # Model code runs here (imports, constructors, forwards): under --json its prints
         # go to stderr, so that stdout is the JSON alone.
         with user_output_to_stderr(as_json):
-            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options)
+            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options, quiet)
     except ParameterError as exc:
         raise exc.worded(FLAGS) from None
     click.echo(text)
@@ -186,13 +188,21 @@ def _run(
     memory_snapshot: str | None,
     as_json: bool,
     options: dict[str, Any],
+    quiet: bool = False,
 ) -> str:
     """The estimate (or the batch search) as the text or JSON to print."""
     from torchdoctor.estimate import api
     from torchdoctor.estimate.fitcheck import other_loops
 
     if find_max:
-        found = api.max_batch(spec, **options)
+        from torchdoctor.cli.progress import Steps
+
+        with Steps("probing batch sizes", quiet=quiet) as steps:
+
+            def on_probe(batch: int, size: int, fits: bool) -> None:
+                steps.advance(f"batch {batch}: {fmt_bytes(size)} {'fits' if fits else 'too big'}")
+
+            found = api.max_batch(spec, on_probe=on_probe, **options)
         if as_json:
             return json.dumps(versioned("estimate-max-batch", found.to_dict()), indent=2)
         return render_max_batch(found)

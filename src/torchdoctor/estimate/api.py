@@ -8,6 +8,7 @@ the Python parameters (``batch_size must be at least 1``); the CLI words them as
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ _ARGS: dict[str, str] = {
     ),
     "margin": "The fraction of the memory kept free when deciding what fits, in [0, 1).",
     "fallback": "Allow a real CPU run when fake tensors cannot trace the model.",
+    "on_probe": "Called as ``on_probe(batch, bytes, fits)`` after each probe (progress).",
     "compare_loops": (
         "Also estimate the step under the other training loops\n"
         "(``Estimate.other_loops``), so that a loop choice that matters shows."
@@ -152,6 +154,7 @@ def max_batch(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    on_probe: Callable[[int, int, bool], None] | None = None,
 ) -> MaxBatch:
     """The largest batch whose step fits the target with ``margin`` of its memory kept free.
 
@@ -175,7 +178,7 @@ def max_batch(
         raise ParameterError(
             "{} needs a memory to fit: pass {} or {}", "max_batch()", "gpu", "gpu_memory"
         )
-    return find_max_batch(check, setup)
+    return find_max_batch(check, setup, on_probe)
 
 
 @_documented
