@@ -138,6 +138,7 @@ def command(
     which `torchdoctor diagnose` and `torchdoctor slurm status JOBID` read afterwards.
     """
     args = list(argv)
+    time_limit_s = None if time_text == "auto" else require_duration(time_text, "--time")
     recording = recording or _last_recording_of(args)
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps}: give the number of steps the job runs (1 or more)")
@@ -146,7 +147,7 @@ def command(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         ranks_per_node=ranks_per_node,
-        time_limit_s=None if time_text == "auto" else require_duration(time_text, "--time"),
+        time_limit_s=time_limit_s,
         steps=steps,
         gpu_type=gpu_type,
         network_env=doctor_network_env(doctor_json) if doctor_json else {},

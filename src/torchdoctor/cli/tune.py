@@ -127,12 +127,6 @@ def command(
     if trial_timeout is not None and trial_timeout <= 0:
         raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
     progress = None if quiet else _Progress(stderr_console())
-    from torchdoctor.recording.paths import prepare_folder
-    from torchdoctor.tune.tuner import tune_folder
-
-    folder = prepare_folder(Path(out), "--out-dir") if out else tune_folder()
-    if not quiet:
-        click.echo(f"torchdoctor tune: trials record into {folder}", err=True)
     held = hold_signals()
     try:
         # The trials' output goes to their logs; anything else printed meanwhile goes to
@@ -143,7 +137,10 @@ def command(
                 budget_s=budget_s,
                 trial_steps=trial_steps,
                 trial_timeout_s=trial_timeout,
-                folder=folder,
+                folder=Path(out) if out else None,
+                on_folder=None
+                if quiet
+                else lambda f: click.echo(f"torchdoctor tune: trials record into {f}", err=True),
                 signals_held=True,
                 on_start=progress.start if progress else None,
                 on_trial=progress.done if progress else None,

@@ -104,6 +104,7 @@ def tune_command(
     on_trial: Callable[[Measurement], None] | None = None,
     on_start: Callable[[int, Config, str], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    on_folder: Callable[[Path], None] | None = None,
     env: dict[str, str] | None = None,
 ) -> TuneResult:
     """Tune ``argv``'s DataLoader and thread settings within ``budget_s`` seconds.
@@ -123,6 +124,8 @@ def tune_command(
     deadline = started + budget_s
     folder = tune_folder() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
+    if on_folder is not None:
+        on_folder(folder)  # the trials record there: said before the first one starts
     memory_budget = int(available_memory() * (1 - keep_free))
     cpus = allowed_cpus()
     timeout = trial_timeout_s
