@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import TORCHDOCTOR
+from tests.helpers.schemas import assert_valid
 from torchdoctor.tune.result import FAILED, OK
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.trial import TrialLimits, TrialRunner
@@ -84,7 +84,7 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
         cwd=tmp_path, timeout=budget + 60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = assert_valid("tune", proc.stdout)
     trials = result["trials"]
     assert result["original"]["num_workers"] == 0
     # what each trial gave, for the reader of a failure: which path the search took and why
