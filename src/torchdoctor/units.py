@@ -30,6 +30,7 @@ from torchdoctor.errors import UserError
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
+SIZE_HINT = "write a size like 16G or 16GiB (16 x 2^30 bytes), 16GB (16 x 10^9), 400M or bytes"
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
@@ -50,10 +51,7 @@ def parse_size(text: str, option: str = "size", bare_unit: int = 1) -> int:
     else:
         power, base = unit, 1024
     if match is None or power not in _POWERS or (unit.endswith("ib") and not power):
-        raise UserError(
-            f"cannot read {option} {text!r}: write a size like 16G or 16GiB (16 x 2^30 bytes), "
-            "16GB (16 x 10^9), 400M or a number of bytes"
-        )
+        raise UserError(f"cannot read {option} {text!r}: {SIZE_HINT}")
     factor = base ** _POWERS[power] if unit else bare_unit
     return int(float(match.group(1)) * factor)
 

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.errors import ParameterError, UserError, require_torch
+from torchdoctor.errors import ParameterError, UserError, literal, require_torch
 from torchdoctor.estimate.fitcheck import DEFAULT_MARGIN, FitCheck, alternatives, other_loops
 from torchdoctor.estimate.loops import HAND_WRITTEN, HF_TRAINER
 from torchdoctor.estimate.max_batch import find_max_batch
 from torchdoctor.estimate.profiles import custom_profile, find_profile
 from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import Target, TrainingSetup
-from torchdoctor.units import parse_size
+from torchdoctor.units import SIZE_HINT, parse_size
 
 ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
 
@@ -269,4 +269,12 @@ _PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 
 
 def _size(value: str | int) -> int:
-    return value if isinstance(value, int) else parse_size(value, "gpu_memory")
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except UserError:
+        # named as the caller knows it: gpu_memory here, --gpu-memory on the command line
+        raise ParameterError(
+            "cannot read {} " + literal(f"{value!r}: {SIZE_HINT}"), "gpu_memory"
+        ) from None
