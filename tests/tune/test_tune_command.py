@@ -223,7 +223,7 @@ def test_a_trial_that_exits_slowly_after_its_steps_is_measured_not_hung(tmp_path
 @pytest.mark.parametrize(
     ("args", "message", "code"),
     [
-        (["--budget", "5x"], "cannot read the duration '5x'", 2),
+        (["--budget", "5x"], "cannot read --budget '5x'", 2),
         (["--budget", "5s"], "--budget 5s is too short", 2),
         (["--trial-steps", "2"], "--trial-steps 2 is too few", 2),
     ],
