@@ -7,6 +7,9 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
+from torchdoctor.errors import UserError
 from torchdoctor.recording.listing import INDEX_NAME, read_index
 
 
@@ -159,3 +162,27 @@ def test_sbatch_from_last_sizes_from_the_newest_and_reads_the_time(user):
     done = user.td("sbatch", "--from", "@last", "--time", "1h30m", "--", "python", "train.py")
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --time=01:30:00" in done.stdout
+
+
+def test_exporter_address_and_interval_follow_the_same_precedence(tmp_path, monkeypatch):
+    from torchdoctor import config
+
+    monkeypatch.chdir(tmp_path)
+    user_file = config.user_config_path()
+    user_file.parent.mkdir(parents=True, exist_ok=True)
+    user_file.write_text('exporter_listen = "9001"\ninterval = 3\n')
+    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("9001", 3.0)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.torchdoctor]\nexporter_listen = "127.0.0.1:9002"\ninterval = "500ms"\n'
+    )
+    # a value that is not a duration is one clear error naming the setting
+    with pytest.raises(UserError, match="cannot read interval '500ms'"):
+        config.interval(None, 1.0)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.torchdoctor]\nexporter_listen = "127.0.0.1:9002"\ninterval = "2s"\n'
+    )
+    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("127.0.0.1:9002", 2.0)
+    monkeypatch.setenv("TORCHDOCTOR_EXPORTER_LISTEN", "9003")
+    monkeypatch.setenv("TORCHDOCTOR_INTERVAL", "0.5")
+    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("9003", 0.5)
+    assert (config.exporter_listen("9004"), config.interval(0.25, 1.0)) == ("9004", 0.25)
