@@ -40,7 +40,8 @@ from torchdoctor.diagnosis.rules.host_memory_leak import check_process
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.tune.space import Config
-from torchdoctor.tune.tuner import parse_duration, tune_command
+from torchdoctor.tune.tuner import tune_command
+from torchdoctor.units import parse_duration
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "examples" / "scenarios"

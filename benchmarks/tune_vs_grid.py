@@ -32,10 +32,10 @@ from torchdoctor.tune.tuner import (
     allowed_cpus,
     available_memory,
     limits_after,
-    parse_duration,
     space_for,
     tune_command,
 )
+from torchdoctor.units import parse_duration
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "examples" / "scenarios"
 

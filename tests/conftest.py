@@ -30,3 +30,12 @@ def run_td(
 @pytest.fixture
 def td():
     return run_td
+
+
+@pytest.fixture(autouse=True)
+def _no_user_settings(tmp_path_factory, monkeypatch):
+    """The tester's own torchdoctor settings (~/.config/torchdoctor/config.toml,
+    TORCHDOCTOR_* variables) must not steer the tests: an empty config folder for each."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+    for name in ("RUNS_DIR", "INTERVAL", "THRESHOLDS", "EXPORTER_LISTEN"):
+        monkeypatch.delenv(f"TORCHDOCTOR_{name}", raising=False)

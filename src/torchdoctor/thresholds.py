@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,23 +62,19 @@ FIELDS = {f.name for f in dataclasses.fields(Thresholds)}
 def load_thresholds(
     path: str | os.PathLike[str] | None = None, *, search_from: Path | None = None
 ) -> Thresholds:
-    """Defaults, overridden by ``path`` (a TOML file) or else by the nearest pyproject.toml.
+    """Defaults, overridden key by key by the user's config.toml ``[thresholds]``, the nearest
+    pyproject.toml's ``[tool.torchdoctor.thresholds]``, then ``path`` (a TOML file, values at
+    top level or under ``[thresholds]``; default: $TORCHDOCTOR_THRESHOLDS). torchdoctor.config
+    says where each is looked for."""
+    from torchdoctor import config
 
-    In a file of its own the values may sit at top level or under ``[thresholds]``; in
-    pyproject.toml they sit under ``[tool.torchdoctor.thresholds]``.
-    """
-    if path is not None:
-        data = _read_toml(Path(path))
-        table = data.get("thresholds", data)
-        return _apply(table, str(path))
-    pyproject = _find_pyproject(search_from or Path.cwd())
-    if pyproject is None:
-        return Thresholds()
-    table = _read_toml(pyproject).get("tool", {}).get("torchdoctor", {}).get("thresholds")
-    return _apply(table, str(pyproject)) if table else Thresholds()
+    values: dict[str, float] = {}
+    for source, table in config.threshold_tables(path, search_from):
+        values.update(_values(table, source))
+    return Thresholds(**values)
 
 
-def _apply(table: dict[str, Any], source: str) -> Thresholds:
+def _values(table: dict[str, Any], source: str) -> dict[str, float]:
     unknown = set(table) - FIELDS
     if unknown:
         raise UserError(
@@ -95,22 +85,4 @@ def _apply(table: dict[str, Any], source: str) -> Thresholds:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{source}: threshold {key!r} must be a number, got {value!r}")
         values[key] = float(value)
-    return Thresholds(**values)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"no such thresholds file: {str(path)!r}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{str(path)!r} is not valid TOML: {exc}") from None
-
-
-def _find_pyproject(start: Path) -> Path | None:
-    for folder in (start, *start.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
+    return values

@@ -1,12 +1,115 @@
-"""Figures as people read them, the same in every command: sizes, rates, shares and durations.
+"""Figures as people read and write them, the same in every command: sizes, rates, shares and
+durations. Every flag that takes a size or a duration reads it here, and every figure printed
+is written here.
 
-Sizes use binary units (GiB), as RAM and VRAM are sold and as the kernel, nvidia-smi and
-``torch.cuda.memory_summary`` show them.
+The vocabulary (one table, documented as is):
+
+===============================  ===============================================================
+``16G``, ``16GiB``, ``16g``      16 x 2^30 bytes, as Slurm (``--mem=16G``), Docker and nccl-tests
+                                 read G; likewise K/KiB (2^10), M/MiB (2^20), T/TiB (2^40)
+``16GB``, ``400MB``, ``8kB``     SI, only when written out with a B: 16 x 10^9, 400 x 10^6...
+``1024``, ``1024B``              bytes
+``90``, ``90s``                  seconds: a bare number is seconds everywhere it is accepted
+``5m``, ``1h30m``, ``2d``        minutes, hours and minutes, days (units may be combined)
+``MM:SS``, ``HH:MM:SS``,         clock forms, as Slurm writes them
+``D-HH:MM:SS``
+===============================  ===============================================================
+
+A bare duration is refused where it is ambiguous: ``sbatch --time`` (Slurm reads ``--time 5`` as
+five minutes) asks for a unit or a clock form. Printed sizes use binary units (``GiB``), as the
+kernel, nvidia-smi and ``torch.cuda.memory_summary`` show them; printed durations use ``s``,
+``min``, ``h``.
 """
 
 from __future__ import annotations
 
+import re
+
+from torchdoctor.errors import UserError
+
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+SIZE_HINT = "write a size like 16G or 16GiB (16 x 2^30 bytes), 16GB (16 x 10^9), 400M or bytes"
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str, option: str = "size", bare_unit: int = 1) -> int:
+    """Bytes in ``text``: ``16G``/``16GiB`` = 16 x 2^30, ``16GB`` = 16 x 10^9, ``1024`` bytes.
+
+    ``bare_unit`` is what a number without a unit counts (1 byte; Slurm's own notation reads
+    MiB). ``option`` names the flag in the message a bad value gets."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if unit.endswith("ib"):
+        power, base = unit[:-2], 1024
+    elif unit.endswith("b") and len(unit) == 2:
+        power, base = unit[:-1], 1000
+    elif unit == "b":
+        power, base = "", 1
+    else:
+        power, base = unit, 1024
+    if match is None or power not in _POWERS or (unit.endswith("ib") and not power):
+        raise UserError(f"cannot read {option} {text!r}: {SIZE_HINT}")
+    factor = base ** _POWERS[power] if unit else bare_unit
+    return int(float(match.group(1)) * factor)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|min|s)")
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "min": 60, "s": 1}
+
+
+def parse_duration(
+    text: str, option: str = "duration", *, bare: bool = True, bare_unit: float = 1.0
+) -> float:
+    """Seconds in ``text``: ``90``, ``90s``, ``5m``, ``1h30m``, ``2d``, ``MM:SS``,
+    ``HH:MM:SS``, ``D-HH[:MM[:SS]]``.
+
+    A bare number counts ``bare_unit`` seconds (1: seconds everywhere in torchdoctor; Slurm's
+    own notation, as read from its scripts, counts minutes); ``bare=False`` refuses it where it
+    would be ambiguous."""
+    value = text.strip().lower()
+    seconds = _clock(value) if (":" in value or "-" in value) else None
+    if seconds is None and re.fullmatch(r"\d+(\.\d+)?", value):
+        if not bare:
+            raise UserError(
+                f"{option} {text!r} has no unit: write {text}s, {text}m or a clock form "
+                f"such as 00:{int(float(text)):02d}:00 (HH:MM:SS)"
+            )
+        seconds = float(value) * bare_unit
+    if seconds is None:
+        parts = _DURATION_PART.findall(value)
+        if parts and "".join(n + u for n, u in parts) == value:
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds is None:
+        raise UserError(
+            f"cannot read {option} {text!r}: write a duration like 90 or 90s (seconds), 5m, "
+            "1h30m or HH:MM:SS"
+        )
+    return seconds
+
+
+def _clock(value: str) -> float | None:
+    """``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS`` (Slurm's forms)."""
+    days = 0
+    if "-" in value:
+        head, _, value = value.partition("-")
+        if not head.isdigit():
+            return None
+        days = int(head)
+        parts = value.split(":")
+        if not all(p.isdigit() for p in parts) or len(parts) > 3:
+            return None
+        h, m, s = ([int(p) for p in parts] + [0, 0])[:3]
+        return float(((days * 24 + h) * 60 + m) * 60 + s)
+    parts = value.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) not in (2, 3):
+        return None
+    nums = [int(p) for p in parts]
+    if len(nums) == 2:
+        return float(nums[0] * 60 + nums[1])
+    return float((nums[0] * 60 + nums[1]) * 60 + nums[2])
 
 
 def binary_scaled(n: float) -> tuple[float, str]:

@@ -169,13 +169,21 @@ def test_not_executable_is_126(tmp_path: Path) -> None:
     assert not (tmp_path / "torchdoctor-runs").exists()
 
 
-@pytest.mark.parametrize("interval", ["0.01", "61", "-1"])
+@pytest.mark.parametrize("interval", ["0.01", "61", "2m"])
 def test_interval_out_of_range(tmp_path: Path, interval: str) -> None:
     res = run_td("run", "--interval", interval, "--", PY, "-c", "pass", cwd=tmp_path)
     assert res.returncode == 2
+    seconds = {"2m": 120.0}.get(interval) or float(interval)
     assert res.stderr.strip().splitlines() == [
-        f"torchdoctor: error: --interval {float(interval):g} is out of range: use 0.05-60 seconds"
+        f"torchdoctor: error: --interval {seconds:g} is out of range: use 0.05-60 seconds"
     ]
+
+
+def test_negative_interval_is_not_a_duration(tmp_path: Path) -> None:
+    res = run_td("run", "--interval", "-1", "--", PY, "-c", "pass", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "cannot read --interval '-1'" in res.stderr
+    assert not (tmp_path / "torchdoctor-runs").exists()
 
 
 def test_unwritable_output_folder(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import run_td
 from tests.diagnosis.builders import GiB, Gpu, Job, Proc, const, loader, make_steps
+from tests.helpers.schemas import assert_valid
 from torchdoctor.diagnosis import engine
 from torchdoctor.diagnosis.rules import RULE_MODULES
 from torchdoctor.recording.reader import open_recording
@@ -62,7 +63,8 @@ def test_diagnose_json_is_the_documented_form(tmp_path):
     result = run_td("diagnose", "--json", str(path))
     assert result.returncode == 0
     data = json.loads(result.stdout)
-    assert list(data) == ["findings", "recordings"]
+    assert list(data) == ["schema_version", "findings", "recordings"]
+    assert_valid("diagnose", data)
     [entry] = data["recordings"]
     assert entry["path"] == str(path) and entry["steps"]["step_count"] > 0
     first = data["findings"][0]

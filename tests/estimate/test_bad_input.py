@@ -59,7 +59,7 @@ def test_data_dependent_op_falls_back_to_a_real_cpu_run_and_says_so(estimate_cli
     ("args", "fragment"),
     [
         (["--gpu", "A200"], "unknown GPU 'A200'"),
-        (["--gpu-memory", "lots"], "cannot read memory size 'lots'"),
+        (["--gpu-memory", "lots"], "cannot read --gpu-memory 'lots': write a size like 16G"),
         (["--device", "cuda"], "--device cuda needs a GPU"),
         (["--input", "3xfoo"], "cannot read input shape"),
         (["--batch", "0"], "--batch must be at least 1"),

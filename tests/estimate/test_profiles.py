@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from torchdoctor.errors import UserError
-from torchdoctor.estimate.profiles import PROFILES, find_profile, parse_size
+from torchdoctor.estimate.profiles import PROFILES, find_profile
 from torchdoctor.units import fmt_bytes as format_bytes
+from torchdoctor.units import parse_size
 
 
 def test_required_profiles_exist_with_memory_and_compute_capability():
@@ -38,7 +39,7 @@ def test_memory_sizes(text, size):
 
 
 def test_bad_sizes_and_names_say_how_to_write_them():
-    with pytest.raises(UserError, match="write it like 24GiB"):
+    with pytest.raises(UserError, match="write a size like 16G"):
         parse_size("24 gigs")
     with pytest.raises(UserError, match="use one of A100-40GB"):
         find_profile("B300")

@@ -253,7 +253,7 @@ def test_tensorboard_scalars_match_the_recording(live: LiveJob) -> None:
     # The same recording exported afterwards gives the same series.
     out = live.tensorboard.parent / "exported"
     res = subprocess.run(
-        [*TORCHDOCTOR, "export", str(live.recording), "--format", "tensorboard", "--to", str(out)],
+        [*TORCHDOCTOR, "export", str(live.recording), "--format", "tensorboard", "--out-dir", str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

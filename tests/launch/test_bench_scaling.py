@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_td
+from tests.helpers.schemas import assert_valid
 from torchdoctor.errors import UserError
 from torchdoctor.launch.scaling import Trial, parse_sizes, trial_args
 
@@ -16,12 +16,12 @@ JOB = str(Path(__file__).resolve().parent / "jobs" / "ddp_job.py")
 
 def test_one_and_two_ranks_give_e2_and_say_where_the_loss_goes(tmp_path: Path) -> None:
     res = run_td(
-        "bench", "scaling", "--nproc", "1,2", "--steps", "6", "--out", str(tmp_path), "--json",
+        "bench", "scaling", "--nproc", "1,2", "--steps", "6", "--out-dir", str(tmp_path), "--json",
         "--", JOB,
         timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = assert_valid("bench-scaling", res.stdout)
     trials = {t["nproc"]: t for t in result["trials"]}
     assert set(trials) == {1, 2}
     one, two = trials[1], trials[2]

@@ -199,7 +199,7 @@ def test_a_recording_cut_in_half_shows_its_intact_part(tmp_path: Path) -> None:
     diagnosed = run_td("diagnose", str(half))
     assert diagnosed.returncode == 0, diagnosed.stderr
     assert "recording damaged" in diagnosed.stdout
-    exported = run_td("export", str(half), "--format", "csv", "--to", str(tmp_path / "csv"))
+    exported = run_td("export", str(half), "--format", "csv", "--out-dir", str(tmp_path / "csv"))
     assert exported.returncode == 0, exported.stderr
     lines = (tmp_path / "csv" / "host_samples.csv").read_text().splitlines()
     assert len(lines) == kept_host + 1, (len(lines), kept_host)  # the header, then each row

@@ -76,7 +76,7 @@ def test_show_prints_a_readable_summary(recording: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
 def test_export_writes_every_non_empty_table(recording: Path, tmp_path: Path, fmt: str) -> None:
-    res = run_td("export", str(recording), "--format", fmt, "--to", str(tmp_path / "out"))
+    res = run_td("export", str(recording), "--format", fmt, "--out-dir", str(tmp_path / "out"))
     assert res.returncode == 0, res.stderr
     files = {Path(line).name for line in res.stdout.split()}
     assert {

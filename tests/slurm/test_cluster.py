@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
+from tests.helpers.schemas import assert_valid
 from tests.slurm.conftest import DDP_CMD, TRAIN_CMD
 from tests.slurm.slurm_cluster import start_cluster, stop_cluster, why_not_startable
 from torchdoctor.recording import open_recording
@@ -72,7 +73,9 @@ def test_sized_job_runs_and_status_reports_asked_vs_used(cluster, train_job) -> 
     # the summary and findings of the node's recording follow
     assert f"node {HOST}" in text and "steps: 20" in text and "torchdoctor diagnosis" in text
 
-    data = json.loads(run_td("slurm", "status", job_id, "--json", env=cluster.env).stdout)
+    data = assert_valid(
+        "slurm-status", run_td("slurm", "status", job_id, "--json", env=cluster.env).stdout
+    )
     rows = {row["figure"]: row for row in data["asked_used"]}
     script = (runs / "td-train.sbatch").read_text()
     asked_mem = parse_memory(re.search(r"^#SBATCH --mem=(\S+)$", script, re.M).group(1))

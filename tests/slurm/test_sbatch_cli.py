@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
+from tests.queue.conftest import queue_env  # noqa: F401 - the fixture
 from tests.slurm.conftest import DDP_CMD, TRAIN
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.summary import summarize
@@ -106,7 +107,7 @@ def test_a_torchrun_recording_sizes_per_rank(ddp_recording: Path) -> None:
     assert "recording is of" not in res.stderr  # torchrun ... ddp_train.py is this job
 
 
-def test_without_from_the_queues_last_run_of_the_command_is_used(queue_env) -> None:
+def test_without_from_the_queues_last_run_of_the_command_is_used(queue_env) -> None:  # noqa: F811
     q = queue_env()
     cmd = [sys.executable, str(TRAIN), "--steps", "5", "--batch-size", "4"]
     job_id = q.submit("--", *cmd)

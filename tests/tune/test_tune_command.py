@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import TORCHDOCTOR
+from tests.helpers.schemas import assert_valid
 from torchdoctor.tune.result import FAILED, OK
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.trial import TrialLimits, TrialRunner
@@ -79,12 +79,12 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
     # machine's load rises during the tune.
     proc = tune(
         "--budget", f"{budget}s", "--trial-steps", "12", "--trial-timeout", "20", "--json",
-        "--out", str(out), "--", sys.executable, JOB, "--sample-ms", "5",
+        "--out-dir", str(out), "--", sys.executable, JOB, "--sample-ms", "5",
         "--crash-with-workers", "3", "--hang-with-workers", "4",
         cwd=tmp_path, timeout=budget + 60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = assert_valid("tune", proc.stdout)
     trials = result["trials"]
     assert result["original"]["num_workers"] == 0
     # what each trial gave, for the reader of a failure: which path the search took and why
@@ -130,7 +130,7 @@ def test_healthy_job_keeps_its_own_settings_within_the_budget(tmp_path):
     budget = 90
     # Data costs nothing and every step waits 15 ms on something no setting changes.
     proc = tune(
-        "--budget", f"{budget}s", "--trial-steps", "15", "--out", str(out), "--",
+        "--budget", f"{budget}s", "--trial-steps", "15", "--out-dir", str(out), "--",
         sys.executable, JOB, "--sample-ms", "0", "--step-ms", "15",
         cwd=tmp_path,
     )  # fmt: skip
@@ -147,7 +147,7 @@ def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path):
     out = tmp_path / "out"
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [*TORCHDOCTOR, "tune", "--budget", "5m", "--out", str(out), "--",
+        [*TORCHDOCTOR, "tune", "--budget", "5m", "--out-dir", str(out), "--",
          sys.executable, JOB, "--workers", "2", "--ready", str(ready)],
         cwd=tmp_path,
         env=quiet_env(),
@@ -223,7 +223,7 @@ def test_a_trial_that_exits_slowly_after_its_steps_is_measured_not_hung(tmp_path
 @pytest.mark.parametrize(
     ("args", "message", "code"),
     [
-        (["--budget", "5x"], "cannot read the duration '5x'", 2),
+        (["--budget", "5x"], "cannot read --budget '5x'", 2),
         (["--budget", "5s"], "--budget 5s is too short", 2),
         (["--trial-steps", "2"], "--trial-steps 2 is too few", 2),
     ],
@@ -238,7 +238,7 @@ def test_bad_options_say_what_to_do(tmp_path, args, message, code):
 
 def test_command_that_fails_as_written_is_reported_not_tuned(tmp_path):
     proc = tune(
-        "--budget", "60s", "--out", str(tmp_path / "out"), "--",
+        "--budget", "60s", "--out-dir", str(tmp_path / "out"), "--",
         sys.executable, JOB, "--workers", "1", "--crash-with-workers", "1",
         cwd=tmp_path, timeout=120,
     )  # fmt: skip

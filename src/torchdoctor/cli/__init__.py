@@ -7,19 +7,19 @@ the estimator, and a broken optional part cannot break the others.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 
 import click
 
 from torchdoctor import __version__
+from torchdoctor.cli.parsing import LazyGroup
 from torchdoctor.errors import UserError
 
 # name -> (module, one-line help shown in `torchdoctor --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("torchdoctor.cli.run", "Run a command and record everything it uses."),
     "attach": ("torchdoctor.cli.attach", "Record a running process tree until it exits."),
+    "ls": ("torchdoctor.cli.ls", "List the recordings, newest first."),
     "show": ("torchdoctor.cli.show", "Summarize a recording."),
     "export": ("torchdoctor.cli.export", "Export a recording to CSV, Parquet or JSON Lines."),
     "diagnose": ("torchdoctor.cli.diagnose", "Name the bottleneck of a recorded job, with fixes."),
@@ -46,32 +46,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "torchdoctor.cli.exporter",
         "Serve Prometheus metrics for this machine and its jobs.",
     ),
+    "completion": (
+        "torchdoctor.cli.completion",
+        "Print the shell completion script (bash, zsh or fish).",
+    ),
 }
 
 
-class LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name, (module, _) in COMMANDS.items() if _module_exists(module)]
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        entry = COMMANDS.get(cmd_name)
-        if entry is None or not _module_exists(entry[0]):
-            return None
-        module = importlib.import_module(entry[0])
-        return module.command
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-def _module_exists(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    commands=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, prog_name="torchdoctor")
 def cli() -> None:
     """Record, diagnose and tune the resource use of PyTorch training jobs."""
@@ -88,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("torchdoctor: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        exc.show()  # the usage line, click's "Try '... -h' for help." hint, then the error
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"torchdoctor: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from torchdoctor.cli.common import python_option, run_in_job_python
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.progress import Steps
 from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
@@ -15,7 +15,7 @@ from torchdoctor.doctor.allreduce import (
     run_rank,
     under_launcher,
 )
-from torchdoctor.doctor.allreduce_report import format_result
+from torchdoctor.doctor.allreduce_report import format_result, format_row
 from torchdoctor.errors import UserError, require_torch
 
 
@@ -65,6 +65,7 @@ from torchdoctor.errors import UserError, require_torch
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @python_option
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
     backend: str | None,
     nproc: int,
@@ -76,6 +77,7 @@ def command(
     timeout_s: float,
     as_json: bool,
     python: str | None,
+    quiet: bool,
 ) -> None:
     """Measure all-reduce, all-gather and reduce-scatter like nccl-tests: per size the time per
     op, algbw = S/t and busbw = algbw x 2(n-1)/n (all-reduce) or x (n-1)/n (the others).
@@ -111,7 +113,19 @@ def command(
         ops=chosen_ops,
         timeout_s=timeout_s,
     )
-    result = run_rank(cfg) if under_launcher() else bench_local(cfg, nproc)
+    total = len(cfg.sizes) * len(cfg.ops)
+    with Steps("all-reduce sweep", total=total, quiet=quiet) as steps:
+
+        def on_row(row) -> None:
+            steps.note(f"{row.op:<14} {format_row(row)}")
+            steps.advance(row.op)
+
+        result = (
+            run_rank(cfg, on_row=on_row) if under_launcher() else bench_local(cfg, nproc, on_row)
+        )
     if result is None:
         return  # not rank 0 of a launch: rank 0 prints
-    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_result(result))
+    if as_json:
+        dump_json("bench-allreduce", result.to_dict())
+    else:
+        click.echo(format_result(result))

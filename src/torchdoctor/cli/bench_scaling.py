@@ -8,11 +8,15 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import python_option, stderr_console
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.recording.paths import runs_dir
 
 
 @click.command(
     "scaling",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
+    renamed={"--out": "--out-dir"},
 )
 @click.option("--nproc", default="1,2", show_default=True, metavar="N,N...", help="Rank counts.")
 @click.option("--steps", type=int, default=20, show_default=True, help="Measured steps per trial.")
@@ -28,11 +32,12 @@ from torchdoctor.cli.common import python_option, stderr_console
     "--global-batch", type=int, default=None, metavar="B", help="With --keep global-batch."
 )
 @click.option(
-    "--out",
+    "--out-dir",
+    "out",
     type=click.Path(file_okay=False),
     default=None,
     metavar="DIR",
-    help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/scaling-<time>).",
+    help="Folder for the trials' recordings and logs (default: <recordings folder>/scaling-<time>).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @python_option
@@ -55,7 +60,6 @@ def command(
     ranks, stopped after a few warm-up steps plus --steps measured steps on every rank.
     """
     import dataclasses
-    import json
 
     from torchdoctor.launch.plan import split_script
     from torchdoctor.launch.scaling import bench_scaling, parse_sizes
@@ -67,9 +71,7 @@ def command(
     script = split_script(list(argv))
     sizes = parse_sizes(nproc)
     folder = (
-        Path(out)
-        if out
-        else Path("torchdoctor-runs") / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
+        Path(out) if out else runs_dir() / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
     )
     folder.mkdir(parents=True, exist_ok=True)
     console = stderr_console()
@@ -90,7 +92,7 @@ def command(
         python=job_python.executable,
     )
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        dump_json("bench-scaling", dataclasses.asdict(result))
         return
     click.echo(f"scaling of {' '.join(script)} ({keep} kept, {steps} measured steps per trial)")
     click.echo(

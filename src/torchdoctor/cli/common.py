@@ -13,27 +13,57 @@ from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import claim_recording_file, create_recording_file
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
+
+def _interval_setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float:
+    """--interval, else $TORCHDOCTOR_INTERVAL or the config files, else the built-in 1 s."""
+    from torchdoctor import config
+    from torchdoctor.units import parse_duration
+
+    flag = parse_duration(value, "--interval") if value is not None else None
+    return config.interval(flag, DEFAULT_INTERVAL_S)
+
+
 interval_option = click.option(
     "--interval",
-    type=float,
-    default=DEFAULT_INTERVAL_S,
-    show_default=True,
-    metavar="S",
-    help=f"Seconds between samples ({MIN_INTERVAL_S}-{MAX_INTERVAL_S:g}).",
+    default=None,
+    callback=_interval_setting,
+    metavar="TIME",
+    help=f"Time between samples, {MIN_INTERVAL_S}-{MAX_INTERVAL_S:g} s (e.g. 0.5, 2s; "
+    f"default: $TORCHDOCTOR_INTERVAL, interval in the config, else {DEFAULT_INTERVAL_S:g} s).",
 )
 out_option = click.option(
+    "-o",
     "--out",
     type=click.Path(dir_okay=False),
     default=None,
     metavar="FILE",
-    help="Where to write the recording (default: ./torchdoctor-runs/<UTC time>-<command>.sqlite).",
+    help="Where to write the recording (default: <recordings folder>/<UTC time>-<command>.sqlite; "
+    "the folder is $TORCHDOCTOR_RUNS_DIR, runs_dir in the config, or ./torchdoctor-runs).",
 )
+
+
+def _thresholds_setting(ctx: click.Context, param: click.Parameter, value: str | None):
+    """Checked now (a bad file fails before anything starts), then handed to every diagnosis
+    this command runs, however deep (the exporter's, tune's, slurm status'), and to the
+    processes it starts, as $TORCHDOCTOR_THRESHOLDS: the flag outranks the variable."""
+    if value is None:
+        return None
+    from torchdoctor.config import ENV_THRESHOLDS
+    from torchdoctor.thresholds import load_thresholds
+
+    load_thresholds(value)
+    os.environ[ENV_THRESHOLDS] = os.path.abspath(value)
+    return value
+
+
 thresholds_option = click.option(
     "--thresholds",
     type=click.Path(dir_okay=False),
     default=None,
+    callback=_thresholds_setting,
     metavar="FILE",
-    help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] in pyproject.toml).",
+    help="TOML file overriding the threshold table (default: $TORCHDOCTOR_THRESHOLDS, "
+    "[tool.torchdoctor.thresholds] in pyproject.toml, [thresholds] in the user config).",
 )
 
 python_option = click.option(
@@ -83,31 +113,44 @@ def stderr_console() -> Console:
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
-def print_end_report(path: Path, console: Console, thresholds_path: str | None) -> None:
-    """The summary, then the findings, on stderr; problems here never change the exit status."""
+def print_end_report(
+    path: Path, console: Console | None, thresholds_path: str | None
+) -> tuple[object, list] | None:
+    """The summary, then the findings, on stderr (``console``; None: print nothing); problems
+    here never change the exit status. The recording's line for `torchdoctor ls` is stored on
+    the way (nothing to compute twice). Returns (summary, findings), None when unreadable."""
+    from torchdoctor.cli.recordings import line_of, remember
     from torchdoctor.cli.summary_view import render_summary
     from torchdoctor.recording import open_recording
     from torchdoctor.recording.summary import summarize
 
     try:
         with open_recording(path) as rec:
-            render_summary(summarize(rec), console)
-            _print_findings(rec, console, thresholds_path)
+            summary = summarize(rec)
+            if console is not None:
+                render_summary(summary, console)
+            findings = _print_findings(rec, console, thresholds_path)
+        remember(path, line_of(path, summary, findings))
+        return summary, findings
     except UserError as exc:
-        console.print(f"torchdoctor: could not summarize the recording: {exc.message}")
+        problem = exc.message
     except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
-        console.print(
-            f"torchdoctor: could not summarize the recording ({type(exc).__name__}: {exc})"
-        )
+        problem = f"({type(exc).__name__}: {exc})"
+    (console or stderr_console()).print(
+        f"torchdoctor: could not summarize the recording: {problem}"
+    )
+    return None
 
 
-def _print_findings(rec, console: Console, thresholds_path: str | None) -> None:
+def _print_findings(rec, console: Console | None, thresholds_path: str | None) -> list:
     try:
         from torchdoctor.diagnosis.engine import diagnose
         from torchdoctor.diagnosis.render import render_findings
     except ImportError:
-        return
+        return []
     from torchdoctor.thresholds import load_thresholds
 
     findings = diagnose(rec, load_thresholds(thresholds_path))
-    render_findings(findings, console)
+    if console is not None:
+        render_findings(findings, console)
+    return findings

@@ -6,34 +6,47 @@ import contextlib
 
 import click
 
+from torchdoctor.cli.common import thresholds_option
+from torchdoctor.cli.exit_codes import FOUND
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.diagnosis.engine import diagnose_job
-from torchdoctor.diagnosis.render import findings_to_json, render_findings
+from torchdoctor.diagnosis.findings import SEVERITIES
+from torchdoctor.diagnosis.render import findings_to_dict, render_findings
 from torchdoctor.recording.jobs import job_recording_paths
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import load_thresholds
 
 
 @click.command("diagnose")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
+@click.argument("files", nargs=-1, required=True, type=RECORDING)
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@thresholds_option
 @click.option(
-    "--thresholds",
-    "thresholds_file",
-    type=click.Path(path_type=str),
+    "--fail-on",
+    type=click.Choice(["warning", "critical"]),
     default=None,
-    help="TOML file overriding the threshold table (default: [tool.torchdoctor.thresholds] "
-    "in the nearest pyproject.toml).",
+    help="Exit 1 when a finding is at least this severe (for CI); default: exit 0 whatever "
+    "is found.",
 )
-def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) -> None:
+@click.pass_context
+def command(
+    ctx: click.Context,
+    files: tuple[str, ...],
+    as_json: bool,
+    thresholds: str | None,
+    fail_on: str | None,
+) -> None:
     """Name the bottleneck of the job recorded in FILES, with evidence and concrete fixes.
 
     Several recordings (or a folder of them) are one distributed job recorded on several
     nodes (`torchdoctor launch` on each): its ranks are compared across the nodes.
 
-    Exits 0 whatever it finds (it is a report); non-zero only when FILES or the thresholds
-    cannot be read.
+    `last` (or `@last`) is the newest recording of the recordings folder. Exits 0 whatever
+    it finds (it is a report), unless --fail-on says which findings fail; 2 when FILES or
+    the thresholds cannot be read.
     """
-    thresholds = load_thresholds(thresholds_file)
+    thresholds = load_thresholds(thresholds)
     paths = job_recording_paths(list(files))
     with contextlib.ExitStack() as stack:
         recordings = [stack.enter_context(open_recording(p)) for p in paths]
@@ -44,10 +57,14 @@ def command(files: tuple[str, ...], as_json: bool, thresholds_file: str | None) 
             for note in rec.notes()
         ]
         findings = diagnose_job(recordings, thresholds)
-        text = findings_to_json(findings, recordings) if as_json else None
+        document = findings_to_dict(findings, recordings) if as_json else None
     for note in notes:
         click.echo(f"torchdoctor: {note}", err=as_json)
     if as_json:
-        click.echo(text)
+        dump_json("diagnose", document)
     else:
         render_findings(findings)
+    if fail_on is not None:
+        limit = SEVERITIES.index(fail_on)
+        if any(SEVERITIES.index(f.severity) <= limit for f in findings):
+            ctx.exit(FOUND)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from torchdoctor.cli.common import python_option, run_in_job_python
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.doctor import Plan, exit_status, run_checks
 from torchdoctor.doctor.render import render, to_json
 from torchdoctor.errors import UserError
@@ -38,6 +41,7 @@ from torchdoctor.errors import UserError
     "--bench", is_flag=True, help="Also run a short all-reduce sweep on this node (gloo or nccl)."
 )
 @python_option
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
     as_json: bool,
     master_addr: str | None,
@@ -48,6 +52,7 @@ def command(
     only: tuple[str, ...],
     bench: bool,
     python: str | None,
+    quiet: bool,
 ) -> int:
     """Check versions, GPUs, network, rendezvous, host limits and left-behind NCCL settings.
 
@@ -63,12 +68,16 @@ def command(
         workers=workers,
         bench=bench,
     )
+    from torchdoctor.cli.progress import Steps
+
+    # --bench sweeps all-reduce sizes for several seconds: say so while it runs.
     try:
-        checks = run_checks(plan, list(only) or None)
+        with Steps("checking" + (" (with an all-reduce sweep)" if bench else ""), quiet=quiet):
+            checks = run_checks(plan, list(only) or None)
     except ValueError as exc:
         raise UserError(f"{exc}") from None
     if as_json:
-        click.echo(to_json(checks, plan))
+        dump_json("doctor", json.loads(to_json(checks, plan)))
     else:
         render(checks)
     return exit_status(checks)

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from torchdoctor.cli.common import python_option, run_in_job_python
-from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.cli.json_output import user_output_to_stderr, versioned
 from torchdoctor.errors import ParameterError, UserError
 from torchdoctor.estimate.loops import LOOPS
 from torchdoctor.estimate.profiles import PROFILES
@@ -120,7 +120,9 @@ Examples:
     "--gpu", metavar="NAME", help="GPU profile, e.g. A100-80GB, H100-80GB, L4, T4, RTX 4090."
 )
 @click.option(
-    "--gpu-memory", metavar="SIZE", help="Target memory instead of a profile, e.g. 24GiB."
+    "--gpu-memory",
+    metavar="SIZE",
+    help="Target memory instead of a profile, e.g. 24G (= 24GiB; 24GB is 24 x 10^9 bytes).",
 )
 @click.option(
     "--margin",
@@ -147,6 +149,7 @@ Examples:
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
 )
 @python_option
+@click.option("--quiet", is_flag=True, help="No progress line on stderr (--max-batch).")
 def command(
     spec: str,
     batch_size: int,
@@ -154,6 +157,7 @@ def command(
     no_fallback: bool,
     memory_snapshot: str | None,
     as_json: bool,
+    quiet: bool,
     **options: Any,
 ) -> None:
     """Estimate the GPU (or CPU) memory of a training step, without a GPU.
@@ -174,7 +178,7 @@ def command(
         # Model code runs here (imports, constructors, forwards): under --json its prints
         # go to stderr, so that stdout is the JSON alone.
         with user_output_to_stderr(as_json):
-            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options)
+            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options, quiet)
     except ParameterError as exc:
         raise exc.worded(FLAGS) from None
     click.echo(text)
@@ -187,14 +191,24 @@ def _run(
     memory_snapshot: str | None,
     as_json: bool,
     options: dict[str, Any],
+    quiet: bool = False,
 ) -> str:
     """The estimate (or the batch search) as the text or JSON to print."""
     from torchdoctor.estimate import api
     from torchdoctor.estimate.fitcheck import other_loops
 
     if find_max:
-        found = api.max_batch(spec, **options)
-        return json.dumps(found.to_dict(), indent=2) if as_json else render_max_batch(found)
+        from torchdoctor.cli.progress import Steps
+
+        with Steps("probing batch sizes", quiet=quiet) as steps:
+
+            def on_probe(batch: int, size: int, fits: bool) -> None:
+                steps.advance(f"batch {batch}: {fmt_bytes(size)} {'fits' if fits else 'too big'}")
+
+            found = api.max_batch(spec, on_probe=on_probe, **options)
+        if as_json:
+            return json.dumps(versioned("estimate-max-batch", found.to_dict()), indent=2)
+        return render_max_batch(found)
     check, setup = api.prepare(spec, batch_size=batch_size, **options)
     result = check.estimate(setup, memory_snapshot)
     if not setup.inference:
@@ -204,7 +218,7 @@ def _run(
     if as_json:
         data = result.to_dict()
         data["alternatives"] = [a.to_dict() for a in found_alternatives]
-        return json.dumps(data, indent=2)
+        return json.dumps(versioned("estimate", data), indent=2)
     text = render_estimate(result)
     if found_alternatives:
         text += "\n" + render_alternatives(found_alternatives, result)

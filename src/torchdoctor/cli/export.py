@@ -1,4 +1,4 @@
-"""`torchdoctor export FILE --format csv|parquet|jsonl|tensorboard [--to DIR]`."""
+"""`torchdoctor export FILE --format csv|parquet|jsonl|tensorboard [--out-dir DIR]`."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.parsing import Command
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.exporters.files import FORMATS, export_recording
 from torchdoctor.recording import open_recording
 
 TENSORBOARD = "tensorboard"
 
 
-@click.command("export")
-@click.argument("file", type=click.Path(dir_okay=True))
+@click.command("export", cls=Command, renamed={"--to": "--out-dir"})
+@click.argument("file", type=RECORDING)
 @click.option(
     "--format",
     "fmt",
@@ -22,14 +25,15 @@ TENSORBOARD = "tensorboard"
     help="Output format.",
 )
 @click.option(
-    "--to",
+    "--out-dir",
     "folder",
     type=click.Path(file_okay=False),
     default=None,
     metavar="DIR",
     help="Folder for the exported files (default: <recording>-<format>/ beside it).",
 )
-def command(file: str, fmt: str, folder: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
+def command(file: str, fmt: str, folder: str | None, as_json: bool) -> None:
     """Export every table of the recording FILE, one file per table, plus meta.json.
 
     With --format tensorboard: the recording's scalars (step time, data wait, samples/s, job
@@ -43,5 +47,10 @@ def command(file: str, fmt: str, folder: str | None) -> None:
             written = sorted(export_tensorboard(rec.path, target).glob("*tfevents*"))[-1:]
         else:
             written = export_recording(rec, fmt, target)
+    if as_json:
+        dump_json(
+            "export", {"format": fmt, "folder": str(target), "files": [str(p) for p in written]}
+        )
+        return
     for path in written:
         click.echo(str(path))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.cli.common import thresholds_option
 from torchdoctor.errors import UserError
 
 
@@ -46,6 +47,7 @@ from torchdoctor.errors import UserError
     help="Every user's recorded jobs, each labelled `user` (run by root, or by a service "
     "user allowed to read the users' registry folders; the systemd unit does this).",
 )
+@thresholds_option
 def command(
     listen: str | None,
     print_dashboard: bool,
@@ -53,6 +55,7 @@ def command(
     no_host: bool,
     no_gpus: bool,
     all_users: bool,
+    thresholds: str | None,
 ) -> None:
     """Serve the machine (CPU, memory, swap, disks, pressure, GPUs) and every job recorded by
     `torchdoctor run` or `attach` on this machine, for Prometheus or any OpenMetrics scraper.
@@ -65,6 +68,7 @@ def command(
 
         click.echo(dashboard_text(), nl=False)
         return
+    from torchdoctor import config
     from torchdoctor.exporters.prometheus import (
         DEFAULT_ADDRESS,
         DEFAULT_EXPORTER_PORT,
@@ -77,6 +81,7 @@ def command(
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.host import HostReader
 
+    listen = config.exporter_listen(listen)  # --listen > $TORCHDOCTOR_EXPORTER_LISTEN > config
     address, port = (
         parse_listen(listen, "--listen") if listen else (DEFAULT_ADDRESS, DEFAULT_EXPORTER_PORT)
     )

@@ -16,12 +16,14 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 
 
 @click.command(
     "launch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
+    renamed={"--out": "--out-dir"},
 )
 @click.option(
     "--nproc-per-node",
@@ -36,12 +38,13 @@ from torchdoctor.errors import UserError
 @click.option("--master-port", type=int, default=None, metavar="PORT", help="Rendezvous port.")
 @click.option("--standalone", is_flag=True, help="One node, free port (the default on one node).")
 @click.option(
-    "--out",
+    "--out-dir",
+    "out",
     type=click.Path(file_okay=False),
-    default="torchdoctor-runs",
-    show_default=True,
+    default=None,
     metavar="DIR",
-    help="Folder for this node's recording and the ranks' flight-recorder dumps.",
+    help="Folder for this node's recording and the ranks' flight-recorder dumps "
+    "(default: the recordings folder, $TORCHDOCTOR_RUNS_DIR or ./torchdoctor-runs).",
 )
 @click.option("--force", is_flag=True, help="Start even when the preflight finds an error.")
 @click.option("--quiet", is_flag=True, help="Print nothing of our own (errors aside).")

@@ -10,17 +10,49 @@ import time
 
 import click
 
+from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.errors import UserError
 from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
 
-def _queue(say_mode: bool = False):
-    from torchdoctor.queue.system import open_queue
+def _queue(reading: int | None = None, say_mode: bool = False):
+    """The machine-wide queue where one is installed, else this user's own (with ``say_mode``,
+    which one is said once). ``reading``: a read-only command about job ``reading`` (or 0:
+    about all), which must not create a user's queue files where nothing was ever queued."""
+    from torchdoctor.queue.paths import queue_paths
+    from torchdoctor.queue.system import open_queue, system_paths
 
+    never_queued = not system_paths().socket.exists() and not queue_paths().db.exists()
+    if reading is not None and never_queued:
+        if reading == 0:
+            return None
+        raise UserError(
+            f"there is no job {reading} in your queue: nothing was ever queued here "
+            "(`torchdoctor submit -- CMD` queues one)"
+        )
     return open_queue(say_mode)
 
 
-@click.group("queue", invoke_without_command=True)
+def complete_job_ids(ctx: click.Context, param: click.Parameter, incomplete: str):
+    """Shell completion of job ids: the queue's jobs, newest first, read without creating it."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        queue = _queue(reading=0)
+        if queue is None:
+            return []
+        with queue:
+            jobs = queue.jobs()
+    except Exception:  # noqa: BLE001 - completion must never print an error into the shell
+        return []
+    return [
+        CompletionItem(str(j.id), help=f"{j.state} {j.name}")
+        for j in sorted(jobs, key=lambda j: -j.id)
+        if str(j.id).startswith(incomplete)
+    ]
+
+
+@click.group("queue", cls=HelpfulGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="The jobs as JSON.")
 @click.pass_context
 def command(ctx: click.Context, as_json: bool) -> None:
@@ -28,10 +60,13 @@ def command(ctx: click.Context, as_json: bool) -> None:
     yours, or on a machine-wide queue everyone's (commands and logs only to their owner)."""
     if ctx.invoked_subcommand is not None:
         return
-    with _queue(say_mode=not as_json) as queue:
-        jobs = queue.jobs()
-        paused = queue.paused
-        everyone = queue.system
+    jobs, paused, everyone = [], None, False
+    queue = _queue(reading=0, say_mode=not as_json)
+    if queue is not None:
+        with queue:
+            jobs = queue.jobs()
+            paused = queue.paused
+            everyone = queue.system
     if as_json:
         click.echo(json.dumps({"paused": paused, "jobs": [_plain(j) for j in jobs]}, indent=2))
         return
@@ -125,7 +160,7 @@ def _note(job) -> str:
 
 
 @command.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option(
     "--thresholds",
     type=click.Path(dir_okay=False),
@@ -142,7 +177,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
 
     from torchdoctor.units import one_line
 
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.job(job_id)
     if as_json:
         click.echo(json.dumps({"schema_version": 1, "job": _plain(job)}, indent=2))
@@ -207,7 +242,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
 
 
 @command.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option(
     "--grace",
     type=float,
@@ -226,11 +261,11 @@ def cancel(job_id: int, grace: float) -> None:
 
 
 @command.command("logs")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 def logs(job_id: int, follow: bool) -> None:
     """What the job wrote (stdout and stderr); only its owner (and root) may read it."""
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.own(job_id, "read the logs of")
         out = sys.stdout.buffer
         offset = 0
@@ -386,11 +421,11 @@ def install(folder: str) -> None:
 
 
 @command.command("wait")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=complete_job_ids)
 @click.pass_context
 def wait(ctx: click.Context, job_id: int) -> None:
     """Wait for a job to end; exit with its exit status (1 when it has none)."""
-    with _queue() as queue:
+    with _queue(reading=job_id) as queue:
         job = queue.wait(job_id)
     if job.state != "done":
         click.echo(f"job {job.id} {job.state}: {_note(job)}", err=True)

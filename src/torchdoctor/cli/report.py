@@ -5,11 +5,13 @@ from __future__ import annotations
 import click
 
 from torchdoctor.cli.common import thresholds_option
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.report.scales import BYTES, fmt_value
 
 
 @click.command("report")
-@click.argument("recording", type=click.Path(dir_okay=True, path_type=str))
+@click.argument("recording", type=RECORDING)
 @click.option(
     "-o",
     "--out",
@@ -19,7 +21,8 @@ from torchdoctor.report.scales import BYTES, fmt_value
     help="Where to write the HTML file (default: beside the recording, ending in .html).",
 )
 @thresholds_option
-def command(recording: str, out: str | None, thresholds: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def command(recording: str, out: str | None, thresholds: str | None, as_json: bool) -> None:
     """Write a self-contained HTML report of RECORDING: timelines, processes, settings, findings.
 
     The file opens offline in any browser: nothing is fetched from the network. An existing
@@ -29,9 +32,21 @@ def command(recording: str, out: str | None, thresholds: str | None) -> None:
     from torchdoctor.thresholds import load_thresholds
 
     path, data = write_report(recording, out, load_thresholds(thresholds))
+    severe = sum(1 for f in data.findings if f.severity in ("critical", "warning"))
+    if as_json:
+        dump_json(
+            "report",
+            {
+                "path": str(path),
+                "bytes": path.stat().st_size,
+                "verdict": data.verdict,
+                "findings": len(data.findings) if data.diagnosis_note is None else None,
+                "to_act_on": severe if data.diagnosis_note is None else None,
+            },
+        )
+        return
     size = fmt_value(path.stat().st_size, BYTES)
     click.echo(f"report written to {path} ({size})")
     click.echo(f"  {data.verdict}")
     if data.diagnosis_note is None and data.findings:
-        severe = sum(1 for f in data.findings if f.severity in ("critical", "warning"))
         click.echo(f"  {len(data.findings)} finding(s), {severe} to act on")

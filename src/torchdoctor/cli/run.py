@@ -16,13 +16,14 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.run.process import resolve_command
 from torchdoctor.run.session import record_command
 
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @interval_option
 @out_option
@@ -45,6 +46,13 @@ from torchdoctor.run.session import record_command
     default=None,
     help="Write TensorBoard scalars during the run into DIR/<recording name>/.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="When CMD ends, print the recording's summary line and findings as one line of JSON "
+    "on stdout, after CMD's own output (`tail -n 1` reads it).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -56,6 +64,7 @@ def command(
     thresholds: str | None,
     prometheus: str | None,
     tensorboard: str | None,
+    as_json: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -70,6 +79,8 @@ def command(
     executable = resolve_command(args)
     path = new_recording(out, job_name(args))
     console = stderr_console()
+    if not quiet:
+        console.print(f"torchdoctor: recording {' '.join(args)[:80]} into {path}")
     status = record_command(
         executable,
         args,
@@ -78,9 +89,33 @@ def command(
         instrument=not no_instrument,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
-    if not quiet:
-        print_end_report(path, console, thresholds)
+    if not quiet or as_json:
+        report = print_end_report(path, None if quiet else console, thresholds)
+        if as_json:
+            _print_json(path, status, report)
     ctx.exit(status)
+
+
+def _print_json(path: Path, status: int, report) -> None:
+    from torchdoctor.cli.json_output import dump_json
+    from torchdoctor.cli.recordings import line_of
+    from torchdoctor.diagnosis.render import findings_to_dict
+
+    document: dict = {"recording": str(path), "exit_status": status}
+    if report is not None:
+        summary, findings = report
+        line = line_of(path, summary, findings)
+        document.update(
+            command=line.command,
+            started_at=line.started_at,
+            duration_s=line.duration_s,
+            status=line.status,
+            steps_per_s=line.steps_per_s,
+            worst_finding=line.worst_finding,
+            worst_severity=line.worst_severity,
+            findings=findings_to_dict(findings)["findings"],
+        )
+    dump_json("run", document, indent=None)
 
 
 def _output_options(prometheus: str | None, tensorboard: str | None):

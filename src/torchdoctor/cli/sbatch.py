@@ -9,8 +9,11 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import RUNS_FOLDER
+from torchdoctor.recording.paths import runs_dir
 from torchdoctor.slurm import client
 from torchdoctor.slurm.network import doctor_network_env
 from torchdoctor.slurm.notation import require_duration
@@ -22,15 +25,16 @@ from torchdoctor.units import fmt_duration
 
 @click.command(
     "sbatch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option(
     "--from",
     "recording",
-    type=click.Path(dir_okay=False),
+    type=RECORDING,
     default=None,
     metavar="RECORDING",
-    help="Recording of this job (from `torchdoctor run`) to size the request from.",
+    help="Recording of this job (from `torchdoctor run`; `last`: the newest) to size the "
+    "request from.",
 )
 @click.option("--nodes", type=int, default=1, show_default=True, metavar="N")
 @click.option(
@@ -53,8 +57,9 @@ from torchdoctor.units import fmt_duration
     "time_text",
     default="auto",
     show_default=True,
-    metavar="auto|HH:MM:SS",
-    help="Time limit; auto: measured step time x steps, plus margin.",
+    metavar="auto|TIME",
+    help="Time limit, e.g. 90m, 1h30m, 01:30:00 (a bare number is refused: Slurm reads it as "
+    "minutes); auto: measured step time x steps, plus margin.",
 )
 @click.option(
     "--steps",
@@ -74,12 +79,13 @@ from torchdoctor.units import fmt_duration
 @click.option(
     "--recordings",
     type=click.Path(file_okay=False),
-    default=str(RUNS_FOLDER),
-    show_default=True,
+    default=None,
     metavar="DIR",
-    help="Folder (shared by the nodes) for the job's output and its slurm-<id>/ recordings.",
+    help="Folder (shared by the nodes) for the job's output and its slurm-<id>/ recordings "
+    "(default: the recordings folder, $TORCHDOCTOR_RUNS_DIR or ./torchdoctor-runs).",
 )
 @click.option(
+    "-o",
     "--out",
     type=click.Path(dir_okay=False),
     default=None,
@@ -96,6 +102,12 @@ from torchdoctor.units import fmt_duration
     "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) go into the script.",
 )
 @click.option("--submit", is_flag=True, help="Submit with `sbatch --parsable`; print the job id.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the script, where it went and the job id as JSON.",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
     recording: str | None,
@@ -109,10 +121,11 @@ def command(
     account: str | None,
     job_name: str | None,
     signal_checkpoint: bool,
-    recordings: str,
+    recordings: str | None,
     out: str | None,
     doctor_json: str | None,
     submit: bool,
+    as_json: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Write an sbatch script for CMD, sized from its recording: memory, CPUs, GPUs, time.
@@ -125,6 +138,7 @@ def command(
     which `torchdoctor diagnose` and `torchdoctor slurm status JOBID` read afterwards.
     """
     args = list(argv)
+    time_limit_s = None if time_text == "auto" else require_duration(time_text, "--time")
     recording = recording or _last_recording_of(args)
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps}: give the number of steps the job runs (1 or more)")
@@ -133,7 +147,7 @@ def command(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         ranks_per_node=ranks_per_node,
-        time_limit_s=None if time_text == "auto" else require_duration(time_text, "--time"),
+        time_limit_s=time_limit_s,
         steps=steps,
         gpu_type=gpu_type,
         network_env=doctor_network_env(doctor_json) if doctor_json else {},
@@ -142,7 +156,7 @@ def command(
     recorded = read_recorded_job(recording)
     size = size_job(recorded, request)
     name = _job_name(job_name, args)
-    folder = Path(recordings).resolve()
+    folder = runs_dir(recordings).resolve()
     opts = ScriptOptions(
         command=args,
         job_name=name,
@@ -158,7 +172,10 @@ def command(
     for note in size.notes:
         click.echo(f"torchdoctor: warning: {note}", err=True)
     if out is None and not submit:
-        click.echo(text, nl=False)
+        if as_json:
+            dump_json("sbatch", _document(text, None, None, size.notes))
+        else:
+            click.echo(text, nl=False)
         return
     folder.mkdir(parents=True, exist_ok=True)  # sbatch writes the job's output there
     path = Path(out) if out else folder / f"{name}.sbatch"
@@ -166,14 +183,26 @@ def command(
     path.write_text(text)
     path.chmod(0o755)
     click.echo(f"torchdoctor: wrote {path}", err=True)
-    if submit:
-        job_id = client.submit(path)
+    job_id = client.submit(path) if submit else None
+    if as_json:
+        dump_json("sbatch", _document(text, path, job_id, size.notes))
+    elif job_id is not None:
         click.echo(job_id)
+    if job_id is not None:
         click.echo(
             f"torchdoctor: submitted job {job_id}; recordings go to {job_folder(folder, job_id)}; "
             f"follow it with `torchdoctor slurm status {job_id}`",
             err=True,
         )
+
+
+def _document(text: str, path: Path | None, job_id: str | None, notes: list[str]) -> dict:
+    return {
+        "script": text,
+        "path": str(path) if path else None,
+        "job_id": job_id,
+        "notes": list(notes),
+    }
 
 
 def _last_recording_of(argv: list[str]) -> str:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import click
 
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.summary import summarize
 
 
 @click.command("show")
-@click.argument("file", type=click.Path(dir_okay=True))
+@click.argument("file", type=RECORDING)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the summary as JSON (documented in README)."
 )
@@ -21,7 +22,7 @@ def command(file: str, as_json: bool) -> None:
     with open_recording(file) as rec:
         summary = summarize(rec)
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(summary), indent=2))
+        dump_json("show", dataclasses.asdict(summary))
         return
     from rich.console import Console
 

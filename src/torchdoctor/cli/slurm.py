@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import click
 from rich.console import Console
 
+from torchdoctor.cli.common import thresholds_option
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.slurm.status import JobReport, job_report
 from torchdoctor.units import fmt_duration
 
 
-@click.group("slurm")
+@click.group("slurm", cls=HelpfulGroup)
 def command() -> None:
     """Slurm jobs written by `torchdoctor sbatch`."""
 
@@ -26,15 +28,16 @@ def command() -> None:
     default=None,
     metavar="DIR",
     help="The folder given to `sbatch --recordings` (default: the one the job's script names "
-    "while Slurm knows the job, else ./torchdoctor-runs).",
+    "while Slurm knows the job, else the recordings folder).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def status(job_id: str, recordings: str | None, as_json: bool) -> None:
+@thresholds_option
+def status(job_id: str, recordings: str | None, as_json: bool, thresholds: str | None) -> None:
     """State, elapsed time and nodes of JOBID; what it asked for against what it used; and,
     once the nodes' recordings exist, their summary and findings."""
     report = job_report(job_id, Path(recordings) if recordings else None)
     if as_json:
-        click.echo(json.dumps(_to_json(report), indent=2))
+        dump_json("slurm-status", _to_json(report))
         return
     render_report(report, Console(highlight=False, soft_wrap=True))
 

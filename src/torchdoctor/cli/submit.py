@@ -7,6 +7,8 @@ import os
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 
 
@@ -19,7 +21,7 @@ def _ids(text: str) -> list[int]:
 
 @click.command(
     "submit",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
 )
 @click.option("--gpus", type=int, default=0, metavar="N", help="How many GPUs (any of them).")
 @click.option(
@@ -28,11 +30,13 @@ def _ids(text: str) -> list[int]:
 @click.option(
     "--vram",
     metavar="SIZE|auto",
-    help="GPU memory per GPU, e.g. 12GiB; auto: from the last run of this command. "
+    help="GPU memory per GPU, e.g. 12G (= 12GiB, 12 x 2^30 bytes; 12GB is 12 x 10^9); auto: from the last run of this command. "
     "Without it the GPUs are given whole.",
 )
 @click.option("--cpus", type=int, default=1, show_default=True, metavar="N", help="CPU cores.")
-@click.option("--mem", metavar="SIZE|auto", help="RAM, e.g. 16GiB; auto: from the last run.")
+@click.option(
+    "--mem", metavar="SIZE|auto", help="RAM, e.g. 16G (= 16GiB); auto: from the last run."
+)
 @click.option(
     "--estimate",
     "estimate_args",
@@ -51,6 +55,7 @@ def _ids(text: str) -> list[int]:
     help="Folder the job runs in (default: this one).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print the job id only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the queued job as JSON.")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
     gpus: int,
@@ -64,6 +69,7 @@ def command(
     name: str | None,
     cwd: str | None,
     quiet: bool,
+    as_json: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
@@ -103,6 +109,25 @@ def command(
             after=[i for text in after for i in _ids(text)],
         )
         job = queue.submit(request)
+    if as_json:
+        dump_json(
+            "submit",
+            {
+                "id": job.id,
+                "name": job.name,
+                "argv": list(job.argv),
+                "cpus": job.cpus,
+                "gpus": job.gpus,
+                "gpu_ids": job.gpu_ids,
+                "vram_bytes": job.vram,
+                "vram_source": job.vram_source,
+                "mem_bytes": job.mem,
+                "mem_source": job.mem_source,
+                "priority": job.priority,
+                "after": list(job.after or []),
+            },
+        )
+        return
     if quiet:
         click.echo(job.id)
         return

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import click
 
+from torchdoctor.cli.json_output import dump_json
 from torchdoctor.errors import UserError
 
 
@@ -76,7 +76,7 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
         readings = collector.read()
         view = build_view(readings, thresholds, UiState())
         if as_json:
-            click.echo(json.dumps(snapshot(readings, view, thresholds), indent=2))
+            dump_json("top", snapshot(readings, view, thresholds))
             return
         console = Console(highlight=False)
         # --once prints everything: no height limit but the content's. Piped output is as

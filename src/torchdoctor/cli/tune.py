@@ -32,7 +32,6 @@ verify-original, verify-tuned; ``status`` one of ok, failed, rejected, interrupt
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -40,13 +39,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from torchdoctor.cli.common import stderr_console
-from torchdoctor.cli.json_output import user_output_to_stderr
+from torchdoctor.cli.common import stderr_console, thresholds_option
+from torchdoctor.cli.json_output import dump_json, user_output_to_stderr
+from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 from torchdoctor.run.process import hold_signals, release_signals
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.space import Config
-from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, parse_duration, tune_command
+from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, tune_command
+from torchdoctor.units import parse_duration
 
 _PURPOSE = {
     "original": "as written",
@@ -60,14 +61,15 @@ _PURPOSE = {
 
 @click.command(
     "tune",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    cls=WrapperCommand,
+    renamed={"--out": "--out-dir"},
 )
 @click.option(
     "--budget",
     default="5m",
     show_default=True,
     metavar="TIME",
-    help="Hard limit on the whole tune, verification included (300, 90s, 5m, 1h).",
+    help="Hard limit on the whole tune, verification included (300 = seconds, 90s, 5m, 1h).",
 )
 @click.option(
     "--trial-steps",
@@ -86,14 +88,16 @@ _PURPOSE = {
     "step it gets at least 30 s (default: from the first trial's pace).",
 )
 @click.option(
-    "--out",
+    "--out-dir",
+    "out",
     type=click.Path(file_okay=False),
     default=None,
     metavar="DIR",
-    help="Folder for the trials' recordings and logs (default: ./torchdoctor-runs/tune-<time>/).",
+    help="Folder for the trials' recordings and logs (default: <recordings folder>/tune-<time>/).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@thresholds_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -104,6 +108,7 @@ def command(
     out: str | None,
     as_json: bool,
     quiet: bool,
+    thresholds: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD in short trials and find its fastest DataLoader and thread settings.
@@ -116,9 +121,9 @@ def command(
     within the measured noise, and picks the cheapest settings within noise of the best.
     The pick is then run against the original in interleaved trials (A B A B ...): a gain is
     reported only if those runs show it. Ctrl-C stops the current trial and prints what was
-    found so far. Your files are never changed: the trials' recordings go to --out.
+    found so far. Your files are never changed: the trials' recordings go to --out-dir.
     """
-    budget_s = parse_duration(budget) if budget else DEFAULT_BUDGET_S
+    budget_s = parse_duration(budget, "--budget") if budget else DEFAULT_BUDGET_S
     if trial_timeout is not None and trial_timeout <= 0:
         raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
     progress = None if quiet else _Progress(stderr_console())
@@ -137,6 +142,9 @@ def command(
                 trial_steps=trial_steps,
                 trial_timeout_s=trial_timeout,
                 folder=Path(out) if out else None,
+                on_folder=None
+                if quiet
+                else lambda f: click.echo(f"torchdoctor tune: trials record into {f}", err=True),
                 signals_held=True,
                 on_start=progress.start if progress else None,
                 on_trial=progress.done if progress else None,
@@ -144,7 +152,7 @@ def command(
     finally:
         release_signals(held)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        dump_json("tune", result.to_json())
     else:
         width = None if sys.stdout.isatty() else 120  # a file or pipe: no 80-column cut
         render(result, Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width))

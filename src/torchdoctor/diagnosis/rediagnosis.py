@@ -19,7 +19,7 @@ from pathlib import Path
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.recording.reader import open_recording
-from torchdoctor.thresholds import Thresholds
+from torchdoctor.thresholds import Thresholds, load_thresholds
 
 EVERY_S = 30.0
 EARLY_EVERY_S = 5.0
@@ -40,7 +40,7 @@ class BudgetedDiagnosis:
     """Re-runs the diagnosis of followed recordings when due (see the module doc)."""
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
-        self.thresholds = thresholds or Thresholds()
+        self.thresholds = thresholds or load_thresholds()
         self._latest: dict[Path, Rediagnosis] = {}
         self._due: dict[Path, float] = {}  # monotonic time
 

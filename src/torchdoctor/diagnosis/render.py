@@ -23,7 +23,6 @@ Times are UNIX seconds; ``settings`` keys are DataLoader arguments (``num_worker
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from rich.console import Console, Group
@@ -49,10 +48,6 @@ def findings_to_dict(
             for stats in [rec.step_stats()]
         ]
     return out
-
-
-def findings_to_json(findings: list[Finding], recordings: list[Recording] | None = None) -> str:
-    return json.dumps(findings_to_dict(findings, recordings), indent=2)
 
 
 def format_value(ev: Evidence) -> str:

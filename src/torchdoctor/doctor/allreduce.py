@@ -24,15 +24,16 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.units import parse_size as parse_size_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 TARGET_RATIO = 0.85  # of the NIC's rated peak, across nodes
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -45,16 +46,11 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def parse_size(text: str) -> int:
-    t = text.strip().upper().removesuffix("IB").removesuffix("B") or "0"
-    unit = t[-1] if t[-1] in _UNITS else ""
-    number = t[:-1] if unit else t
-    try:
-        value = float(number) * _UNITS[unit]
-    except ValueError:
-        raise UserError(f"cannot read the size {text!r}: write it like 8K, 1M or 256M") from None
+    """One buffer size of ``--sizes`` (the one vocabulary: 8K = 8 x 2^10 bytes)."""
+    value = parse_size_text(text, "--sizes")
     if value < 1:
         raise UserError(f"size {text!r} must be at least 1 byte")
-    return int(value)
+    return value
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -233,8 +229,13 @@ def _sweep_one(dist: Any, torch: Any, op: str, size: int, cfg: BenchConfig, devi
     return Row(op, size, count, t, algbw, algbw * bus_factor(op, n), int(wrong.item()))
 
 
-def sweep(cfg: BenchConfig, env: dict[str, str] | None = None) -> BenchResult | None:
-    """Run the sweep in the current process group; the result on rank 0, None elsewhere."""
+def sweep(
+    cfg: BenchConfig,
+    env: dict[str, str] | None = None,
+    on_row: Callable[[Row], None] | None = None,
+) -> BenchResult | None:
+    """Run the sweep in the current process group; the result on rank 0, None elsewhere.
+    ``on_row`` hears of each row as it finishes, on rank 0 (nccl-tests prints them so)."""
     import torch
     import torch.distributed as dist
 
@@ -253,7 +254,12 @@ def sweep(cfg: BenchConfig, env: dict[str, str] | None = None) -> BenchResult | 
         raise UserError("the ranks were started with different --sizes/--dtype/--ops/--iters")
     links: list[Any] = [None] * n
     dist.all_gather_object(links, _link_of_this_rank(env))
-    rows = [_sweep_one(dist, torch, op, size, cfg, device) for op in cfg.ops for size in cfg.sizes]
+    rows = []
+    for op in cfg.ops:
+        for size in cfg.sizes:
+            rows.append(_sweep_one(dist, torch, op, size, cfg, device))
+            if on_row is not None and rank == 0:
+                on_row(rows[-1])
     if rank != 0:
         return None
     by_node: dict[str, NodeLink] = {}
@@ -378,14 +384,18 @@ def under_launcher(env: dict[str, str] | None = None) -> bool:
     return all(env.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def run_rank(cfg: BenchConfig, env: dict[str, str] | None = None) -> BenchResult | None:
+def run_rank(
+    cfg: BenchConfig,
+    env: dict[str, str] | None = None,
+    on_row: Callable[[Row], None] | None = None,
+) -> BenchResult | None:
     """Be one rank of an existing launch: sweep, and return the result on rank 0."""
     import torch.distributed as dist
 
     env = dict(os.environ) if env is None else env
     _init(cfg, env)
     try:
-        return sweep(cfg, env)
+        return sweep(cfg, env, on_row)
     finally:
         dist.destroy_process_group()
 
@@ -453,7 +463,9 @@ def _wait_joined(children: list[Any], pipes: list[Any], timeout_s: float) -> Non
         pipe.recv()
 
 
-def bench_local(cfg: BenchConfig, nproc: int) -> BenchResult:
+def bench_local(
+    cfg: BenchConfig, nproc: int, on_row: Callable[[Row], None] | None = None
+) -> BenchResult:
     """Run ``nproc`` ranks on this machine: this process is rank 0 and starts the others.
 
     gloo ranks are forked from this process (torch is imported once, not once per rank);
@@ -487,7 +499,7 @@ def bench_local(cfg: BenchConfig, nproc: int) -> BenchResult:
         torch.set_num_threads(1)  # as the children: n ranks share this machine's cores
         _init(cfg, env, store)
         try:
-            result = sweep(cfg, env)
+            result = sweep(cfg, env, on_row)
         finally:
             dist.destroy_process_group()
     except BaseException:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchdoctor.doctor.allreduce import BenchResult
+from torchdoctor.doctor.allreduce import BenchResult, Row
 
 _TITLES = {
     "all_reduce": "all-reduce",
@@ -17,6 +17,14 @@ def _size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return str(n)
+
+
+def format_row(r: Row) -> str:
+    """One row, in the columns of the table below its operation's heading."""
+    return (
+        f"{_size(r.size):>8} {r.count:>11} {r.time_s * 1e6:>11.1f} {r.algbw / 1e9:>11.4f} "
+        f"{r.busbw / 1e9:>11.4f} {r.wrong:>7}"
+    )
 
 
 def format_result(result: BenchResult) -> str:
@@ -34,10 +42,7 @@ def format_result(result: BenchResult) -> str:
             f"{'size':>8} {'count':>11} {'time (us)':>11} {'algbw GB/s':>11} {'busbw GB/s':>11} {'#wrong':>7}"
         )
         for r in (r for r in result.rows if r.op == op):
-            lines.append(
-                f"{_size(r.size):>8} {r.count:>11} {r.time_s * 1e6:>11.1f} {r.algbw / 1e9:>11.4f} "
-                f"{r.busbw / 1e9:>11.4f} {r.wrong:>7}"
-            )
+            lines.append(format_row(r))
     lines.append("")
     for link in result.links:
         if link.interface == "lo":

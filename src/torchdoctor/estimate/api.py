@@ -8,16 +8,18 @@ the Python parameters (``batch_size must be at least 1``); the CLI words them as
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.errors import ParameterError, UserError, require_torch
+from torchdoctor.errors import ParameterError, UserError, literal, require_torch
 from torchdoctor.estimate.fitcheck import DEFAULT_MARGIN, FitCheck, alternatives, other_loops
 from torchdoctor.estimate.loops import HAND_WRITTEN, HF_TRAINER
 from torchdoctor.estimate.max_batch import find_max_batch
-from torchdoctor.estimate.profiles import custom_profile, find_profile, parse_size
+from torchdoctor.estimate.profiles import custom_profile, find_profile
 from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import Target, TrainingSetup
+from torchdoctor.units import SIZE_HINT, parse_size
 
 ModelSpec = Any  # "file.py:factory" | "pkg.mod:factory" | "torchvision:NAME" | "hf:TYPE" | callable | nn.Module
 
@@ -60,6 +62,7 @@ _ARGS: dict[str, str] = {
     ),
     "margin": "The fraction of the memory kept free when deciding what fits, in [0, 1).",
     "fallback": "Allow a real CPU run when fake tensors cannot trace the model.",
+    "on_probe": "Called as ``on_probe(batch, bytes, fits)`` after each probe (progress).",
     "compare_loops": (
         "Also estimate the step under the other training loops\n"
         "(``Estimate.other_loops``), so that a loop choice that matters shows."
@@ -151,6 +154,7 @@ def max_batch(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    on_probe: Callable[[int, int, bool], None] | None = None,
 ) -> MaxBatch:
     """The largest batch whose step fits the target with ``margin`` of its memory kept free.
 
@@ -174,7 +178,7 @@ def max_batch(
         raise ParameterError(
             "{} needs a memory to fit: pass {} or {}", "max_batch()", "gpu", "gpu_memory"
         )
-    return find_max_batch(check, setup)
+    return find_max_batch(check, setup, on_probe)
 
 
 @_documented
@@ -265,4 +269,12 @@ _PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 
 
 def _size(value: str | int) -> int:
-    return value if isinstance(value, int) else parse_size(value)
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except UserError:
+        # named as the caller knows it: gpu_memory here, --gpu-memory on the command line
+        raise ParameterError(
+            "cannot read {} " + literal(f"{value!r}: {SIZE_HINT}"), "gpu_memory"
+        ) from None

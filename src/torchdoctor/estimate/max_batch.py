@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from torchdoctor.estimate.fitcheck import FitCheck, alternatives
 from torchdoctor.estimate.result import Estimate, MaxBatch
@@ -12,10 +13,15 @@ MAX_BATCH = 1 << 20
 _MAX_GROWTH = 1024
 
 
-def find_max_batch(check: FitCheck, setup: TrainingSetup) -> MaxBatch:
+def find_max_batch(
+    check: FitCheck,
+    setup: TrainingSetup,
+    on_probe: Callable[[int, int, bool], None] | None = None,
+) -> MaxBatch:
     """Search the batch size: memory grows almost linearly with it, so each next probe is
     interpolated between the nearest batches that fit and do not fit, which needs a handful
-    of traced steps rather than a bisection's dozen."""
+    of traced steps rather than a bisection's dozen. ``on_probe(batch, bytes, fits)`` hears
+    of each probe as it ends (for a progress line)."""
     started = time.perf_counter()
     probes: list[tuple[int, int, bool]] = []
     results: dict[int, Estimate] = {}
@@ -27,6 +33,8 @@ def find_max_batch(check: FitCheck, setup: TrainingSetup) -> MaxBatch:
         result = check.estimate(setup.with_(batch_size=batch))
         results[batch] = result
         probes.append((batch, result.headline_bytes, bool(result.fits)))
+        if on_probe is not None:
+            on_probe(batch, result.headline_bytes, bool(result.fits))
         return result
 
     first = at(1)

@@ -1,11 +1,12 @@
-"""GPU profiles by name and memory sizes as users write them ("24GiB", "80GB")."""
+"""GPU profiles by name. A board name such as A100-80GB names the board, whose memory is what
+nvidia-smi shows (81920 MiB = 80 GiB); sizes typed as figures are read by torchdoctor.units."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from torchdoctor.errors import ParameterError, UserError, literal
+from torchdoctor.errors import ParameterError, literal
 from torchdoctor.units import fmt_bytes
 
 MiB = 1024**2
@@ -63,34 +64,6 @@ def find_profile(name: str) -> GpuProfile:
     raise ParameterError(
         literal(f"unknown GPU {name!r}: use one of {known}, or ") + "{} (e.g. 24GiB)", "gpu_memory"
     )
-
-
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": MiB,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": GiB,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``text``: "24GiB", "80GB", "16384MiB", "1.5TiB" or a plain number of bytes."""
-    match = _SIZE.match(text)
-    unit = (match.group(2) or "").lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise UserError(f"cannot read memory size {text!r}: write it like 24GiB, 80GB or 16384MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 def custom_profile(

@@ -11,7 +11,7 @@ from typing import Any
 
 from torchdoctor.errors import UserError
 from torchdoctor.queue.model import ASKED, Job
-from torchdoctor.units import fmt_bytes
+from torchdoctor.units import fmt_bytes, parse_size
 
 AUTO = "auto"
 HISTORY_MARGIN = 0.10  # measured peaks vary a little from run to run
@@ -27,12 +27,10 @@ def resolve_need(
 ) -> tuple[int | None, str | None]:
     """``--vram``/``--mem`` (``kind``) as bytes and the source of the figure; ``history`` is
     the queue (its ``last_finished(argv)``)."""
-    from torchdoctor.estimate.profiles import parse_size
-
     if value is None:
         return None, None
     if value.strip().lower() != AUTO:
-        return parse_size(value), ASKED
+        return parse_size(value, f"--{kind}"), ASKED
     option = f"--{kind}"
     past: Job | None = history.last_finished(argv)
     peak = None

@@ -1,6 +1,8 @@
 """Where recordings go, and how a recording file is created so that no two runs share one.
 
-By default ``./torchdoctor-runs/<UTC time>-<name>.sqlite``. Names are decided by the create
+By default ``<recordings folder>/<UTC time>-<name>.sqlite``, the folder being the one
+:func:`torchdoctor.config.runs_dir` names (``$TORCHDOCTOR_RUNS_DIR``, the config files, else
+``./torchdoctor-runs``). Names are decided by the create
 itself (``O_CREAT | O_EXCL``): of several runs started in the same second with the same
 command, each gets its own file (``-2``, ``-3``... on collisions), on local disks and NFS
 alike. Everything that starts a recording (run, attach, watch, tune trials, the queue) calls
@@ -16,9 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from torchdoctor.config import DEFAULT_RUNS_DIR, runs_dir
 from torchdoctor.errors import UserError
 
-RUNS_FOLDER = Path("torchdoctor-runs")
+RUNS_FOLDER = DEFAULT_RUNS_DIR  # the built-in default; runs_dir() is the folder in use
 SUFFIX = ".sqlite"
 _MAX_TRIES = 10_000
 
@@ -31,7 +34,7 @@ def safe_name(name: str) -> str:
 def create_recording_file(
     name: str,
     *,
-    folder: str | os.PathLike[str] = RUNS_FOLDER,
+    folder: str | os.PathLike[str] | None = None,
     now: float | None = None,
     stamp: bool = True,
     option: str = "--out",
@@ -43,7 +46,7 @@ def create_recording_file(
     instant included, because the file is created exclusively. ``option`` names the setting
     that moves the recording elsewhere, for the error message when ``folder`` is unusable.
     """
-    where = prepare_folder(Path(folder), option)
+    where = prepare_folder(runs_dir(folder), option)
     base = safe_name(name)
     if stamp:
         base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{base}"

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from torchdoctor.instrument.wire import WriterSink
-from torchdoctor.recording.paths import RUNS_FOLDER, SUFFIX, safe_name
+from torchdoctor.recording.paths import SUFFIX, runs_dir, safe_name
 
 DEFAULT_INTERVAL_S = 0.5
 
@@ -43,10 +43,10 @@ def default_name() -> str:
 
 
 def default_path(now: float | None = None) -> Path:
-    """``./torchdoctor-runs/<UTC time>-python-<script>.sqlite``: the name a recording started
+    """``<recordings folder>/<UTC time>-python-<script>.sqlite``: the name a recording started
     now would get (the file itself is created, uniquely, when the recording starts)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    return RUNS_FOLDER / f"{stamp}-{safe_name(default_name())}{SUFFIX}"
+    return runs_dir() / f"{stamp}-{safe_name(default_name())}{SUFFIX}"
 
 
 def rank_path(path: Path) -> Path:

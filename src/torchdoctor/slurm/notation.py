@@ -8,24 +8,23 @@ forms accepted on input (sbatch.1 "--time").
 from __future__ import annotations
 
 import math
-import re
 
+from torchdoctor import units
 from torchdoctor.errors import UserError
+from torchdoctor.units import parse_size
 
 MIB = 1024 * 1024
-_MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
-_MEM_FACTORS = {"": MIB, "K": 1024, "M": MIB, "G": 1024 * MIB, "T": 1024 * 1024 * MIB}
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "INVALID", "N/A", "")
 
 
 def parse_memory(text: str) -> int | None:
-    """Bytes in a Slurm memory figure ("1280M", "64G", "500"), None for none/unlimited."""
+    """Bytes in a Slurm memory figure ("1280M", "64G", "500" = MiB), None for none/unlimited."""
     if text.strip().upper() in UNLIMITED:
         return None
-    match = _MEM.match(text)
-    if match is None:
+    try:
+        return parse_size(text, "memory", bare_unit=MIB)
+    except UserError:
         return None
-    return int(float(match.group(1)) * _MEM_FACTORS[match.group(2).upper()])
 
 
 def format_memory(n_bytes: int) -> str:
@@ -35,44 +34,25 @@ def format_memory(n_bytes: int) -> str:
 
 
 def parse_duration(text: str) -> int | None:
-    """Seconds in a Slurm duration, None for UNLIMITED/INVALID.
+    """Seconds in a Slurm duration, None for UNLIMITED/INVALID or what is not one.
 
-    Accepted as sbatch does: "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS".
-    """
-    text = text.strip()
-    if text.upper() in UNLIMITED:
+    Read as sbatch does: "MM" (a bare number is minutes in Slurm's notation), "MM:SS",
+    "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"."""
+    if text.strip().upper() in UNLIMITED:
         return None
-    days = 0
-    if "-" in text:
-        head, _, text = text.partition("-")
-        if not head.isdigit():
-            return None
-        days = int(head)
-        parts = text.split(":")
-        if not all(p.isdigit() for p in parts) or len(parts) > 3:
-            return None
-        h, m, s = ([int(p) for p in parts] + [0, 0])[:3]
-        return ((days * 24 + h) * 60 + m) * 60 + s
-    parts = text.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+    try:
+        return int(units.parse_duration(text, bare_unit=60))
+    except UserError:
         return None
-    nums = [int(p) for p in parts]
-    if len(nums) == 1:
-        return nums[0] * 60
-    if len(nums) == 2:
-        return nums[0] * 60 + nums[1]
-    return (nums[0] * 60 + nums[1]) * 60 + nums[2]
 
 
 def require_duration(text: str, option: str) -> int:
-    """A duration the user typed, or a UserError that says how to write one."""
-    seconds = parse_duration(text)
-    if seconds is None or seconds <= 0:
-        raise UserError(
-            f"cannot read {option} {text!r}: write it as Slurm does, HH:MM:SS or D-HH:MM:SS "
-            "(or `auto` to size it from the recording)"
-        )
-    return seconds
+    """A duration the user typed, in torchdoctor's one vocabulary (5m, 1h30m, HH:MM:SS); a bare
+    number is refused, as Slurm would read it as minutes and the rest of torchdoctor as seconds."""
+    seconds = units.parse_duration(text, option, bare=False)
+    if seconds <= 0:
+        raise UserError(f"{option} {text!r} must be longer than zero (or `auto`)")
+    return int(seconds)
 
 
 def format_duration(seconds: float) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import RUNS_FOLDER
+from torchdoctor.recording.paths import runs_dir
 from torchdoctor.recording.summary import RunSummary
 from torchdoctor.slurm import client
 from torchdoctor.slurm.notation import parse_duration, parse_memory
@@ -99,7 +99,7 @@ def job_report(job_id: str, recordings: Path | None) -> JobReport:
     """Everything `slurm status` shows about ``job_id``.
 
     ``recordings`` is the folder given to `sbatch --recordings`; None: the one the job's
-    script names (while Slurm still has the script), else ./torchdoctor-runs.
+    script names (while Slurm still has the script), else the recordings folder (torchdoctor.config).
     """
     if not job_id.isdigit():
         raise UserError(f"{job_id!r} is not a Slurm job id (a number, as sbatch printed it)")
@@ -108,7 +108,7 @@ def job_report(job_id: str, recordings: Path | None) -> JobReport:
     fields = client.show_job(job_id) if has_slurm else None
     state = _from_scontrol(job_id, fields) if fields else None
     if recordings is None:
-        recordings = (_recordings_from_script(job_id) if fields else None) or RUNS_FOLDER
+        recordings = (_recordings_from_script(job_id) if fields else None) or runs_dir()
     folder = job_folder(recordings.resolve(), job_id)
     if not has_slurm:
         notes.append("`scontrol` is not on PATH: what follows comes from the job's own folder")

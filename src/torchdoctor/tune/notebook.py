@@ -28,7 +28,8 @@ from torchdoctor.tune.measure import warmup_steps
 from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
 from torchdoctor.tune.space import Config, Space
-from torchdoctor.tune.tuner import KEEP_FREE, allowed_cpus, parse_duration
+from torchdoctor.tune.tuner import KEEP_FREE, allowed_cpus
+from torchdoctor.units import parse_duration
 
 MIN_WINDOW_S = 1.0
 MAX_WINDOW_S = 10.0

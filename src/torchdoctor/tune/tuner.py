@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import runs_dir
 from torchdoctor.run.process import resolve_command
 from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
@@ -28,18 +28,6 @@ DEFAULT_BUDGET_S = 300.0
 MIN_BUDGET_S = 20.0
 KEEP_FREE = 0.5  # share of the RAM available at the start that the job must leave free
 _PLACEHOLDER = Config(num_workers=0, num_threads=1)
-
-
-def parse_duration(text: str) -> float:
-    """'5m', '90s', '1h30m', '300' -> seconds; UserError on anything else."""
-    value = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
-        return float(value)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise UserError(f"cannot read the duration {text!r}: write it like 300, 90s, 5m or 1h")
-    scale = {"h": 3600, "m": 60, "s": 1}
-    return sum(float(n) * scale[u] for n, u in parts)
 
 
 def allowed_cpus() -> int:
@@ -58,10 +46,10 @@ def available_memory() -> int:
 
 
 def tune_folder(base: Path | None = None) -> Path:
-    """./torchdoctor-runs/tune-<UTC time>/ (a new one each time, made by this call)."""
+    """<recordings folder>/tune-<UTC time>/ (a new one each time, made by this call)."""
     from torchdoctor.recording.paths import create_unique_folder
 
-    root = base or Path("torchdoctor-runs")
+    root = base or runs_dir()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return create_unique_folder(root / f"tune-{stamp}")
 
@@ -70,11 +58,12 @@ def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config |
     """The diagnosis' recommended settings for the first trial, applied to ``original``."""
     from torchdoctor.diagnosis.engine import diagnose
     from torchdoctor.recording import open_recording
+    from torchdoctor.thresholds import load_thresholds
 
     changes: dict = {}
     try:
         with open_recording(recording_path) as rec:
-            findings = diagnose(rec)
+            findings = diagnose(rec, load_thresholds())
     except Exception:  # noqa: BLE001 - a diagnosis problem only costs tune its head start
         return None
     keys = {
@@ -115,6 +104,7 @@ def tune_command(
     on_trial: Callable[[Measurement], None] | None = None,
     on_start: Callable[[int, Config, str], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    on_folder: Callable[[Path], None] | None = None,
     env: dict[str, str] | None = None,
 ) -> TuneResult:
     """Tune ``argv``'s DataLoader and thread settings within ``budget_s`` seconds.
@@ -134,6 +124,8 @@ def tune_command(
     deadline = started + budget_s
     folder = tune_folder() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
+    if on_folder is not None:
+        on_folder(folder)  # the trials record there: said before the first one starts
     memory_budget = int(available_memory() * (1 - keep_free))
     cpus = allowed_cpus()
     timeout = trial_timeout_s

@@ -1,0 +1,177 @@
+"""Defaults the user sets once: where recordings go, the sampling interval, the threshold table
+and the exporter's address.
+
+Each setting is taken from the first of (highest first):
+
+1. the command's flag (``--out-dir``, ``--interval``, ``--thresholds``, ``--listen``);
+2. an environment variable: ``TORCHDOCTOR_RUNS_DIR``, ``TORCHDOCTOR_INTERVAL``,
+   ``TORCHDOCTOR_THRESHOLDS`` (a TOML file), ``TORCHDOCTOR_EXPORTER_LISTEN``;
+3. ``[tool.torchdoctor]`` in the nearest pyproject.toml (this folder or a parent): keys
+   ``runs_dir``, ``interval``, ``exporter_listen`` and the table ``[tool.torchdoctor.thresholds]``;
+4. the user's file ``$XDG_CONFIG_HOME/torchdoctor/config.toml`` (``~/.config/...`` when
+   ``XDG_CONFIG_HOME`` is unset): the same keys at top level, thresholds under ``[thresholds]``;
+5. the built-in default (``./torchdoctor-runs``, 1 s, the published table, 127.0.0.1:9842).
+
+A relative ``runs_dir`` is relative to the file that names it (the project's folder for
+pyproject.toml), so every command run anywhere in a project records into the same folder.
+Thresholds merge key by key down the same order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchdoctor.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DEFAULT_RUNS_DIR = Path("torchdoctor-runs")
+ENV_RUNS_DIR = "TORCHDOCTOR_RUNS_DIR"
+ENV_INTERVAL = "TORCHDOCTOR_INTERVAL"
+ENV_THRESHOLDS = "TORCHDOCTOR_THRESHOLDS"
+ENV_EXPORTER_LISTEN = "TORCHDOCTOR_EXPORTER_LISTEN"
+KEYS = ("runs_dir", "interval", "exporter_listen", "thresholds")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One layer of settings: where it was read (for messages) and what it holds."""
+
+    name: str
+    folder: Path | None  # what a relative runs_dir is relative to
+    values: dict[str, Any]
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "torchdoctor" / "config.toml"
+
+
+def find_pyproject(start: Path | None = None) -> Path | None:
+    """The nearest pyproject.toml in ``start`` (default: this folder) or a parent."""
+    start = start or Path.cwd()
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError(f"no such file: {str(path)!r}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{str(path)!r} is not valid TOML: {exc}") from None
+
+
+def sources(search_from: Path | None = None) -> list[Source]:
+    """The file layers, highest first: the nearest pyproject.toml, then the user's file."""
+    found: list[Source] = []
+    pyproject = find_pyproject(search_from)
+    if pyproject is not None:
+        table = read_toml(pyproject).get("tool", {}).get("torchdoctor", {})
+        found.append(_checked(Source(f"{pyproject} [tool.torchdoctor]", pyproject.parent, table)))
+    user = user_config_path()
+    if user.is_file():
+        found.append(_checked(Source(str(user), user.parent, read_toml(user))))
+    return found
+
+
+def _checked(source: Source) -> Source:
+    # Tables other parts of torchdoctor may read are let through; a mistyped key is not.
+    unknown = sorted(
+        k for k, v in source.values.items() if k not in KEYS and not isinstance(v, dict)
+    )
+    if unknown:
+        raise UserError(
+            f"{source.name}: unknown setting {unknown[0]!r}; known ones: {', '.join(KEYS)}"
+        )
+    return source
+
+
+def runs_dir(flag: str | os.PathLike[str] | None = None) -> Path:
+    """The one recordings folder: flag > TORCHDOCTOR_RUNS_DIR > pyproject > user config >
+    ./torchdoctor-runs."""
+    if flag:
+        return Path(flag)
+    env = os.environ.get(ENV_RUNS_DIR)
+    if env:
+        return Path(os.path.expanduser(env))
+    for source in sources():
+        value = source.values.get("runs_dir")
+        if value is not None:
+            if not isinstance(value, str) or not value:
+                raise UserError(f"{source.name}: runs_dir must be a folder name (a string)")
+            path = Path(os.path.expanduser(value))
+            return path if path.is_absolute() or source.folder is None else source.folder / path
+    return DEFAULT_RUNS_DIR
+
+
+def interval(flag: float | None, default: float) -> float:
+    """Seconds between samples: flag > TORCHDOCTOR_INTERVAL > pyproject > user config."""
+    from torchdoctor.units import parse_duration
+
+    if flag is not None:
+        return flag
+    env = os.environ.get(ENV_INTERVAL)
+    if env:
+        return parse_duration(env, ENV_INTERVAL)
+    for source in sources():
+        value = source.values.get("interval")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise UserError(f"{source.name}: interval must be seconds (a number or '2s')")
+        return float(value) if not isinstance(value, str) else parse_duration(value, "interval")
+    return default
+
+
+def exporter_listen(flag: str | None) -> str | None:
+    """The exporter's [ADDR:]PORT: flag > TORCHDOCTOR_EXPORTER_LISTEN > pyproject > user
+    config; None for the built-in default."""
+    if flag:
+        return flag
+    env = os.environ.get(ENV_EXPORTER_LISTEN)
+    if env:
+        return env
+    for source in sources():
+        value = source.values.get("exporter_listen")
+        if value is not None:
+            return str(value)
+    return None
+
+
+def threshold_tables(
+    flag: str | os.PathLike[str] | None, search_from: Path | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The threshold tables that apply, lowest first (user config, pyproject, the file of
+    TORCHDOCTOR_THRESHOLDS or of the flag), each with where it came from."""
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for source in reversed(sources(search_from)):
+        table = source.values.get("thresholds")
+        if table:
+            if not isinstance(table, dict):
+                raise UserError(f"{source.name}: thresholds must be a table")
+            tables.append((f"{source.name} thresholds", table))
+    file = flag or os.environ.get(ENV_THRESHOLDS)
+    if file:
+        try:
+            data = read_toml(Path(file))
+        except UserError as exc:
+            if not Path(file).exists():
+                raise UserError(f"no such thresholds file: {str(file)!r}") from None
+            raise exc
+        tables.append((str(file), data.get("thresholds", data)))
+    return tables
