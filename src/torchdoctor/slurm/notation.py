@@ -11,6 +11,7 @@ import math
 import re
 
 from torchdoctor.errors import UserError
+from torchdoctor.units import fmt_mem_option
 
 MIB = 1024 * 1024
 _MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*$", re.IGNORECASE)
@@ -30,8 +31,7 @@ def parse_memory(text: str) -> int | None:
 
 def format_memory(n_bytes: int) -> str:
     """Whole MiB, as sbatch's ``--mem`` reads it: ``"1280M"``; whole GiB as ``"64G"``."""
-    mib = math.ceil(n_bytes / MIB)
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+    return fmt_mem_option(n_bytes, slurm=True)
 
 
 def parse_duration(text: str) -> int | None:

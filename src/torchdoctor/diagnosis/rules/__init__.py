@@ -13,6 +13,7 @@ RULE_MODULES: tuple[str, ...] = (
     "cpu_saturated",
     "io_wait",
     "swap_thrash",
+    "oom_killed",
     "host_memory_leak",
     "dataloader_copy_on_access",
     "vram_near_full",
