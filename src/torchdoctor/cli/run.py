@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ from torchdoctor.cli.common import (
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.instrument.agent.cuda import ENV_MEMORY_HISTORY
 from torchdoctor.run.process import resolve_command
 from torchdoctor.run.session import record_command
 
@@ -45,6 +47,13 @@ from torchdoctor.run.session import record_command
     default=None,
     help="Write TensorBoard scalars during the run into DIR/<recording name>/.",
 )
+@click.option(
+    "--memory-history",
+    is_flag=True,
+    help="Record CUDA allocations (torch.cuda.memory._record_memory_history) and, at a CUDA "
+    "out-of-memory error, write the memory snapshot next to the recording "
+    "(<recording>.cuda-oom-<pid>.pickle, for pytorch.org/memory_viz).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -56,6 +65,7 @@ def command(
     thresholds: str | None,
     prometheus: str | None,
     tensorboard: str | None,
+    memory_history: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -70,12 +80,16 @@ def command(
     executable = resolve_command(args)
     path = new_recording(out, job_name(args))
     console = stderr_console()
+    env = None
+    if memory_history:
+        env = {**os.environ, ENV_MEMORY_HISTORY: f"{path.with_suffix('')}.cuda-oom-{{pid}}.pickle"}
     status = record_command(
         executable,
         args,
         path,
         interval,
         instrument=not no_instrument,
+        env=env,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
     if not quiet:

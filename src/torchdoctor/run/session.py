@@ -138,9 +138,9 @@ def _start_recorder(
         memory.refresh()
         if memory.near_limit and job.slow_budget is not None:
             # Close to its memory limit, who holds what is the question the end will ask:
-            # each process's private memory is read every second from now on.
+            # each process's private memory is read every half second from now on.
             job.slow_budget = None
-            job.slow_refresh_s = min(job.slow_refresh_s, 1.0)
+            job.slow_refresh_s = min(job.slow_refresh_s, max(interval, 0.5))
 
     sampler = Sampler(HostReader(pid=pid), job, gpus)
     recorder = Recorder(sampler, writer, interval, follow_memory if memory else None)

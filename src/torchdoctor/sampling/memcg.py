@@ -194,8 +194,13 @@ class MemoryWatch:
 
     def refresh(self) -> None:
         try:
+            state = procfs.parse_pid_stat(procfs.read_path(f"/proc/{self.pid}/stat")).state
+            # An exited process (a zombie until reaped) is moved to the root cgroup: keep
+            # the cgroup it ran in.
+            if state in ("Z", "X"):
+                return
             text = procfs.read_path(f"/proc/{self.pid}/cgroup")
-        except OSError:
+        except (OSError, ValueError, IndexError):
             return  # the job has ended: keep its last cgroup
         if text != self._proc_cgroup:
             self._proc_cgroup = text
