@@ -19,6 +19,7 @@ RULE_MODULES: tuple[str, ...] = (
     "vram_near_full",
     "vram_underused",
     "cuda_fragmentation",
+    "cuda_oom",
     "no_mixed_precision",
     "pin_memory_off",
     "workers_not_persistent",
