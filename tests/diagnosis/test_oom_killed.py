@@ -7,30 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
-
-import pytest
 
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.recording import open_recording
-from torchdoctor.run.cgroup import MemoryCgroup
 from torchdoctor.sampling.memcg import parse_victims
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 LIMIT = 400 * 2**20
-
-
-@pytest.fixture
-def memory_cgroup():
-    try:
-        group = MemoryCgroup.create(f"test-{uuid.uuid4().hex[:8]}", LIMIT)
-    except OSError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"cannot make a memory cgroup here (root and a writable cgroupfs): {exc}")
-    yield group
-    group.remove(timeout_s=10.0)
 
 
 def _run(tmp_path: Path, *job: str) -> tuple[int, Path, str]:

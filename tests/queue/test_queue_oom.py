@@ -5,25 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
-
-import pytest
 
 from tests.queue.conftest import HELPERS, one_gpu
-from torchdoctor.run.cgroup import MemoryCgroup
 
 
-@pytest.fixture
-def cgroups_writable():
-    try:
-        MemoryCgroup.create(f"probe-{uuid.uuid4().hex[:8]}", 2**30).remove()
-    except OSError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"cannot make a memory cgroup here (root and a writable cgroupfs): {exc}")
-
-
-def test_a_job_outgrowing_its_mem_is_oom_killed_and_the_queue_says_so(queue_env, cgroups_writable):
+def test_a_job_outgrowing_its_mem_is_oom_killed_and_the_queue_says_so(queue_env, memory_cgroup):
+    # memory_cgroup: cgroups can be made here (the queue makes its own for the job).
     q = queue_env(one_gpu())
     hog = [sys.executable, str(HELPERS / "memory_hog.py"), "-", "8", "0.05"]
     job_id = q.submit("--mem", "400M", "--", *hog)
@@ -39,6 +26,4 @@ def test_a_job_outgrowing_its_mem_is_oom_killed_and_the_queue_says_so(queue_env,
     from torchdoctor.sampling import procfs
 
     parent = procfs.cgroup_paths("self").memory_dirs
-    assert not any(
-        name.startswith(f"job-{job_id}-") for d in parent for name in os.listdir(d)
-    )
+    assert not any(name.startswith(f"job-{job_id}-") for d in parent for name in os.listdir(d))
