@@ -191,13 +191,6 @@ def _fragmentation_fix(ctx, fragmentation: int, requested: int, settings) -> tup
 def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, str]:
     batch = d.get("batch_size") or _recorded_batch(ctx)
     activations = parts.get("activations", 0) + requested  # at least what the step wanted
-    recorded = [
-        s["cuda_max_allocated"]
-        for s in ctx.steps
-        if s["cuda_max_allocated"] and s["batch_size"] == batch
-    ]
-    if recorded:  # steps that fitted before the OOM bound the activations from below too
-        activations = max(activations, max(recorded) - fixed)
     if not batch or not budget or activations <= 0:
         return (
             "Lower the batch size and keep the global batch with gradient accumulation, or use "
@@ -205,14 +198,32 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
             "the GPU's size to compute them.",
             "The step fits on the GPU.",
         )
+    # The OOM came part-way through the step, so what it held is a floor; the steps that
+    # fitted before it measured the whole step: their peak above what stays between steps,
+    # per sample (vram-near-full's model).
     per_sample = activations / batch
+    fitted = [s for s in ctx.steps if s["cuda_max_allocated"] and s["cuda_allocated"] is not None]
+    rates = [
+        (s["cuda_max_allocated"] - s["cuda_allocated"]) / s["batch_size"]
+        for s in fitted
+        if s["batch_size"]
+    ]
+    per_sample = max([per_sample, *rates])
+    activations = per_sample * batch
+    # The caching allocator reserves more than it hands out: size what it will reserve.
+    slack = [s["cuda_reserved"] / s["cuda_max_allocated"] for s in fitted if s["cuda_reserved"]]
+    ratio = max(1.0, max(slack) if slack else 1.0)
     micro = next(
-        (m for m in range(batch - 1, 0, -1) if batch % m == 0 and fixed + per_sample * m <= budget),
+        (
+            m
+            for m in range(batch - 1, 0, -1)
+            if batch % m == 0 and ratio * (fixed + per_sample * m) <= budget
+        ),
         None,
     )
     alternatives = []
     autocast = any(s["autocast_dtype"] for s in ctx.steps)
-    bf16_peak = fixed + BF16_ACTIVATIONS * activations
+    bf16_peak = ratio * (fixed + BF16_ACTIVATIONS * activations)
     if not autocast:
         fits = "fits" if bf16_peak <= budget else "does not fit"
         alternatives.append(
@@ -221,12 +232,12 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
     alternatives.append("activation checkpointing trades recomputation for most of the rest")
     if micro is None:
         return (
-            f"Even one sample needs about {fmt_bytes(fixed + per_sample)} of the "
+            f"Even one sample needs about {fmt_bytes(ratio * (fixed + per_sample))} of the "
             f"{fmt_bytes(budget)} best range; " + "; ".join(alternatives) + f" ({SIZED_FROM}).",
             "The step fits on the GPU.",
         )
     steps = batch // micro
-    peak = fixed + per_sample * micro
+    peak = ratio * (fixed + per_sample * micro)
     settings.update({"batch_size": micro, "gradient_accumulation_steps": steps})
     return (
         f"The batch's activations ({fmt_bytes(activations)} at batch {batch}, "

@@ -194,7 +194,11 @@ class CudaMemory:
                 if key in stats:
                     out[name] = stats[key]
             largest = 0
-            for segment in cuda.memory.memory_snapshot(include_traces=False):
+            try:
+                segments = cuda.memory.memory_snapshot(include_traces=False)
+            except TypeError:  # torch before 2.6 has no include_traces
+                segments = cuda.memory.memory_snapshot()
+            for segment in segments:
                 if device is not None and segment.get("device") not in (None, device):
                     continue
                 for block in segment.get("blocks", ()):
