@@ -71,7 +71,15 @@ class Recorder:
         try:
             self.writer.write_snapshot(self.sampler.snapshot())
             if self.also is not None:
-                self.also()
+                try:
+                    self.also()
+                except Exception as exc:  # noqa: BLE001 - it alone stops, sampling goes on
+                    self.also = None
+                    print(
+                        f"torchdoctor: stopped following the job's memory cgroup "
+                        f"({type(exc).__name__}: {exc}); sampling goes on",
+                        file=sys.stderr,
+                    )
             self.samples += 1
             return not self.writer.stopped
         except Exception as exc:  # noqa: BLE001 - the job must outlive any sampling bug
