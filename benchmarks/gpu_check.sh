@@ -10,7 +10,8 @@
 #    NVML readings the recording holds, beside what PyTorch says it holds on the GPU;
 # 4. the instrumentation's CUDA path on that recording: per-step cuda_* columns against what
 #    the loop's torch reported; then a provoked CUDA OOM under `torchdoctor run` (the job's
-#    exit status kept, the OOM recorded as an event);
+#    exit status kept, the OOM recorded as an event); an activations OOM under
+#    `run --memory-history`: the cuda-oom finding's micro-batch x accumulation, then run;
 # 5. benchmarks/estimate_cuda_check.py, when it exists;
 # 6. with GPU_CHECK_TESTS=1, the test modules that read GPUs or NVML, on the real GPU (they
 #    assert what NVML really reports, so they hold on a GPU machine as they do here).
@@ -223,6 +224,71 @@ print(f"cuda-oom events: {len(ooms)}", [json.loads(e["detail"]) for e in ooms][:
 if not ooms:
     raise SystemExit("no cuda-oom event recorded")
 EOF
+fi
+
+if [ "$CUDA" = 1 ]; then
+step "an activations OOM under torchdoctor run --memory-history: the cuda-oom finding, and its fix run"
+# An MLP fed by a DataLoader (so the batch size is recorded) whose batch is sized from the GPU
+# to need ~1.5x its memory in activations: it dies of CUDA OOM in its first big step. The
+# finding must say activations and give micro-batch x accumulation = the batch; that fix must
+# then run on this GPU within the best range (85 %).
+cat > "$OUT/oom_train.py" <<'PYEOF'
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+WIDTH, DEPTH = 4096, 8
+total = torch.cuda.get_device_properties(0).total_memory
+per_sample = 2 * DEPTH * WIDTH * 4  # a Linear's input and a ReLU's output kept per layer
+big = int(total * 1.5 / per_sample) // 64 * 64
+micro, accum = (int(a) for a in sys.argv[1:3]) if len(sys.argv) > 2 else (big, 1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(1000, WIDTH), *[
+    m for _ in range(DEPTH) for m in (torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU())]).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def train(batch, accum, steps):
+    data = DataLoader(TensorDataset(torch.randint(0, 1000, (batch * accum * steps,))),
+                      batch_size=batch)
+    for i, (idx,) in enumerate(data):
+        model(idx.cuda()).float().pow(2).mean().backward()
+        if (i + 1) % accum == 0:
+            opt.step(); opt.zero_grad(set_to_none=True)
+train(64, 1, 2)  # small steps first: per-step memory is recorded
+torch.cuda.reset_peak_memory_stats()
+train(micro, accum, 1)
+print(f"oom_train: batch {micro} x {accum} ran, peak "
+      f"{torch.cuda.max_memory_reserved() / total * 100:.1f} % of the GPU")
+PYEOF
+OOMA="$OUT/gpu-oom-activations.sqlite"
+rm -f "$OOMA" "$OUT"/gpu-oom-activations.cuda-oom-*.pickle "$OUT/oom-fix.txt"
+timeout 180 "$PY" -m torchdoctor run --quiet --memory-history --out "$OOMA" -- \
+  "$PY" "$OUT/oom_train.py"
+code=$?
+echo "job exit status under torchdoctor run: $code (an uncaught OOM: 1)"
+[ "$code" = 1 ] || fail "the OOM job's exit status was not kept"
+timeout 120 "$PY" - "$OOMA" "$OUT" > "$OUT/oom-fix.txt" <<'PYEOF' || fail "cuda-oom finding"
+import glob, json, sys
+from torchdoctor import open_recording
+from torchdoctor.diagnosis.engine import diagnose
+rec = open_recording(sys.argv[1])
+ooms = [json.loads(e["detail"]) for e in rec.rows("events") if e["kind"] == "cuda-oom"]
+print("cuda-oom event:", ooms[-1] if ooms else None, file=sys.stderr)
+(f,) = [f for f in diagnose(rec) if f.id == "cuda-oom"]
+print(f"{f.title}\n  {f.recommendation}\n  settings {f.settings}", file=sys.stderr)
+assert "activations" in f.title, f.title
+micro, accum = f.settings["batch_size"], f.settings["gradient_accumulation_steps"]
+assert micro * accum == ooms[-1]["batch_size"], (micro, accum)
+snaps = glob.glob(f"{sys.argv[2]}/gpu-oom-activations.cuda-oom-*.pickle")
+assert snaps, "no memory snapshot written"
+with open(snaps[0], "rb") as fh:
+    assert fh.read(2) == b"\x80\x04", "snapshot not pickled with protocol 4"
+print(micro, accum)
+PYEOF
+if [ -s "$OUT/oom-fix.txt" ]; then
+  read -r MICRO ACCUM < "$OUT/oom-fix.txt"
+  timeout 180 "$PY" "$OUT/oom_train.py" "$MICRO" "$ACCUM" | tee "$OUT/oom-fix-run.log" \
+    || fail "the cuda-oom fix (batch $MICRO x $ACCUM) did not run on this GPU"
+  "$PY" -c 'import re, sys; t = open(sys.argv[1]).read(); sys.exit(float(re.search(r"peak ([0-9.]+) %", t)[1]) > 85)' \
+    "$OUT/oom-fix-run.log" || fail "the cuda-oom fix ran above 85 % of the GPU"
+fi
 fi
 
 if [ -f benchmarks/estimate_cuda_check.py ] && [ "$CUDA" = 1 ]; then

@@ -39,3 +39,22 @@ def _no_user_settings(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     for name in ("RUNS_DIR", "INTERVAL", "THRESHOLDS", "EXPORTER_LISTEN"):
         monkeypatch.delenv(f"TORCHDOCTOR_{name}", raising=False)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A fresh memory cgroup limited to 400 MiB (swap too), removed after the test; skipped
+    where cgroups cannot be made (not root, read-only cgroupfs), but required when CI=true."""
+    import os
+    import uuid
+
+    from torchdoctor.run.cgroup import MemoryCgroup
+
+    try:
+        group = MemoryCgroup.create(f"test-{uuid.uuid4().hex[:8]}", 400 * 2**20)
+    except OSError as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"cannot make a memory cgroup here (root and a writable cgroupfs): {exc}")
+    yield group
+    group.remove(timeout_s=10.0)

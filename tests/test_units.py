@@ -5,6 +5,7 @@ from torchdoctor.units import (
     fmt_bytes,
     fmt_cpu_list,
     fmt_duration,
+    fmt_mem_option,
     fmt_pct,
     fmt_rate,
     parse_cpu_list,
@@ -67,3 +68,16 @@ def test_cpu_lists_read_and_written_in_the_kernels_format():
     assert fmt_cpu_list([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11"
     assert fmt_cpu_list([5]) == "5" and fmt_cpu_list([]) == "-"
     assert parse_cpu_list(fmt_cpu_list([0, 2, 3, 4, 7])) == [0, 2, 3, 4, 7]
+
+
+def test_mem_options_read_back_as_the_same_size_by_slurm_and_by_submit():
+    from torchdoctor.estimate.profiles import parse_size
+    from torchdoctor.slurm.notation import parse_memory
+
+    for n in (400 * 2**20, 400_000_000, 64 * 2**30, 1):
+        slurm, submit = fmt_mem_option(n, slurm=True), fmt_mem_option(n, slurm=False)
+        # Rounded up to whole MiB, never below what was asked.
+        assert n <= parse_memory(slurm) < n + 2**20
+        assert parse_size(submit) == parse_memory(slurm)
+    assert fmt_mem_option(400 * 2**20, slurm=True) == "400M"
+    assert fmt_mem_option(64 * 2**30, slurm=False) == "64GiB"

@@ -23,6 +23,7 @@ kernel, nvidia-smi and ``torch.cuda.memory_summary`` show them; printed duration
 
 from __future__ import annotations
 
+import math
 import re
 
 from torchdoctor.errors import UserError
@@ -130,6 +131,15 @@ def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
     if unit == "B":
         return f"{int(value)} B"
     return f"{_three_figures(value)} {unit}"
+
+
+def fmt_mem_option(n_bytes: float, *, slurm: bool) -> str:
+    """A RAM size as a ``--mem`` option takes it, rounded up to whole MiB: Slurm's ``"1280M"`` /
+    ``"64G"`` (its M and G are MiB and GiB), or ``torchdoctor submit``'s ``"1280MiB"`` /
+    ``"64GiB"`` (where M and G would be decimal)."""
+    mib = -(-int(math.ceil(n_bytes)) // 2**20)
+    value, unit = (mib // 1024, "G") if mib % 1024 == 0 and mib else (mib, "M")
+    return f"{value}{unit}" if slurm else f"{value}{unit}iB"
 
 
 def fmt_rate(n: float | None, missing: str = "n/a") -> str:

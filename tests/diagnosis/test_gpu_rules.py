@@ -86,8 +86,9 @@ def test_vram_at_85_percent_is_fine(run_rules):
 def test_cuda_oom_is_critical(run_rules):
     job = gpu_job(used_gib=70.0)
     job.events = [JobEvent(1000, None, T0 + 20, "cuda-oom", '{"batch_size": 64}')]
-    f = by_id(run_rules(job), "vram-near-full")
+    f = by_id(run_rules(job), "cuda-oom")  # vram-near-full leaves an OOM to cuda-oom
     assert f.severity == "critical"
+    assert "vram-near-full" not in ids(run_rules(job))
 
 
 def test_vram_underused_suggests_a_larger_batch(run_rules):

@@ -154,6 +154,7 @@ def test_cuda_oom_is_recorded_with_its_step_and_batch_size(agent):
     detail = json.loads(oom.detail)
     assert detail["step"] == 3 and detail["batch_size"] == 5
     assert detail["requested_bytes"] == 2 << 30 and detail["free_bytes"] == 1 << 20
+    assert detail["device_limit_bytes"] == 38 << 30 and detail["phase"] == "forward"
 
 
 def test_loader_built_before_the_agent_is_still_described():
@@ -255,4 +256,11 @@ def test_an_uncaught_out_of_memory_error_is_recorded_then_reported_as_usual(agen
     _, _, _, events = agent.sink.records()
     (oom,) = [e for e in events if e.kind == "cuda-oom"]
     detail = json.loads(oom.detail)
-    assert detail == {"step": 2, "batch_size": 3, "source": "uncaught"}
+    # The sizes come from the message; the phase from the traceback (no torch frame: forward).
+    assert detail == {
+        "step": 2,
+        "batch_size": 3,
+        "source": "uncaught",
+        "phase": "forward",
+        "requested_bytes": 2 << 30,
+    }

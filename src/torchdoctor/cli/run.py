@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -17,6 +18,7 @@ from torchdoctor.cli.common import (
     thresholds_option,
 )
 from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.instrument.agent.cuda import ENV_MEMORY_HISTORY
 from torchdoctor.run.process import resolve_command
 from torchdoctor.run.session import record_command
 
@@ -53,6 +55,13 @@ from torchdoctor.run.session import record_command
     help="When CMD ends, print the recording's summary line and findings as one line of JSON "
     "on stdout, after CMD's own output (`tail -n 1` reads it).",
 )
+@click.option(
+    "--memory-history",
+    is_flag=True,
+    help="Record CUDA allocations (torch.cuda.memory._record_memory_history) and, at a CUDA "
+    "out-of-memory error, write the memory snapshot next to the recording "
+    "(<recording>.cuda-oom-<pid>.pickle, for pytorch.org/memory_viz).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -65,6 +74,7 @@ def command(
     prometheus: str | None,
     tensorboard: str | None,
     as_json: bool,
+    memory_history: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -81,12 +91,16 @@ def command(
     console = stderr_console()
     if not quiet:
         console.print(f"torchdoctor: recording {' '.join(args)[:80]} into {path}")
+    env = None
+    if memory_history:
+        env = {**os.environ, ENV_MEMORY_HISTORY: f"{path.with_suffix('')}.cuda-oom-{{pid}}.pickle"}
     status = record_command(
         executable,
         args,
         path,
         interval,
         instrument=not no_instrument,
+        env=env,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
     if not quiet or as_json:

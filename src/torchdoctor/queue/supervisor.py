@@ -170,6 +170,7 @@ def _run(job: Job, hooks) -> tuple[str, str | None, int | None]:
             hooks.stop_asked()
             stopper[0].start()
 
+    memory_cgroup = _memory_cgroup(job)
     try:
         status = record_command(
             executable,
@@ -183,16 +184,59 @@ def _run(job: Job, hooks) -> tuple[str, str | None, int | None]:
             new_group=True,
             on_started=started,
             on_signal=signalled,
+            memory_cgroup=memory_cgroup,
         )
     except UserError as exc:  # could not be started after all
+        if memory_cgroup is not None:
+            with contextlib.suppress(OSError):
+                memory_cgroup.remove()
         return FAILED, exc.message, exc.exit_code
     if stopper:
         _stop_leftovers(stopper[0])
+    if memory_cgroup is not None:
+        with contextlib.suppress(OSError):
+            memory_cgroup.remove()
     if hooks.cancelled():
         return CANCELLED, f"cancelled; exit status {status}", status
     if status == 0:
         return DONE, None, 0
-    return FAILED, _how_it_ended(status), status
+    return FAILED, _oom_killed(recording) or _how_it_ended(status), status
+
+
+def _memory_cgroup(job: Job):
+    """The job's ``--mem`` as the limit of a memory cgroup of its own, where cgroups can be made
+    here (root); otherwise it stays a figure the scheduler plans with, as it was."""
+    from torchdoctor.run.cgroup import MemoryCgroup
+
+    if not job.mem:
+        return None
+    try:
+        return MemoryCgroup.create(f"job-{job.id}-{os.getpid()}", job.mem)
+    except OSError as exc:
+        print(
+            f"torchdoctor: --mem is not enforced for job {job.id} (no memory cgroup: {exc})",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _oom_killed(recording: Path) -> str | None:
+    """'killed by the OOM killer ...' when the recording says a process of the job was."""
+    try:
+        from torchdoctor.recording import open_recording
+        from torchdoctor.units import fmt_bytes
+
+        with open_recording(recording) as rec:
+            end = rec.meta.get("memory_end") or {}
+    except Exception:  # noqa: BLE001 - the plain exit status is said instead
+        return None
+    if not end.get("oom_kills"):
+        return None
+    limit = (end.get("cgroup") or {}).get("limit")
+    victims = end.get("victims") or []
+    who = f"pid {victims[-1]['pid']} ({victims[-1]['name']})" if victims else "a process"
+    at = f" at its {fmt_bytes(limit)} memory limit" if limit else ""
+    return f"OOM-killed: the kernel killed {who}{at} (see torchdoctor diagnose)"
 
 
 def _stop_leftovers(stopper: Stopper) -> None:

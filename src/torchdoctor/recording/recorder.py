@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.sampling.sampler import Sampler
@@ -21,8 +22,15 @@ class Recorder:
     stderr, records what it had and stops sampling, while the job runs on.
     """
 
-    def __init__(self, sampler: Sampler, writer: RecordingWriter, interval_s: float) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        writer: RecordingWriter,
+        interval_s: float,
+        also: Callable[[], None] | None = None,
+    ) -> None:
         self.sampler = sampler
+        self.also = also  # run after every sample (the job's memory cgroup is followed so)
         self.writer = writer
         self.interval_s = interval_s
         self.samples = 0
@@ -62,6 +70,16 @@ class Recorder:
             return False  # the writer said why (a full disk): sampling on would be wasted
         try:
             self.writer.write_snapshot(self.sampler.snapshot())
+            if self.also is not None:
+                try:
+                    self.also()
+                except Exception as exc:  # noqa: BLE001 - it alone stops, sampling goes on
+                    self.also = None
+                    print(
+                        f"torchdoctor: stopped following the job's memory cgroup "
+                        f"({type(exc).__name__}: {exc}); sampling goes on",
+                        file=sys.stderr,
+                    )
             self.samples += 1
             return not self.writer.stopped
         except Exception as exc:  # noqa: BLE001 - the job must outlive any sampling bug

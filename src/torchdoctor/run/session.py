@@ -18,7 +18,9 @@ from torchdoctor.recording import registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.recording.writer import RecordingWriter
+from torchdoctor.run.cgroup import MemoryCgroup
 from torchdoctor.run.process import ChildProcess, hold_signals, release_signals
+from torchdoctor.sampling.memcg import MemoryWatch, ended_by
 from torchdoctor.sampling.sampler import Sampler
 
 
@@ -38,6 +40,7 @@ def record_command(
     on_ended: Callable[[int], None] | None = None,
     start_outputs: Callable[[], Any] | None = None,
     meta: dict[str, Any] | None = None,
+    memory_cgroup: MemoryCgroup | None = None,
 ) -> int:
     """Start the command, sample it until it exits, close the recording; its exit status.
 
@@ -47,7 +50,12 @@ def record_command(
     ``start_outputs()`` starts what serves the recording while it grows (a metrics endpoint,
     a TensorBoard writer); what it returns is closed, after a last flush, when the command
     ends. A failing hook is reported and does not stop the recording. ``meta`` is added to
-    the recording's metadata (``launch`` keeps its plan there).
+    the recording's metadata (``launch`` keeps its plan there). ``memory_cgroup``: the
+    command is placed in it as soon as it runs (the queue's ``--mem``).
+
+    How the command ended is recorded with its memory: the kills the OOM killer made in its
+    cgroups while it ran, the last cgroup reading and the kernel's log lines naming the victim
+    (``memory_end`` in the metadata, with ``exit_signal``).
     """
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.hostinfo import read_host_info
@@ -78,7 +86,12 @@ def record_command(
             raise
         # From here on the job runs: nothing of ours may stop us from waiting for it and
         # returning its status. Each step fails alone, says so once, and the rest goes on.
-        recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval))
+        if memory_cgroup is not None:
+            # posix_spawn has returned after the exec: the job has allocated next to nothing
+            # outside its cgroup yet.
+            _safely(lambda: memory_cgroup.add(child.pid))
+        memory = _safely(lambda: MemoryWatch(child.pid))
+        recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval, memory))
         # `top` and the host exporter find every recorded job, whichever command started it.
         announced = _safely(lambda: registry.announce(child.pid, path))
         if on_started is not None:
@@ -95,19 +108,42 @@ def record_command(
             _safely(lambda: registry.withdraw(child.pid))
         if on_ended is not None:
             _safely(lambda: on_ended(child.pid))
-        _safely(lambda: writer.close({"ended_at": time.time(), "exit_status": status}))
+        end: dict[str, Any] = {"ended_at": time.time(), "exit_status": status}
+        end["exit_signal"] = ended_by(status)
+        if memory is not None:
+            finished = _safely(memory.finish)
+            if finished is not None:
+                end["memory_end"] = finished.as_dict()
+        _safely(lambda: writer.close(end))
         _safely(gpus.close)
         return status
     finally:
         release_signals(held)
 
 
-def _start_recorder(pid: int, gpus: Any, writer: RecordingWriter, interval: float) -> Recorder:
+def _start_recorder(
+    pid: int,
+    gpus: Any,
+    writer: RecordingWriter,
+    interval: float,
+    memory: MemoryWatch | None,
+) -> Recorder:
     from torchdoctor.sampling.host import HostReader
     from torchdoctor.sampling.job import JobReader
 
     writer.set_meta({"root_pid": pid})
-    recorder = Recorder(Sampler(HostReader(pid=pid), JobReader(pid), gpus), writer, interval)
+    job = JobReader(pid)
+
+    def follow_memory() -> None:
+        memory.refresh()
+        if memory.near_limit and job.slow_budget is not None:
+            # Close to its memory limit, who holds what is the question the end will ask:
+            # each process's private memory is read every half second from now on.
+            job.slow_budget = None
+            job.slow_refresh_s = min(job.slow_refresh_s, max(interval, 0.5))
+
+    sampler = Sampler(HostReader(pid=pid), job, gpus)
+    recorder = Recorder(sampler, writer, interval, follow_memory if memory else None)
     recorder.start()
     return recorder
 

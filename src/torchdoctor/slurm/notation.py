@@ -11,7 +11,7 @@ import math
 
 from torchdoctor import units
 from torchdoctor.errors import UserError
-from torchdoctor.units import parse_size
+from torchdoctor.units import fmt_mem_option, parse_size
 
 MIB = 1024 * 1024
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "INVALID", "N/A", "")
@@ -29,8 +29,7 @@ def parse_memory(text: str) -> int | None:
 
 def format_memory(n_bytes: int) -> str:
     """Whole MiB, as sbatch's ``--mem`` reads it: ``"1280M"``; whole GiB as ``"64G"``."""
-    mib = math.ceil(n_bytes / MIB)
-    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+    return fmt_mem_option(n_bytes, slurm=True)
 
 
 def parse_duration(text: str) -> int | None:

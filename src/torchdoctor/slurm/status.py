@@ -77,6 +77,9 @@ class AskedUsed:
         return f"asked {asked}, used {used}" + (f" ({extra})" if extra else "")
 
 
+OOM_KILLED = "oom-killed"  # the diagnosis rule's id
+
+
 @dataclass(slots=True)
 class NodeRecording:
     path: str
@@ -131,6 +134,10 @@ def job_report(job_id: str, recordings: Path | None) -> JobReport:
         state = _from_recordings(job_id, nodes)
     if not nodes and state.state not in ("PENDING", "CONFIGURING"):
         notes.append(f"no recording of the job in {folder} yet")
+    for node in nodes:
+        for f in node.findings:
+            if f.id == OOM_KILLED:  # Slurm says OUT_OF_MEMORY at best; the recording says who
+                notes.append(f"OOM-killed on {node.hostname or node.path}: {f.title}")
     return JobReport(
         state=state,
         asked=asked,
@@ -196,6 +203,8 @@ def _from_recordings(job_id: str, nodes: list[NodeRecording]) -> SlurmJobState:
     statuses = [n.summary.exit_status for n in nodes]
     if not all(n.summary.complete for n in nodes):
         state = "UNKNOWN (a node's recording was cut short: killed, or still running)"
+    elif any(f.id == OOM_KILLED for n in nodes for f in n.findings):
+        state = "OUT_OF_MEMORY"  # Slurm's own name for a job its cgroup's OOM killer ended
     elif all(s == 0 for s in statuses):
         state = "COMPLETED"
     else:

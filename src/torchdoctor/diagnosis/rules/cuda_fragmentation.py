@@ -15,6 +15,18 @@ GAP_MIN_BYTES = 512 * 2**20
 FIX = "expandable_segments:True"
 
 
+def expandable_on(ctx: DiagnosisContext) -> bool:
+    """Whether the job ran with expandable segments on: as a process recorded its setting, or
+    in the environment it was started with (PYTORCH_ALLOC_CONF is the newer name)."""
+    env = ctx.meta.get("env") or {}
+    confs = (
+        ctx.setting("env.PYTORCH_CUDA_ALLOC_CONF"),
+        env.get("PYTORCH_CUDA_ALLOC_CONF"),
+        env.get("PYTORCH_ALLOC_CONF"),
+    )
+    return any(c and "expandable_segments:true" in str(c).lower() for c in confs)
+
+
 def check(ctx: DiagnosisContext) -> list[Finding]:
     steps = [s for s in ctx.steady_steps if s["cuda_reserved"] and s["cuda_max_allocated"]]
     if len(steps) < 3:
@@ -32,8 +44,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     big_gap = gap > GAP_MIN_BYTES and gap > GAP_SHARE * reserved
     if retries <= 0 and not big_gap:
         return []
-    conf = ctx.setting("env.PYTORCH_CUDA_ALLOC_CONF")
-    if conf and "expandable_segments:true" in str(conf).lower():
+    if expandable_on(ctx):
         return []  # already on
     t0, t1 = settled[0]["t_start"], settled[-1]["t_end"]
     evidence = [

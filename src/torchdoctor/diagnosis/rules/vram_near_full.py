@@ -21,8 +21,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     findings = []
     for index in ctx.job_gpus:
         span = ctx.sustained(memory_pct_series(ctx, index), th.gpu_memory_alert_pct)
-        if span is None and not ooms:
-            continue
+        if span is None:
+            continue  # an OOM without sustained pressure is cuda-oom's to explain
         target = (th.gpu_memory_best_low_pct + th.gpu_memory_best_high_pct) / 2
         model = vram_model(ctx, index)
         evidence = []

@@ -367,7 +367,7 @@ def _excepthook(agent, cuda, previous):
 
             # Never switches the agent off: the program is ending anyway.
             with contextlib.suppress(Exception):
-                cuda.on_uncaught(exc_type)
+                cuda.on_uncaught(exc_type, exc, tb)
         return previous(exc_type, exc, tb)
 
     excepthook.__wrapped__ = previous

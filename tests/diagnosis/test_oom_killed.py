@@ -1,0 +1,80 @@
+"""Jobs the kernel's OOM killer ends inside a 400 MiB memory cgroup, recorded by the real
+`torchdoctor run` and diagnosed from the recording: the exit status is kept, and the
+`oom-killed` finding names the limit, the victim and who grew."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torchdoctor.diagnosis.engine import diagnose
+from torchdoctor.recording import open_recording
+from torchdoctor.sampling.memcg import parse_victims
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+LIMIT = 400 * 2**20
+
+
+def _run(tmp_path: Path, *job: str) -> tuple[int, Path, str]:
+    out = tmp_path / "rec.sqlite"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--interval", "0.2",
+         "--out", str(out), "--", sys.executable, *job],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ),
+    )  # fmt: skip
+    return done.returncode, out, done.stderr
+
+
+def _finding(path: Path):
+    with open_recording(path) as rec:
+        findings = diagnose(rec)
+    return next((f for f in findings if f.id == "oom-killed"), None), findings
+
+
+def test_a_job_growing_past_its_cgroup_limit_is_named_oom_killed(tmp_path, memory_cgroup):
+    procs = os.path.join(memory_cgroup.path, "cgroup.procs")
+    status, rec, err = _run(tmp_path, str(HELPERS / "memory_hog.py"), procs, "8", "0.05")
+    assert status == 137, err  # SIGKILL's shell status, passed on unchanged
+    with open_recording(rec) as r:
+        assert r.meta["exit_signal"] == "SIGKILL"
+        end = r.meta["memory_end"]
+        root = r.meta["root_pid"]
+    assert end["oom_kills"] >= 1
+    assert end["cgroup"]["limit"] == LIMIT and end["cgroup"]["path"] == memory_cgroup.path
+    finding, _ = _finding(rec)
+    assert finding is not None and finding.severity == "critical"
+    assert "400 MiB memory limit" in finding.title
+    assert f"pid {root} " in finding.title and "trainer" in finding.title
+    assert "the trainer's own memory grew" in finding.title
+    # A larger limit in the units each takes: Slurm's M is MiB, submit's MiB is spelt out.
+    assert "sbatch --mem=" in finding.recommendation
+    assert "torchdoctor submit --mem" in finding.recommendation
+    assert finding.settings["mem_bytes"] > LIMIT
+
+
+def test_dataloader_workers_copying_a_list_dataset_are_named_not_the_trainer(
+    tmp_path, memory_cgroup
+):
+    procs = os.path.join(memory_cgroup.path, "cgroup.procs")
+    status, rec, err = _run(tmp_path, str(HELPERS / "loader_hog.py"), procs)
+    assert status != 0, err
+    finding, findings = _finding(rec)
+    assert finding is not None, [f.id for f in findings]
+    assert "DataLoader workers copied" in finding.title, finding.title
+    grew = {e.label: e.value for e in finding.evidence}
+    assert grew["DataLoader workers' private memory grew"] > grew["trainer's private memory grew"]
+    assert "num_workers=" in finding.recommendation
+    assert finding.settings["num_workers"] < 2
+
+
+def test_the_kernel_log_line_names_the_victim_and_its_memory():
+    lines = [
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,task=python,pid=42,uid=0",
+        "Memory cgroup out of memory: Killed process 42 (python) total-vm:423004kB, "
+        "anon-rss:412800kB, file-rss:5960kB, shmem-rss:0kB, UID:0 pgtables:876kB",
+    ]
+    (victim,) = parse_victims(lines)
+    assert (victim.pid, victim.name) == (42, "python")
+    assert victim.anon_rss == 412800 * 1024 and victim.shmem_rss == 0
