@@ -135,8 +135,8 @@ def fmt_bytes(n: float | None, missing: str = "n/a") -> str:
 
 def fmt_mem_option(n_bytes: float, *, slurm: bool) -> str:
     """A RAM size as a ``--mem`` option takes it, rounded up to whole MiB: Slurm's ``"1280M"`` /
-    ``"64G"`` (its M and G are MiB and GiB), or ``torchdoctor submit``'s ``"1280MiB"`` /
-    ``"64GiB"`` (where M and G would be decimal)."""
+    ``"64G"``, or ``torchdoctor submit``'s ``"1280MiB"`` / ``"64GiB"``: both read M and G as
+    MiB and GiB; the submit spelling says so to a reader who thinks in decimal units."""
     mib = -(-int(math.ceil(n_bytes)) // 2**20)
     value, unit = (mib // 1024, "G") if mib % 1024 == 0 and mib else (mib, "M")
     return f"{value}{unit}" if slurm else f"{value}{unit}iB"

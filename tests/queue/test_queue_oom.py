@@ -17,9 +17,9 @@ def test_a_job_outgrowing_its_mem_is_oom_killed_and_the_queue_says_so(queue_env,
     assert q.wait(job_id) == 137
     job = q.job(job_id)
     assert job.state == "failed" and job.exit_status == 137
-    # submit's M is decimal: 400M = 400,000,000 B = 381 MiB, the limit the kernel enforced.
+    # 400M is 400 MiB (as Slurm and Docker read M): the limit the kernel enforced.
     assert job.reason.startswith("OOM-killed: the kernel killed pid ")
-    assert "at its 381 MiB memory limit" in job.reason
+    assert "at its 400 MiB memory limit" in job.reason
     listed = q.td("queue", check=True).stdout
     assert "OOM-killed" in listed
     # The cgroup made for the job is gone with it.
