@@ -276,6 +276,9 @@ static void parse_line(scenario_t *s, char *line) {
     char *hash = strchr(line, '#');
     if (hash)
         *hash = '\0';
+    size_t len = strlen(line);
+    while (len && isspace((unsigned char)line[len - 1]))
+        line[--len] = '\0';
     while (isspace((unsigned char)*line))
         line++;
     if (*line == '\0')
