@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import importlib.util
 import itertools
 import os
 import shutil
@@ -101,7 +100,9 @@ def library_dir() -> Path:
     (a cache folder named by its hash), with ``cc -shared -fPIC`` and nothing else."""
     compiler = shutil.which("cc")
     if compiler is None:
-        raise CompilerMissing("no C compiler (cc) to build the fake libnvidia-ml: apt-get install gcc")
+        raise CompilerMissing(
+            "no C compiler (cc) to build the fake libnvidia-ml: apt-get install gcc"
+        )
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"torchdoctor-fake-nvml-{digest}"
     target = folder / LIBRARY
@@ -119,7 +120,9 @@ def library_dir() -> Path:
     return folder
 
 
-def subprocess_env(scenario_path: str | os.PathLike | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def subprocess_env(
+    scenario_path: str | os.PathLike | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """An environment whose processes load the fake NVML (``None``: one healthy GPU)."""
     env = dict(os.environ if base is None else base)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -247,7 +250,10 @@ def render_gpu(gpu: FakeGpu) -> list[str]:
         lines.append(f"memory_used {_samples(gpu.memory_used)}")
     if not gpu.pcie_counters:
         lines.append("no_pcie_counters")
-    for kind, listed in (("process", gpu.compute_processes), ("graphics_process", gpu.graphics_processes)):
+    for kind, listed in (
+        ("process", gpu.compute_processes),
+        ("graphics_process", gpu.graphics_processes),
+    ):
         lines += [f"{kind} {pid} {'na' if used is None else used}" for pid, used in listed]
     lines += [f"not_supported {name}" for name in sorted(gpu.not_supported)]
     lines += [f"error {name} {code}" for name, code in sorted(gpu.errors.items())]
@@ -362,7 +368,9 @@ class FakeNvml(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.__dict__["bindings"], name)
-        if not (name.startswith("nvml") and callable(value) and isinstance(value, types.FunctionType)):
+        if not (
+            name.startswith("nvml") and callable(value) and isinstance(value, types.FunctionType)
+        ):
             return value
 
         @functools.wraps(value)
@@ -515,7 +523,9 @@ def machine_env(path: str, base: Mapping[str, str] | None = None) -> dict[str, s
 
 def write_machine(path: str, gpus: list[dict]) -> None:
     """Create the shared machine: one dict per device with ``uuid``, ``memory_total`` and
-    optionally ``name``, ``memory_reserved``, ``numa_node``, ``processes`` ([pid, bytes])."""
+    optionally ``processes`` ([pid, bytes]) and any other :class:`FakeGpu` setting (``name``,
+    ``numa_node``, ``utilization_gpu``, ``clock_event_reasons``, ``xids`` ...). ``memory_used``
+    is what the processes hold unless given."""
     with _locked(path):
         _save(path, {"gpus": [{"processes": [], **gpu} for gpu in gpus]})
 
@@ -547,18 +557,14 @@ def release(path: str, pid: int) -> None:
 
 
 def _machine_gpus(state: dict) -> list[FakeGpu]:
-    return [
-        FakeGpu(
-            name=gpu.get("name", "NVIDIA A100-PCIE-40GB"),
-            uuid=gpu["uuid"],
-            memory_total=gpu["memory_total"],
-            memory_reserved=gpu.get("memory_reserved", 512 * MIB),
-            memory_used=None,  # what the live processes hold
-            numa_node=gpu.get("numa_node"),
-            compute_processes=[(pid, n) for pid, n in gpu["processes"]],
-        )
-        for gpu in state["gpus"]
-    ]
+    known = set(FakeGpu.__dataclass_fields__) - {"compute_processes", "calls"}
+    gpus = []
+    for gpu in state["gpus"]:
+        settings = {k: v for k, v in gpu.items() if k in known}
+        settings = {"name": "NVIDIA A100-PCIE-40GB", "memory_used": None, **settings}
+        compute = [(pid, n) for pid, n in gpu["processes"]]
+        gpus.append(FakeGpu(**settings, compute_processes=compute))
+    return gpus
 
 
 def _free(gpu: dict) -> int:
@@ -590,9 +596,7 @@ def _save(path: str, state: dict) -> None:
     import json
 
     _write_atomic(path, json.dumps(state))
-    _write_atomic(
-        machine_scenario(path), render(_machine_gpus(state), drop_exited_processes=True)
-    )
+    _write_atomic(machine_scenario(path), render(_machine_gpus(state), drop_exited_processes=True))
 
 
 class _locked:

@@ -27,7 +27,9 @@ PY = sys.executable
 
 def in_child(code: str, scenario: Path | None, timeout: float = 60) -> dict:
     """Run ``code`` (which sets ``out``) in a child that loads the fake; its ``out`` as JSON."""
-    program = "import json, pynvml\nout = {}\n" + textwrap.dedent(code) + "\nprint(json.dumps(out))\n"
+    program = (
+        "import json, pynvml\nout = {}\n" + textwrap.dedent(code) + "\nprint(json.dumps(out))\n"
+    )
     done = subprocess.run(
         [PY, "-c", program],
         capture_output=True,
@@ -44,9 +46,10 @@ def product_nvml_functions() -> set[str]:
     names = set()
     for path in (REPO / "src" / "torchdoctor").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if re.fullmatch(r"nvml[A-Z]\w+", node.value) and callable(getattr(pynvml, node.value, None)):
-                    names.add(node.value)
+            value = node.value if isinstance(node, ast.Constant) else None
+            named = isinstance(value, str) and re.fullmatch(r"nvml[A-Z]\w+", value)
+            if named and callable(getattr(pynvml, value, None)):
+                names.add(value)
     return names
 
 
@@ -71,7 +74,11 @@ def test_builds_with_the_plain_command_and_exports_every_entry_point_the_product
 
     lib = ctypes.CDLL(str(library))
     called = product_nvml_functions()
-    assert {"nvmlInit", "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMemoryInfo"} <= called
+    assert {
+        "nvmlInit",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetMemoryInfo",
+    } <= called
     needed = set().union(*(c_symbols(name) for name in called | {"nvmlInit", "nvmlShutdown"}))
     needed |= {"nvmlErrorString", "nvmlEventSetCreate", "nvmlDeviceRegisterEvents",
                "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlDeviceGetTotalEccErrors"}  # fmt: skip
@@ -155,7 +162,9 @@ def test_failures_version_mismatch_lost_gpu_not_supported(tmp_path):
     )
     assert out == {"cls": "NVMLError_LibRmVersionMismatch",
                    "text": "RM has detected an NVML/RM version mismatch."}  # fmt: skip
-    gpu = FakeGpu(lost_after_calls=3, not_supported={"nvmlDeviceGetPowerUsage"}, pcie_counters=False)
+    gpu = FakeGpu(
+        lost_after_calls=3, not_supported={"nvmlDeviceGetPowerUsage"}, pcie_counters=False
+    )
     flaky = fake_nvml.write_scenario(tmp_path / "f.nvml", [gpu])
     out = in_child(
         """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import inspect
 import json
 import os
 import shutil
