@@ -355,7 +355,7 @@ def test_transient_error_is_reported_then_read_again():
 
 
 def test_lost_gpu_is_reported_lost_while_the_other_keeps_working():
-    fake = fake_nvml.scenario("gpu_lost_mid_run", lost_after_calls=20)
+    fake = fake_nvml.scenario("gpu_lost_mid_run", lost_after_calls=40)  # C calls: 1+ reads
     fake.gpus[1].compute_processes = [(os.getpid(), GIB)]
     reader = reader_for(fake, slow_refresh_s=0.0)
     history = [reader.read({os.getpid()}) for _ in range(6)]
@@ -450,3 +450,33 @@ print(json.dumps({{"pid": os.getpid(), "unresolved": reader.status.process_pids_
     assert result["pid"] == 1
     assert "PID namespace" in result["unresolved"]
     assert result["procs"] == [[1, None, False, 1 << 30]]
+
+
+# -- hardware errors: ECC counters and Xid events -------------------------------------------
+
+
+def test_ecc_counts_and_xid_events_are_read_each_once():
+    gpu = fake_nvml.FakeGpu(ecc_volatile=(12, 0), xids=[13])  # an Xid before we looked
+    fake = fake_nvml.FakeNvml([gpu, fake_nvml.FakeGpu(uuid="GPU-other")])
+    reader = reader_for(fake, slow_refresh_s=0.0)
+    first, _ = reader.read(set())
+    assert (first[0].ecc_corrected, first[0].ecc_uncorrected) == (12, 0)
+    assert first[0].xid_errors == [] and first[0].xid_count == 0  # events from now on
+    gpu.xids += [79, 48]  # fallen off the bus; a double-bit ECC error
+    gpu.ecc_volatile = (12, 1)
+    second, _ = reader.read(set())
+    assert second[0].xid_errors == [79, 48] and second[0].xid_count == 2
+    assert second[0].ecc_uncorrected == 1
+    assert second[1].xid_errors == [] and second[1].xid_count == 0
+    third, _ = reader.read(set())
+    assert third[0].xid_errors == [] and third[0].xid_count == 2  # each event once
+    reader.close()
+
+
+def test_ecc_not_supported_is_none_with_the_reason():
+    gpu = fake_nvml.FakeGpu(not_supported={"nvmlDeviceGetTotalEccErrors"})
+    reader = reader_for(fake_nvml.FakeNvml([gpu]), slow_refresh_s=0.0)
+    (sample,), _ = reader.read(set())
+    assert sample.ecc_corrected is None and sample.ecc_uncorrected is None
+    assert sample.unavailable["ecc_uncorrected"] == "not supported on this GPU"
+    reader.close()
