@@ -547,6 +547,18 @@ def allocate(path: str, uuid: str, nbytes: int, pid: int | None = None) -> bool:
         return True
 
 
+def update_gpu(path: str, uuid: str, **settings: Any) -> None:
+    """Change :class:`FakeGpu` settings of one device of the shared machine while it runs
+    (``xids=[79]``: an Xid event happens now; ``ecc_volatile=(0, 2)``...)."""
+    with _locked(path):
+        state = _load(path)
+        gpu = next((g for g in state["gpus"] if g["uuid"] == uuid), None)
+        if gpu is None:
+            raise KeyError(f"no GPU {uuid} in the fake machine")
+        gpu.update(settings)
+        _save(path, state)
+
+
 def release(path: str, pid: int) -> None:
     """Free everything ``pid`` holds (a process that is still running, e.g. another user's)."""
     with _locked(path):

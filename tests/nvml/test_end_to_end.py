@@ -54,19 +54,29 @@ def holder(machine: str, gpu: int, gib: float) -> subprocess.Popen:
     return proc
 
 
-def test_run_records_each_process_s_vram_joined_to_the_job_and_diagnoses_throttling(
+def test_run_records_each_process_s_vram_joined_to_the_job_and_diagnoses_the_gpus(
     machine, tmp_path
 ):
     other = holder(machine, 1, 5)
+    rec = tmp_path / "job.sqlite"
+    env = {**fake_nvml.machine_env(machine), "CUDA_VISIBLE_DEVICES": ",".join(UUIDS)}
+    run = subprocess.Popen(
+        [*TORCHDOCTOR, "run", "--quiet", "--interval", "0.2", "--out", str(rec), "--",
+         PY, FAKE_JOB, "--gib", "6", "--hold", "5", "--say-allocated"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        rec = tmp_path / "job.sqlite"
-        env = {**fake_nvml.machine_env(machine), "CUDA_VISIBLE_DEVICES": ",".join(UUIDS)}
-        res = td(env, "run", "--quiet", "--interval", "0.2", "--out", str(rec), "--",
-                 PY, FAKE_JOB, "--gib", "6", "--hold", "5")  # fmt: skip
-        assert res.returncode == 0, res.stderr
+        run.stdout.readline()  # the job's devices
+        assert run.stdout.readline().strip() == "allocated"
+        # GPU 0 falls off the bus while the job runs; its memory reports an uncorrectable error.
+        fake_nvml.update_gpu(machine, UUIDS[0], xids=[79], ecc_volatile=[0, 2])
+        _, stderr = run.communicate(timeout=120)
+        assert run.returncode == 0, stderr
     finally:
         other.stdin.close()
         other.wait()
+        if run.poll() is None:
+            run.kill()
     with open_recording(rec) as r:
         gpus = r.meta["gpus"]
         assert gpus["available"] and [g["uuid"] for g in gpus["gpus"]] == UUIDS
@@ -80,12 +90,17 @@ def test_run_records_each_process_s_vram_joined_to_the_job_and_diagnoses_throttl
         samples = r.rows("gpu_samples", where={"index": 1})
         assert max(s["memory_used"] for s in samples) == 11 * GIB  # ours and theirs
         assert any(s["clock_event_reasons"] == ["hw_thermal_slowdown"] for s in samples)
+        gpu0 = r.rows("gpu_samples", where={"index": 0})
+        assert sum((s["xid_errors"] or []).count(79) for s in gpu0) == 1  # recorded once
+        assert max(s["ecc_uncorrected"] for s in gpu0) == 2
     diagnosis = td(env, "diagnose", "--json", str(rec))
     assert diagnosis.returncode in (0, 1), diagnosis.stderr
-    findings = {f["id"]: f for f in json.loads(diagnosis.stdout)["findings"]}
-    throttled = findings["gpu-throttled"]
-    assert "GPU 1" in throttled["title"] and "hw_thermal_slowdown" in throttled["title"]
-    assert "GPU 0" not in throttled["title"]
+    findings = json.loads(diagnosis.stdout)["findings"]
+    throttled = [f for f in findings if f["id"] == "gpu-throttled"]
+    assert [f["title"] for f in throttled] == ["GPU 1 runs throttled (hw_thermal_slowdown)"]
+    (broken,) = [f for f in findings if f["id"] == "gpu-hardware-errors"]
+    assert broken["severity"] == "critical" and broken["title"].startswith("GPU 0 reported Xid 79")
+    assert "nvidia-bug-report.sh" in broken["recommendation"]
 
 
 def test_top_and_doctor_see_the_job_and_another_user_s_process(machine):

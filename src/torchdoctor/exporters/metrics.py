@@ -22,6 +22,7 @@ from prometheus_client.core import (
 
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.sampling import roles
+from torchdoctor.sampling.gpus import CLOCK_EVENT_REASONS
 
 PREFIX = "torchdoctor_"
 ROLES = (roles.TRAINER, roles.WORKER, roles.LAUNCHER, roles.OTHER)
@@ -371,6 +372,29 @@ def add_gpus(
             "PCIe transmit throughput as NVML reports it.",
             labels,
             g.get("pcie_tx_per_s"),
+        )
+        reasons = g.get("clock_event_reasons")
+        if reasons is not None:
+            # One series a known reason, 0 or 1: a reason that stops shows as 0, not a gap.
+            for reason in [name for _, name in CLOCK_EVENT_REASONS]:
+                f.gauge(
+                    "gpu_clock_event_reason_active",
+                    "1 while NVML reports this clock-event (throttle) reason.",
+                    {**labels, "reason": reason},
+                    int(reason in reasons),
+                )
+        for kind in ("corrected", "uncorrected"):
+            f.counter(
+                "gpu_ecc_errors",
+                "ECC errors since the driver loaded (NVML volatile counters).",
+                {**labels, "kind": kind},
+                g.get(f"ecc_{kind}"),
+            )
+        f.counter(
+            "gpu_xid_errors",
+            "Xid critical errors (NVML events) seen since torchdoctor started reading.",
+            labels,
+            g.get("xid_count"),
         )
 
 
