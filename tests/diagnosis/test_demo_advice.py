@@ -15,7 +15,6 @@ from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import Thresholds
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(900)
 DEMO = REPO / "examples" / "train.py"
 STEPS = "40"

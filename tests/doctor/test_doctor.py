@@ -16,9 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import TORCHDOCTOR, run_td
+from tests.helpers.engines import engine
 from tests.sampling.gpu_fixtures import HOST_PIDS, load_fake_nvml
 from torchdoctor.doctor import ERROR, NAMES, OK, SKIPPED, STATUSES, WARNING, Plan, run_checks
 from torchdoctor.doctor.gpus import visible_devices
@@ -26,9 +25,11 @@ from torchdoctor.doctor.network import nccl_matches
 
 fake_nvml = load_fake_nvml()
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) to make a private mount / UTS namespace",
+needs_root = engine(
+    "root",
+    None
+    if os.geteuid() == 0 and shutil.which("unshare")
+    else "needs root and unshare(1) to make a private mount / UTS namespace",
 )
 
 

@@ -23,9 +23,11 @@ import pytest
 from tests.conftest import TORCHDOCTOR
 from tests.exporters.jobs import TRAIN
 from tests.exporters.prom import PROMETHEUS, PROMTOOL, Prometheus, free_port, prometheus, wait_for
+from tests.helpers.engines import engine
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(PROMETHEUS), reason="Prometheus is not installed (make system)"
+pytestmark = engine(
+    "prometheus",
+    None if os.path.exists(PROMETHEUS) else "Prometheus is not installed (make system)",
 )
 
 

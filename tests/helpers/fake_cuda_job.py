@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fake_nvml  # noqa: E402
+import fake_nvml
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--gib", type=float, default=0.0)

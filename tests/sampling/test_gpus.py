@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.helpers.engines import engine, require_engine
 
 from torchdoctor.sampling.gpus import GpuReader, decode_clock_event_reasons
 from torchdoctor.sampling.job import JobReader
@@ -105,7 +106,7 @@ const char *nvmlErrorString(int result) { return ""; }
 """
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stub")
+@engine("cc", None if shutil.which("cc") else "needs a C compiler to build the stub")
 @pytest.mark.parametrize("folder", ["stubs", "lib"])
 def test_real_bindings_name_a_stub_library_and_keep_its_banner_off_stdout(tmp_path, folder):
     lib_dir = tmp_path / folder
@@ -418,9 +419,11 @@ def test_job_gpu_memory_joined_to_real_processes_through_the_sampler(job_tree, o
     assert {gp.pid for gp in snap.gpu_processes if gp.in_job} == {trainer, worker}
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="creating a PID namespace needs root and util-linux unshare",
+@engine(
+    "root",
+    None
+    if os.geteuid() == 0 and shutil.which("unshare")
+    else "creating a PID namespace needs root and util-linux unshare",
 )
 def test_own_pid_namespace_leaves_nvml_pids_unresolved():
     # Inside a fresh PID namespace (as in a container) NVML's host PIDs cannot be mapped:
@@ -444,7 +447,8 @@ print(json.dumps({{"pid": os.getpid(), "unresolved": reader.status.process_pids_
         timeout=30,
     )
     if done.returncode != 0 and "unshare failed" in done.stderr:
-        pytest.skip(f"this machine does not allow new PID namespaces: {done.stderr.strip()}")
+        require_engine("PID namespaces", f"not allowed here: {done.stderr.strip()}")
+    require_engine("PID namespaces", None)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["pid"] == 1

@@ -18,7 +18,6 @@ from tests.conftest import REPO, TORCHDOCTOR
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.recordings import RecordingWatcher
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(600)
 DATA_BOUND = REPO / "examples" / "scenarios" / "data_bound.py"
 VERDICTS = {"host-memory-leak", "cpu-saturated", "cpu-contention", "thread-oversubscription"}
