@@ -6,10 +6,17 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # The CPU build of torch; an unpinned torch would pull a CUDA build of several GB.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup system demo test lint docs bench clean
+.PHONY: setup system venv-prerequisites demo test lint docs bench clean
+
+# Debian and Ubuntu ship venv's ensurepip in a package of its own: without python3-venv,
+# `python3 -m venv` makes a venv with no pip in it and fails.
+venv-prerequisites:
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq python3-venv >/dev/null; }
 
 # pip >= 25.1 reads the development tools from pyproject's [dependency-groups] (PEP 735).
-$(STAMP):
+$(STAMP): | venv-prerequisites
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade 'pip>=25.1'
 	$(BIN)/pip install -q $(TORCH_PIN)
@@ -22,9 +29,17 @@ setup: $(STAMP)
 # Debian packages the tests drive for real: headless Chromium (HTML report), tmux (top at 80x24),
 # Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
 # (network namespaces and tc for two-node tests), systemd (systemd-analyze verify of the queue's
-# units). Each is checked by the program it provides.
-SYSTEM_PACKAGES := chromium:chromium tmux:tmux slurmctld:slurm-wlm munged:munge \
-	prometheus:prometheus ip:iproute2 tc:iproute2 systemd-analyze:systemd
+# units), the C compiler (the fake libnvidia-ml.so.1 of
+# tests/nvml/). Each is checked by the program it provides; with CI=true a test whose engine is
+# missing fails instead of skipping (tests/helpers/engines.py).
+# Chromium: Debian's `chromium` package. On Ubuntu `apt-get install chromium` installs a snap
+# stub that does not run headless in a container or CI: install Google Chrome's .deb instead
+# (https://dl.google.com/linux/direct/google-chrome-stable_current_amd64.deb, `apt-get install
+# ./google-chrome-stable_current_amd64.deb`); the tests find chromium, chromium-browser or
+# google-chrome(-stable) on PATH.
+SYSTEM_PACKAGES := chromium:chromium tmux:tmux slurmctld:slurm-wlm sbatch:slurm-client \
+	munged:munge prometheus:prometheus ip:iproute2 tc:iproute2 cc:gcc \
+	systemd-analyze:systemd
 system:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair##*:}"; \

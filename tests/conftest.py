@@ -58,3 +58,25 @@ def memory_cgroup():
         pytest.skip(f"cannot make a memory cgroup here (root and a writable cgroupfs): {exc}")
     yield group
     group.remove(timeout_s=10.0)
+
+
+# -- engines: a test that needs one skips without it, fails without it on CI (helpers/engines) --
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "engine(name, why_missing): the test drives this engine (tests/helpers/engines)"
+    )
+
+
+def pytest_runtest_setup(item):
+    from tests.helpers.engines import require_engine
+
+    for mark in item.iter_markers("engine"):
+        require_engine(*mark.args)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.helpers.engines import summary
+
+    terminalreporter.write_line(summary())

@@ -1,262 +1,77 @@
-"""A fake ``pynvml`` module: the ONLY fake in torchdoctor's test suite.
+"""The fake GPUs of torchdoctor's tests: a fake libnvidia-ml.so.1 in C, driven from Python.
 
-Why a fake here and nowhere else: the test machines and CI have no NVIDIA GPU and no driver,
-so the real NVML can only ever show its "no driver" path (tested with the real bindings too).
-Everything else in the suite uses real parts: real /proc, real child processes, real SQLite
-files, real torch loops.
+Why a fake: the test machines and CI have no NVIDIA GPU and no driver, so the real NVML can
+only ever show its "no driver" path. The fake sits at the C ABI (tests/nvml/fake_nvml.c, built
+here with the system compiler), under the real bindings (nvidia-ml-py, ``import pynvml``): their
+ctypes structures and versions, the two-call size protocol and the NVMLError classes run as they
+do against a driver. Only the driver is simulated; everything else in the suite is real.
 
-It is shaped after the real bindings (nvidia-ml-py, ``import pynvml``) and the C library's
-behaviour, so that code written against it works unchanged against the real module:
+Two ways in:
 
-- the functions GpuReader uses, with the same names and parameters (a test compares their
-  signatures with the installed pynvml);
-- the same exception hierarchy: ``NVMLError(value)`` maps the code to a generated subclass
-  (``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``, ...), same codes and names, and
-  ``NVMLLibraryMismatchError`` for an unversioned wrapper that finds no symbol;
-- ctypes structures with the real field names (``.total/.used/.free``, ``.gpu/.memory``) and
-  process objects with ``.pid/.usedGpuMemory`` (``None`` when NVML says "not available");
-- calls before ``nvmlInit`` raise Uninitialized; power in mW, PCIe in KB/s, clock-event
-  reasons as a bitmask, CUDA version as 1000 * major + 10 * minor;
-- NVML's pid for a process is its host PID.
+- In a test process, :class:`FakeNvml` is a private copy of the installed ``pynvml`` module
+  whose library is a private copy of the fake (so each test's machine has its own state). Its
+  :class:`FakeGpu` objects are the machine: a test changes them between reads and the next
+  call writes them to the scenario file the C library re-reads. ``calls``/``gpus[i].calls``
+  count what the code under test asked, by pynvml function name.
+- For a child process (``torchdoctor run``, the queue's scheduler, the exporter),
+  :func:`subprocess_env` puts the library on ``LD_LIBRARY_PATH`` and names a scenario file in
+  ``TORCHDOCTOR_FAKE_NVML_SCENARIO``: the child's own ``import pynvml`` loads the fake.
+  :func:`write_scenario` renders a machine to that file; the shared machine of the queue tests
+  (:func:`write_machine`, :func:`allocate`) is one too.
 
 Named scenarios: see :func:`scenario` and ``SCENARIOS``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
+import itertools
 import os
-import string
+import shutil
+import subprocess
 import sys
+import tempfile
 import types
 from collections import Counter
-from ctypes import (
-    Structure,
-    Union,
-    c_char,
-    c_double,
-    c_int,
-    c_int64,
-    c_longlong,
-    c_uint,
-    c_uint32,
-    c_ulong,
-    c_ulonglong,
-    c_ushort,
-)
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-# -- return codes, as in nvml.h / pynvml ------------------------------------------------------
+import pynvml as _real_pynvml
 
-NVML_SUCCESS = 0
-NVML_ERROR_UNINITIALIZED = 1
-NVML_ERROR_INVALID_ARGUMENT = 2
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_ALREADY_INITIALIZED = 5
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_INSUFFICIENT_SIZE = 7
-NVML_ERROR_INSUFFICIENT_POWER = 8
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_TIMEOUT = 10
-NVML_ERROR_IRQ_ISSUE = 11
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
-NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_CORRUPTED_INFOROM = 14
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_RESET_REQUIRED = 16
-NVML_ERROR_OPERATING_SYSTEM = 17
-NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
-NVML_ERROR_IN_USE = 19
-NVML_ERROR_MEMORY = 20
-NVML_ERROR_NO_DATA = 21
-NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
-NVML_ERROR_INSUFFICIENT_RESOURCES = 23
-NVML_ERROR_FREQ_NOT_SUPPORTED = 24
-NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-NVML_ERROR_DEPRECATED = 26
-NVML_ERROR_NOT_READY = 27
-NVML_ERROR_GPU_NOT_FOUND = 28
-NVML_ERROR_INVALID_STATE = 29
-NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
-NVML_ERROR_UNKNOWN = 999
+SOURCE = Path(__file__).resolve().parent / "nvml" / "fake_nvml.c"
+SCENARIO_ENV = "TORCHDOCTOR_FAKE_NVML_SCENARIO"
+LIBRARY = "libnvidia-ml.so.1"
 
-NVML_TEMPERATURE_GPU = 0
-NVML_CLOCK_GRAPHICS = 0
-NVML_CLOCK_SM = 1
-NVML_CLOCK_MEM = 2
-NVML_PCIE_UTIL_TX_BYTES = 0
-NVML_PCIE_UTIL_RX_BYTES = 1
-NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
-NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
-NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
-NVML_TOPOLOGY_INTERNAL = 0
-NVML_TOPOLOGY_SINGLE = 10
-NVML_TOPOLOGY_MULTIPLE = 20
-NVML_TOPOLOGY_HOSTBRIDGE = 30
-NVML_TOPOLOGY_NODE = 40
-NVML_TOPOLOGY_SYSTEM = 50
-NVML_P2P_CAPS_INDEX_READ = (0,)  # sic: the real bindings have this stray comma too
-NVML_P2P_CAPS_INDEX_WRITE = 1
-NVML_P2P_CAPS_INDEX_NVLINK = 2
-NVML_P2P_STATUS_OK = 0
-NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED = 1
-NVML_P2P_STATUS_GPU_NOT_SUPPORTED = 2
-NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = 3
-NVML_P2P_STATUS_DISABLED_BY_REGKEY = 4
-NVML_P2P_STATUS_NOT_SUPPORTED = 5
-NVML_NVLINK_MAX_LINKS = 36
-NVML_FEATURE_DISABLED = 0
-NVML_FEATURE_ENABLED = 1
-nvmlMemory_v2 = 0x02000028
-nvmlTemperature_v1 = 0x1000008
-NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
+# The bindings' constants (return codes, field ids, reason bits, topology levels), so tests
+# name them as code written against pynvml does.
+globals().update(
+    {
+        name: value
+        for name, value in vars(_real_pynvml).items()
+        if name.startswith(("NVML_", "nvmlClocksEventReason", "nvmlClocksThrottleReason"))
+        or name in ("nvmlMemory_v2", "nvmlTemperature_v1")
+    }
+)
+NVML_ERROR_GPU_IS_LOST = _real_pynvml.NVML_ERROR_GPU_IS_LOST  # named for linters and readers
+NVML_ERROR_NOT_SUPPORTED = _real_pynvml.NVML_ERROR_NOT_SUPPORTED
+NVML_ERROR_NO_PERMISSION = _real_pynvml.NVML_ERROR_NO_PERMISSION
+NVML_ERROR_UNKNOWN = _real_pynvml.NVML_ERROR_UNKNOWN
+NVML_ERROR_DRIVER_NOT_LOADED = _real_pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = _real_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+NVML_TOPOLOGY_SINGLE = _real_pynvml.NVML_TOPOLOGY_SINGLE
+NVML_TOPOLOGY_HOSTBRIDGE = _real_pynvml.NVML_TOPOLOGY_HOSTBRIDGE
+NVML_TOPOLOGY_NODE = _real_pynvml.NVML_TOPOLOGY_NODE
+NVML_TOPOLOGY_SYSTEM = _real_pynvml.NVML_TOPOLOGY_SYSTEM
+NVML_P2P_STATUS_GPU_NOT_SUPPORTED = _real_pynvml.NVML_P2P_STATUS_GPU_NOT_SUPPORTED
+NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED = _real_pynvml.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED
+nvmlClocksEventReasonGpuIdle = _real_pynvml.nvmlClocksEventReasonGpuIdle
 
-nvmlClocksEventReasonGpuIdle = 0x001
-nvmlClocksEventReasonApplicationsClocksSetting = 0x002
-nvmlClocksEventReasonSwPowerCap = 0x004
-nvmlClocksEventReasonHwSlowdown = 0x008
-nvmlClocksEventReasonSyncBoost = 0x010
-nvmlClocksEventReasonSwThermalSlowdown = 0x020
-nvmlClocksEventReasonHwThermalSlowdown = 0x040
-nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x080
-nvmlClocksEventReasonDisplayClockSetting = 0x100
-
-_ERROR_STRINGS = {
-    NVML_ERROR_UNINITIALIZED: "Uninitialized",
-    NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-    NVML_ERROR_NOT_SUPPORTED: "Not Supported",
-    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
-    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
-    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
-    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
-    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
-    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
-    NVML_ERROR_UNKNOWN: "Unknown Error",
-}
-
-
-class NVMLLibraryMismatchError(Exception):
-    pass
-
-
-class NVMLError(Exception):
-    """Like pynvml's: ``NVMLError(code)`` builds the subclass generated for that code."""
-
-    _valClassMapping: dict[int, type] = {}
-
-    def __new__(typ, value):
-        if typ == NVMLError:
-            typ = NVMLError._valClassMapping.get(value, typ)
-        obj = Exception.__new__(typ)
-        obj.value = value
-        return obj
-
-    def __str__(self):
-        return _ERROR_STRINGS.get(self.value, f"NVML Error with code {self.value}")
-
-    def __eq__(self, other):
-        return self.value == other.value
-
-    __hash__ = Exception.__hash__
-
-
-def _generate_error_classes() -> None:
-    # Same naming rule as pynvml: NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost.
-    module = sys.modules[__name__]
-    for name in [n for n in dir(module) if n.startswith("NVML_ERROR_")]:
-        class_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace(
-            "_", ""
-        )
-        value = getattr(module, name)
-
-        def new(typ, *args, _value=value):
-            return NVMLError.__new__(typ, _value)
-
-        cls = type(class_name, (NVMLError,), {"__new__": new})
-        cls.__module__ = __name__
-        setattr(module, class_name, cls)
-        NVMLError._valClassMapping[value] = cls
-
-
-_generate_error_classes()
-NVMLError_NotSupported = NVMLError._valClassMapping[NVML_ERROR_NOT_SUPPORTED]
-NVMLError_GpuIsLost = NVMLError._valClassMapping[NVML_ERROR_GPU_IS_LOST]
-
-
-# -- structures with the real field names -----------------------------------------------------
-
-
-class c_nvmlMemory_t(Structure):
-    _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
-
-
-class c_nvmlMemory_v2_t(Structure):
-    _fields_ = [
-        ("version", c_uint),
-        ("total", c_ulonglong),
-        ("reserved", c_ulonglong),
-        ("free", c_ulonglong),
-        ("used", c_ulonglong),
-    ]
-
-
-class c_nvmlUtilization_t(Structure):
-    _fields_ = [("gpu", c_uint), ("memory", c_uint)]
-
-
-class c_nvmlValue_t(Union):
-    _fields_ = [
-        ("dVal", c_double),
-        ("uiVal", c_uint),
-        ("ulVal", c_ulong),
-        ("ullVal", c_ulonglong),
-        ("sllVal", c_longlong),
-        ("siVal", c_int),
-        ("usVal", c_ushort),
-    ]
-
-
-class c_nvmlFieldValue_t(Structure):
-    # The enums (valueType, nvmlReturn) are C ints in pynvml's structure too.
-    _fields_ = [
-        ("fieldId", c_uint32),
-        ("scopeId", c_uint32),
-        ("timestamp", c_int64),
-        ("latencyUsec", c_int64),
-        ("valueType", c_uint),
-        ("nvmlReturn", c_uint),
-        ("value", c_nvmlValue_t),
-    ]
-
-
-class nvmlPciInfo_t(Structure):
-    # busId is "00000000:07:00.0" (8-digit domain), busIdLegacy the old 4-digit form.
-    _fields_ = [
-        ("busIdLegacy", c_char * 16),
-        ("domain", c_uint),
-        ("bus", c_uint),
-        ("device", c_uint),
-        ("pciDeviceId", c_uint),
-        ("pciSubSystemId", c_uint),
-        ("busId", c_char * 32),
-    ]
-
-
-class nvmlFriendlyObject:
-    """What pynvml returns for a process: attributes from the C struct's fields."""
-
-    def __init__(self, dictionary):
-        for key, value in dictionary.items():
-            setattr(self, key, value)
-
-
-class c_nvmlDevice_t:
-    """An opaque device handle, as the real one is to its users."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
+# What the CUDA toolkit's stub libnvidia-ml prints on nvmlInit (kept out of the C file: a
+# library holding this text is what the product takes for a stub).
 STUB_BANNER = (
     "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
     "WARNING:\n\n"
@@ -272,6 +87,101 @@ GIB = 1024**3
 MIB = 1024**2
 
 
+# -- the library ------------------------------------------------------------------------------
+
+
+@functools.cache
+def library_dir() -> Path:
+    """The folder holding the built fake ``libnvidia-ml.so.1``: built once per source text
+    (a cache folder named by its hash), with ``cc -shared -fPIC`` and nothing else."""
+    compiler = shutil.which("cc")
+    why_missing = (
+        None if compiler else "no C compiler for the fake libnvidia-ml (apt-get install gcc)"
+    )
+    try:  # in a pytest run: skip, or fail on CI; in a helper process: say why
+        from tests.helpers.engines import require_engine
+    except ImportError:
+        if why_missing:
+            raise RuntimeError(why_missing) from None
+    else:
+        require_engine("cc", why_missing)
+    assert compiler is not None
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"torchdoctor-fake-nvml-{digest}"
+    target = folder / LIBRARY
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{LIBRARY}.{os.getpid()}"
+        done = subprocess.run(
+            [compiler, "-shared", "-fPIC", "-o", str(partial), str(SOURCE)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"building the fake libnvidia-ml failed:\n{done.stderr}")
+        os.replace(partial, target)  # parallel builders: the last complete one wins
+    return folder
+
+
+def subprocess_env(
+    scenario_path: str | os.PathLike | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """An environment whose processes load the fake NVML (``None``: one healthy GPU)."""
+    env = dict(os.environ if base is None else base)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(library_dir()), *filter(None, [env.get("LD_LIBRARY_PATH")])]
+    )
+    if scenario_path is None:
+        env.pop(SCENARIO_ENV, None)
+    else:
+        env[SCENARIO_ENV] = str(scenario_path)
+    return env
+
+
+_scratch = tempfile.TemporaryDirectory(prefix="torchdoctor-fake-nvml-")
+_numbers = itertools.count()
+
+
+@functools.cache
+def _pynvml_code() -> types.CodeType:
+    path = _real_pynvml.__file__
+    return compile(Path(path).read_text(encoding="utf-8"), path, "exec")
+
+
+def private_pynvml(scenario_path: str | os.PathLike) -> tuple[types.ModuleType, ctypes.CDLL]:
+    """A fresh copy of the installed ``pynvml`` over a fresh copy of the fake library, reading
+    ``scenario_path``. Fresh, because pynvml keeps its library, its refcount and its function
+    pointers in module globals and a loaded library keeps its state: one copy of each per
+    simulated machine keeps tests apart. pynvml loads it itself, by name, from our folder."""
+    n = next(_numbers)
+    folder = Path(_scratch.name) / f"lib{n}"
+    folder.mkdir()
+    shutil.copyfile(library_dir() / LIBRARY, folder / LIBRARY)  # a new file: a new dlopen
+    lib = ctypes.CDLL(str(folder / LIBRARY))
+    lib.fakeNvmlSetScenario.argtypes = [ctypes.c_char_p]
+    lib.fakeNvmlSetScenario(os.fsencode(scenario_path))
+    lib.fakeNvmlHandleIndex.argtypes = [ctypes.c_void_p]
+    # pynvml attaches its generated error classes to sys.modules[__name__]: a name of its own.
+    module = types.ModuleType(f"pynvml_over_fake_nvml_{n}")
+    module.__file__ = _real_pynvml.__file__
+    sys.modules[module.__name__] = module
+    exec(_pynvml_code(), module.__dict__)
+
+    def cdll(name: str, *args: Any, **kwargs: Any) -> ctypes.CDLL:
+        return ctypes.CDLL(str(folder / name) if "/" not in name else name, *args, **kwargs)
+
+    module.CDLL = cdll  # type: ignore[attr-defined]  # pynvml: CDLL("libnvidia-ml.so.1")
+    return module, lib
+
+
+def scratch_path(suffix: str) -> Path:
+    return Path(_scratch.name) / f"{next(_numbers)}{suffix}"
+
+
+# A value read once a sample may be given as a list: the k-th read gives the k-th item.
+Samples = int | list[int]
+
+
 @dataclass
 class FakeGpu:
     """The state of one simulated device; tests change it between reads."""
@@ -281,16 +191,17 @@ class FakeGpu:
     compute_capability: tuple[int, int] = (8, 0)
     memory_total: int = 80 * GIB
     memory_reserved: int = 512 * MIB
-    memory_used: int = 1 * GIB  # held by processes (v2 "used"); v1 adds the reserved part
-    utilization_gpu: int = 0
-    utilization_memory: int = 0
-    power_mw: int = 61_000
+    # held by processes (v2 "used"; v1 adds the reserved part); None: the sum of the processes
+    memory_used: Samples | None = 1 * GIB
+    utilization_gpu: Samples = 0
+    utilization_memory: Samples = 0
+    power_mw: Samples = 61_000
     power_limit_mw: int = 400_000
-    temperature_c: int = 34
-    sm_clock_mhz: int = 1410
-    clock_event_reasons: int = nvmlClocksEventReasonGpuIdle
-    pcie_rx_kb: int = 0  # nvmlDeviceGetPcieThroughput, KB/s over its 20 ms window
-    pcie_tx_kb: int = 0
+    temperature_c: Samples = 34
+    sm_clock_mhz: Samples = 1410
+    clock_event_reasons: Samples = 0x1  # nvmlClocksEventReasonGpuIdle
+    pcie_rx_kb: Samples = 0  # nvmlDeviceGetPcieThroughput, KB/s over its 20 ms window
+    pcie_tx_kb: Samples = 0
     pcie_counters: bool = True  # NVML_FI_DEV_PCIE_COUNT_*_BYTES (recent drivers)
     pcie_rx_bytes: int = 7_000_000_000  # byte counters since the driver loaded
     pcie_tx_bytes: int = 3_000_000_000
@@ -309,11 +220,104 @@ class FakeGpu:
     # NVLinks of this device, one entry per link: the peer GPU's index, "switch" for a link to
     # an NVSwitch, None for an inactive link. Empty: a PCIe-only GPU (NotSupported).
     nvlinks: list[int | str | None] = field(default_factory=list)
+    # ECC error counts (corrected, uncorrected): since the driver loaded / over the lifetime
+    ecc_volatile: tuple[int, int] = (0, 0)
+    ecc_aggregate: tuple[int, int] = (0, 0)
+    xids: list[int] = field(default_factory=list)  # Xid errors, in the order they happen
     calls: Counter = field(default_factory=Counter)
 
 
+def _samples(value: Samples) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def render_gpu(gpu: FakeGpu) -> list[str]:
+    lines = [
+        "gpu",
+        f"name {gpu.name}",
+        f"uuid {gpu.uuid}",
+        f"compute_capability {gpu.compute_capability[0]} {gpu.compute_capability[1]}",
+        f"memory_total {gpu.memory_total}",
+        f"memory_reserved {gpu.memory_reserved}",
+        f"power_limit_mw {gpu.power_limit_mw}",
+        f"pcie_rx_bytes {gpu.pcie_rx_bytes}",
+        f"pcie_tx_bytes {gpu.pcie_tx_bytes}",
+        f"cpu_affinity {','.join(map(str, gpu.cpu_affinity)) or 'none'}",
+        f"ecc_volatile {gpu.ecc_volatile[0]} {gpu.ecc_volatile[1]}",
+        f"ecc_aggregate {gpu.ecc_aggregate[0]} {gpu.ecc_aggregate[1]}",
+    ]
+    for key in ("utilization_gpu", "utilization_memory", "power_mw", "temperature_c",
+                "sm_clock_mhz", "clock_event_reasons", "pcie_rx_kb", "pcie_tx_kb"):  # fmt: skip
+        lines.append(f"{key} {_samples(getattr(gpu, key))}")
+    if gpu.memory_used is not None:
+        lines.append(f"memory_used {_samples(gpu.memory_used)}")
+    if not gpu.pcie_counters:
+        lines.append("no_pcie_counters")
+    for kind, listed in (
+        ("process", gpu.compute_processes),
+        ("graphics_process", gpu.graphics_processes),
+    ):
+        lines += [f"{kind} {pid} {'na' if used is None else used}" for pid, used in listed]
+    lines += [f"not_supported {name}" for name in sorted(gpu.not_supported)]
+    lines += [f"error {name} {code}" for name, code in sorted(gpu.errors.items())]
+    lines += [f"xid {code}" for code in gpu.xids]
+    if gpu.lost_after_calls is not None:
+        lines.append(f"lost_after_calls {gpu.lost_after_calls}")
+    if gpu.numa_node is not None:
+        lines.append(f"numa_node {gpu.numa_node}")
+    if gpu.pci_bus is not None:
+        lines.append(f"pci_bus {gpu.pci_bus:#x}")
+    if gpu.nvlinks:
+        words = ["none" if p is None else str(p) for p in gpu.nvlinks]
+        lines.append(f"nvlink {' '.join(words)}")
+    return lines
+
+
+def render(
+    gpus: list[FakeGpu],
+    *,
+    init_error: int | None = None,
+    init_banner: str | None = None,
+    driver_version: str = "550.54.15",
+    cuda_driver_version: int = 12040,
+    nvml_version: str = "12.550.54.15",
+    has_memory_v2: bool = True,
+    topology: Mapping[tuple[int, int], int] | None = None,
+    p2p: Mapping[tuple[int, int], int] | None = None,
+    drop_exited_processes: bool = False,
+) -> str:
+    """The scenario file for a machine (the format is described in tests/nvml/fake_nvml.c)."""
+    lines = [f"driver {driver_version}", f"nvml {nvml_version}", f"cuda {cuda_driver_version}"]
+    if init_error is not None:
+        lines.append(f"init_error {init_error}")
+    if init_banner:
+        lines.append("init_banner " + init_banner.replace("\n", "\\n"))
+    if not has_memory_v2:
+        lines.append("no_memory_v2")
+    if drop_exited_processes:
+        lines.append("drop_exited_processes")
+    lines += [f"topology {a} {b} {level}" for (a, b), level in (topology or {}).items()]
+    lines += [f"p2p {a} {b} {status}" for (a, b), status in (p2p or {}).items()]
+    for gpu in gpus:
+        lines += render_gpu(gpu)
+    return "\n".join(lines) + "\n"
+
+
+def write_scenario(path: str | os.PathLike, gpus: list[FakeGpu], **machine: Any) -> Path:
+    """Write a machine to ``path`` for child processes (atomically: a reader never sees half)."""
+    _write_atomic(str(path), render(gpus, **machine))
+    return Path(path)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 class FakeNvml(types.ModuleType):
-    """A module object with pynvml's names; ``gpus`` is the simulated machine."""
+    """The real ``pynvml`` over the fake library; ``gpus`` is the simulated machine."""
 
     def __init__(
         self,
@@ -329,289 +333,64 @@ class FakeNvml(types.ModuleType):
         p2p: dict[tuple[int, int], int] | None = None,
     ) -> None:
         super().__init__("pynvml")
-        self.__file__ = __file__
         self.gpus = gpus
-        self.init_error = init_error
-        self.init_banner = init_banner
-        self.driver_version = driver_version
-        self.cuda_driver_version = cuda_driver_version
-        self.nvml_version = nvml_version
-        self.has_memory_v2 = has_memory_v2
-        # (a, b) with a < b -> NVML_TOPOLOGY_* level / NVML_P2P_STATUS_* for reads; pairs not
-        # listed are NVML_TOPOLOGY_HOSTBRIDGE and P2P OK.
-        self.topology = topology or {}
-        self.p2p = p2p or {}
-        self.refcount = 0
-        self.init_calls = 0
-        self.calls: Counter = Counter()  # every function, all devices
-        module = sys.modules[__name__]
-        for name in dir(module):
-            if name.startswith(("NVML", "nvmlClocksEventReason", "nvmlMemory_", "nvmlTemp")) or (
-                name.startswith("c_nvml") or name in ("nvmlFriendlyObject", "nvmlPciInfo_t")
-            ):
-                setattr(self, name, getattr(module, name))
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def _check_init(self, fn: str) -> None:
-        self.calls[fn] += 1
-        if self.refcount == 0:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
-
-    def _gpu(self, handle: c_nvmlDevice_t, fn: str) -> FakeGpu:
-        self._check_init(fn)
-        gpu = self.gpus[handle.index]
-        gpu.calls[fn] += 1
-        if gpu.lost_after_calls is not None and sum(gpu.calls.values()) > gpu.lost_after_calls:
-            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
-        if fn in gpu.not_supported:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        if fn in gpu.errors:
-            raise NVMLError(gpu.errors[fn])
-        return gpu
-
-    # -- initialisation and system ----------------------------------------------------------
-
-    def nvmlInit(self):
-        self.init_calls += 1
-        if self.init_banner:
-            # The stub library prints from C straight to file descriptor 1.
-            os.write(1, self.init_banner.encode())
-        if self.init_error is not None:
-            raise NVMLError(self.init_error)
-        self.refcount += 1
-
-    def nvmlShutdown(self):
-        self._check_init("nvmlShutdown")
-        self.refcount -= 1
-
-    def nvmlSystemGetDriverVersion(self):
-        self._check_init("nvmlSystemGetDriverVersion")
-        return self.driver_version
-
-    def nvmlSystemGetCudaDriverVersion(self):
-        self._check_init("nvmlSystemGetCudaDriverVersion")
-        return self.cuda_driver_version
-
-    def nvmlSystemGetCudaDriverVersion_v2(self):
-        self._check_init("nvmlSystemGetCudaDriverVersion_v2")
-        return self.cuda_driver_version
-
-    def nvmlSystemGetNVMLVersion(self):
-        self._check_init("nvmlSystemGetNVMLVersion")
-        return self.nvml_version.encode()  # recent bindings return bytes here
-
-    def nvmlDeviceGetCount(self):
-        self._check_init("nvmlDeviceGetCount")
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        self._check_init("nvmlDeviceGetHandleByIndex")
-        if not 0 <= index < len(self.gpus):
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        handle = c_nvmlDevice_t(index)
-        self._gpu(handle, "nvmlDeviceGetHandleByIndex")
-        return handle
-
-    # -- static device facts ----------------------------------------------------------------
-
-    def nvmlDeviceGetName(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetName").name
-
-    def nvmlDeviceGetUUID(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
-
-    def nvmlDeviceGetCudaComputeCapability(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
-
-    def nvmlDeviceGetPowerManagementLimit(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
-
-    def nvmlDeviceGetNumaNodeId(self, handle):
-        gpu = self._gpu(handle, "nvmlDeviceGetNumaNodeId")
-        if gpu.numa_node is None:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return gpu.numa_node
-
-    # -- fast tier --------------------------------------------------------------------------
-
-    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
-        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
-        if version:
-            if not self.has_memory_v2:
-                raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)  # old driver: no _v2 symbol
-            free = gpu.memory_total - gpu.memory_reserved - gpu.memory_used
-            return c_nvmlMemory_v2_t(
-                version, gpu.memory_total, gpu.memory_reserved, free, gpu.memory_used
-            )
-        used = gpu.memory_used + gpu.memory_reserved
-        return c_nvmlMemory_t(gpu.memory_total, gpu.memory_total - used, used)
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
-        return c_nvmlUtilization_t(gpu.utilization_gpu, gpu.utilization_memory)
-
-    def _processes(self, handle, fn, listed):
-        gpu = self._gpu(handle, fn)
-        return [
-            nvmlFriendlyObject(
-                {
-                    "pid": pid,
-                    "usedGpuMemory": used,
-                    "gpuInstanceId": 0xFFFFFFFF,
-                    "computeInstanceId": 0xFFFFFFFF,
-                }
-            )
-            for pid, used in listed(gpu)
-        ]
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle):
-        return self._processes(
-            handle, "nvmlDeviceGetComputeRunningProcesses_v3", lambda g: g.compute_processes
-        )
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
-
-    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle):
-        return self._processes(
-            handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", lambda g: g.graphics_processes
-        )
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
-        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
-
-    # -- slow tier --------------------------------------------------------------------------
-
-    def nvmlDeviceGetPowerUsage(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
-
-    def nvmlDeviceGetTemperatureV(self, handle, sensor, version=nvmlTemperature_v1):
-        if sensor != NVML_TEMPERATURE_GPU:
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return self._gpu(handle, "nvmlDeviceGetTemperatureV").temperature_c
-
-    def nvmlDeviceGetTemperature(self, handle, sensor):
-        if sensor != NVML_TEMPERATURE_GPU:
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature_c
-
-    def nvmlDeviceGetClockInfo(self, handle, type):
-        gpu = self._gpu(handle, "nvmlDeviceGetClockInfo")
-        if type != NVML_CLOCK_SM:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return gpu.sm_clock_mhz
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_event_reasons
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
-        return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_event_reasons
-
-    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
-        gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
-        values = (c_nvmlFieldValue_t * len(fieldIds))()
-        counters = {
-            NVML_FI_DEV_PCIE_COUNT_RX_BYTES: gpu.pcie_rx_bytes,
-            NVML_FI_DEV_PCIE_COUNT_TX_BYTES: gpu.pcie_tx_bytes,
+        self.machine = {
+            "init_error": init_error,
+            "init_banner": init_banner,
+            "driver_version": driver_version,
+            "cuda_driver_version": cuda_driver_version,
+            "nvml_version": nvml_version,
+            "has_memory_v2": has_memory_v2,
+            "topology": topology or {},
+            "p2p": p2p or {},
         }
-        for slot, field_id in zip(values, fieldIds, strict=True):
-            if isinstance(field_id, tuple):  # (fieldId, scopeId), as pynvml accepts
-                field_id, slot.scopeId = field_id
-            slot.fieldId = field_id
-            # Per field, as NVML does: the call succeeds and each value carries its own status.
-            if field_id in counters and gpu.pcie_counters:
-                slot.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                slot.value.ullVal = counters[field_id]
+        self.scenario_path = scratch_path(".nvml")
+        self._written = ""
+        self.sync()
+        self.bindings, self._lib = private_pynvml(self.scenario_path)
+        self.__file__ = self.bindings.__file__
+        self.init_calls = 0
+        self.calls: Counter = Counter()  # every function but nvmlInit, all devices
+
+    @property
+    def refcount(self) -> int:
+        return self.bindings._nvmlLib_refcount
+
+    def sync(self) -> None:
+        """Write the machine as it is now, if a test changed it since the last call."""
+        text = render(self.gpus, **self.machine)
+        if text != self._written:
+            _write_atomic(str(self.scenario_path), text)
+            self._written = text
+
+    def _device_index(self, value: Any) -> int | None:
+        if isinstance(value, ctypes._Pointer):
+            index = self._lib.fakeNvmlHandleIndex(value)
+            return index if 0 <= index < len(self.gpus) else None
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.__dict__["bindings"], name)
+        if not (
+            name.startswith("nvml") and callable(value) and isinstance(value, types.FunctionType)
+        ):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.sync()
+            if name.startswith("nvmlInit"):
+                self.init_calls += 1
             else:
-                slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
-        return values
+                self.calls[name] += 1
+                for arg in args:
+                    index = self._device_index(arg)
+                    if index is not None:
+                        self.gpus[index].calls[name] += 1
+            return value(*args, **kwargs)
 
-    def nvmlDeviceGetPcieThroughput(self, device, counter):
-        gpu = self._gpu(device, "nvmlDeviceGetPcieThroughput")
-        if counter == NVML_PCIE_UTIL_RX_BYTES:
-            return gpu.pcie_rx_kb
-        if counter == NVML_PCIE_UTIL_TX_BYTES:
-            return gpu.pcie_tx_kb
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return call
 
-    # -- topology: the bus, NVLink, peer-to-peer, CPU affinity ------------------------------
-
-    def _bus(self, index: int) -> int:
-        bus = self.gpus[index].pci_bus
-        return 0x07 + index if bus is None else bus
-
-    def _pci_info(self, bus: int) -> nvmlPciInfo_t:
-        return nvmlPciInfo_t(
-            f"0000:{bus:02X}:00.0".encode(), 0, bus, 0, 0x20B010DE, 0x134F10DE,
-            f"00000000:{bus:02X}:00.0".encode(),
-        )  # fmt: skip
-
-    def nvmlDeviceGetPciInfo_v3(self, handle):
-        self._gpu(handle, "nvmlDeviceGetPciInfo_v3")
-        return self._pci_info(self._bus(handle.index))
-
-    def nvmlDeviceGetPciInfo(self, handle):
-        return self.nvmlDeviceGetPciInfo_v3(handle)
-
-    def _pair(self, device1, device2, fn: str) -> tuple[int, int]:
-        self._gpu(device1, fn)
-        self._gpu(device2, fn)
-        return tuple(sorted((device1.index, device2.index)))  # type: ignore[return-value]
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1, device2):
-        pair = self._pair(device1, device2, "nvmlDeviceGetTopologyCommonAncestor")
-        if pair[0] == pair[1]:
-            return NVML_TOPOLOGY_INTERNAL
-        return self.topology.get(pair, NVML_TOPOLOGY_HOSTBRIDGE)
-
-    def nvmlDeviceGetP2PStatus(self, device1, device2, p2pIndex):
-        if not isinstance(p2pIndex, int):
-            # The real call passes it to C as an enum: ctypes rejects anything else.
-            from ctypes import ArgumentError
-
-            raise ArgumentError(f"argument 3: TypeError: wrong type {type(p2pIndex).__name__}")
-        pair = self._pair(device1, device2, "nvmlDeviceGetP2PStatus")
-        if p2pIndex not in (0, 1, 2, 3, 4):
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return self.p2p.get(pair, NVML_P2P_STATUS_OK)
-
-    def _link(self, device, link, fn: str):
-        gpu = self._gpu(device, fn)
-        if not gpu.nvlinks:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # no NVLink on this GPU
-        if not 0 <= link < len(gpu.nvlinks):
-            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)  # past the device's last link
-        return gpu.nvlinks[link]
-
-    def nvmlDeviceGetNvLinkState(self, device, link):
-        peer = self._link(device, link, "nvmlDeviceGetNvLinkState")
-        return NVML_FEATURE_ENABLED if peer is not None else NVML_FEATURE_DISABLED
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, device, link):
-        peer = self._link(device, link, "nvmlDeviceGetNvLinkRemotePciInfo")
-        if peer is None:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # an inactive link has no far end
-        if peer == "switch":
-            return self._pci_info(0xC0 + link)  # each NVSwitch port has its own bus id
-        return self._pci_info(self._bus(peer))
-
-    def nvmlDeviceGetCpuAffinity(self, handle, cpuSetSize):
-        gpu = self._gpu(handle, "nvmlDeviceGetCpuAffinity")
-        mask = (c_ulonglong * cpuSetSize)()
-        for cpu in gpu.cpu_affinity:
-            if cpu < 64 * cpuSetSize:
-                mask[cpu // 64] |= 1 << (cpu % 64)
-        return mask
-
-
-# The pynvml functions this fake provides; a test checks their signatures against the real ones.
-FUNCTIONS = tuple(
-    name for name in vars(FakeNvml) if name.startswith("nvml") and callable(vars(FakeNvml)[name])
-)
 
 SCENARIOS = (
     "no_driver",
@@ -723,18 +502,33 @@ def _two_a100s() -> list[FakeGpu]:
 # -- one simulated machine shared by several processes ----------------------------------------
 #
 # The queue's scheduler, each job's recorder and the jobs themselves are separate processes.
-# They share one simulated machine through a JSON file: the devices, and the memory each
-# process holds on them. As with the real driver, a process's memory is freed when it exits
-# (its PID is gone or a zombie), whoever reads next; an allocation that does not fit fails.
-# Processes load it as ``pynvml`` through tests/helpers/fake_pynvml/ on PYTHONPATH, with
-# FAKE_NVML_STATE naming the file.
+# They share one simulated machine: a JSON file (the devices, and the memory each process holds
+# on them) that the Python side edits under a lock, rendered after each change to the scenario
+# file ``<machine>.nvml`` the C library reads. As with the real driver, a process's memory is
+# freed when it exits (its PID is gone or a zombie): the library drops such processes as it
+# reads, and :func:`allocate` before it counts what is free. An allocation that does not fit
+# fails. The processes see it through :func:`machine_env`.
 
 STATE_ENV = "FAKE_NVML_STATE"
 
 
+def machine_scenario(path: str) -> str:
+    return f"{path}.nvml"
+
+
+def machine_env(path: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process on the shared machine: the fake NVML reading it, and the
+    machine file for :func:`allocate`."""
+    env = subprocess_env(machine_scenario(path), base)
+    env[STATE_ENV] = path
+    return env
+
+
 def write_machine(path: str, gpus: list[dict]) -> None:
     """Create the shared machine: one dict per device with ``uuid``, ``memory_total`` and
-    optionally ``name``, ``memory_reserved``, ``numa_node``, ``processes`` ([pid, bytes])."""
+    optionally ``processes`` ([pid, bytes]) and any other :class:`FakeGpu` setting (``name``,
+    ``numa_node``, ``utilization_gpu``, ``clock_event_reasons``, ``xids`` ...). ``memory_used``
+    is what the processes hold unless given."""
     with _locked(path):
         _save(path, {"gpus": [{"processes": [], **gpu} for gpu in gpus]})
 
@@ -756,6 +550,18 @@ def allocate(path: str, uuid: str, nbytes: int, pid: int | None = None) -> bool:
         return True
 
 
+def update_gpu(path: str, uuid: str, **settings: Any) -> None:
+    """Change :class:`FakeGpu` settings of one device of the shared machine while it runs
+    (``xids=[79]``: an Xid event happens now; ``ecc_volatile=(0, 2)``...)."""
+    with _locked(path):
+        state = _load(path)
+        gpu = next((g for g in state["gpus"] if g["uuid"] == uuid), None)
+        if gpu is None:
+            raise KeyError(f"no GPU {uuid} in the fake machine")
+        gpu.update(settings)
+        _save(path, state)
+
+
 def release(path: str, pid: int) -> None:
     """Free everything ``pid`` holds (a process that is still running, e.g. another user's)."""
     with _locked(path):
@@ -765,36 +571,15 @@ def release(path: str, pid: int) -> None:
         _save(path, state)
 
 
-class SharedFakeNvml(FakeNvml):
-    """The fake NVML over the shared machine file: every call sees the file as it is now."""
-
-    def __init__(self, path: str, **kwargs) -> None:
-        self.state_path = path
-        super().__init__([], **kwargs)
-
-    @property
-    def gpus(self) -> list[FakeGpu]:
-        with _locked(self.state_path):
-            state = _load(self.state_path)
-        out = []
-        for gpu in state["gpus"]:
-            _drop_exited(gpu)
-            out.append(
-                FakeGpu(
-                    name=gpu.get("name", "NVIDIA A100-PCIE-40GB"),
-                    uuid=gpu["uuid"],
-                    memory_total=gpu["memory_total"],
-                    memory_reserved=gpu.get("memory_reserved", 512 * MIB),
-                    memory_used=sum(n for _, n in gpu["processes"]),
-                    numa_node=gpu.get("numa_node"),
-                    compute_processes=[(pid, n) for pid, n in gpu["processes"]],
-                )
-            )
-        return out
-
-    @gpus.setter
-    def gpus(self, value: list[FakeGpu]) -> None:
-        pass  # the devices live in the file
+def _machine_gpus(state: dict) -> list[FakeGpu]:
+    known = set(FakeGpu.__dataclass_fields__) - {"compute_processes", "calls"}
+    gpus = []
+    for gpu in state["gpus"]:
+        settings = {k: v for k, v in gpu.items() if k in known}
+        settings = {"name": "NVIDIA A100-PCIE-40GB", "memory_used": None, **settings}
+        compute = [(pid, n) for pid, n in gpu["processes"]]
+        gpus.append(FakeGpu(**settings, compute_processes=compute))
+    return gpus
 
 
 def _free(gpu: dict) -> int:
@@ -825,10 +610,8 @@ def _load(path: str) -> dict:
 def _save(path: str, state: dict) -> None:
     import json
 
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)
+    _write_atomic(path, json.dumps(state))
+    _write_atomic(machine_scenario(path), render(_machine_gpus(state), drop_exited_processes=True))
 
 
 class _locked:

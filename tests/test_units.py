@@ -71,8 +71,8 @@ def test_cpu_lists_read_and_written_in_the_kernels_format():
 
 
 def test_mem_options_read_back_as_the_same_size_by_slurm_and_by_submit():
-    from torchdoctor.units import parse_size
     from torchdoctor.slurm.notation import parse_memory
+    from torchdoctor.units import parse_size
 
     for n in (400 * 2**20, 400_000_000, 64 * 2**30, 1):
         slurm, submit = fmt_mem_option(n, slurm=True), fmt_mem_option(n, slurm=False)

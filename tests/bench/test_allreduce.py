@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.conftest import run_td
 from torchdoctor.cli import main
 from torchdoctor.doctor.allreduce import bus_factor, parse_sizes
 from torchdoctor.errors import UserError
-
-torch = pytest.importorskip("torch")
 
 
 def sweep(*args: str) -> dict:

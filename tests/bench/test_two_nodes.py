@@ -15,12 +15,11 @@ import sys
 
 import pytest
 
+from tests.helpers.engines import engine
 from tests.helpers.netns import netns_unavailable, torchrun_pair, veth_pair
 from torchdoctor.doctor import ERROR, OK, WARNING
 
-pytestmark = pytest.mark.skipif(
-    netns_unavailable() is not None, reason=netns_unavailable() or "network namespaces usable"
-)
+pytestmark = engine("network namespaces", netns_unavailable())
 
 RATE_MBIT = 200
 PORT = 29517  # inside the private namespaces: nothing else can hold it

@@ -71,6 +71,8 @@ class Gpu:
     power: Fn = const(300.0)
     power_limit: float = 400.0
     job_pid: int | None = 1000  # the job process holding memory on it (None: not the job's)
+    xids: Callable[[float], list[int]] = lambda t: []  # Xid codes seen since the last sample
+    ecc_uncorrected: Callable[[float], int | None] = lambda t: 0
 
 
 @dataclass
@@ -242,6 +244,9 @@ class Job:
                 clock_event_reasons=g.reasons(rel),
                 pcie_rx_per_s=1e8,
                 pcie_tx_per_s=1e7,
+                ecc_corrected=0,
+                ecc_uncorrected=g.ecc_uncorrected(rel),
+                xid_errors=g.xids(rel),
             )
             for g in self.gpus
         ]

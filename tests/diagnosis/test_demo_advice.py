@@ -1,21 +1,20 @@
-"""The bundled demo (examples/train.py, shortened): the advice diagnose prints, applied as a
-user would apply it, makes the demo faster. A ratio of two real runs side by side, no time.
+"""The bundled demo (examples/train.py, shortened): diagnose gives it DataLoader-worker advice
+that a user can apply as printed.
+
+Whether that advice makes the demo faster is a speed verdict, and needs CPUs the job has to
+itself: benchmarks/advice_works.py measures it (`--only demo`), the demo as written and with
+the advice applied run interleaved side by side, so that the machine's load falls on both.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 
 from tests.conftest import REPO, run_td
-from torchdoctor.diagnosis.context import DiagnosisContext
-from torchdoctor.recording.reader import open_recording
-from torchdoctor.thresholds import Thresholds
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(900)
 DEMO = REPO / "examples" / "train.py"
 STEPS = "40"
@@ -32,14 +31,7 @@ def record(tmp_path, name: str, *flags: str, env: dict[str, str] | None = None):
     return out
 
 
-def samples_per_s(path) -> float:
-    with open_recording(path) as rec:
-        summary = DiagnosisContext(rec, Thresholds()).step_summary
-    assert summary is not None and summary.samples_per_s
-    return summary.samples_per_s
-
-
-def test_the_demo_gets_worker_advice_that_makes_it_faster(tmp_path):
+def test_the_demo_gets_worker_advice_it_can_apply_as_printed(tmp_path):
     before = record(tmp_path, "as-written")
     diag = run_td("diagnose", "--json", str(before))
     assert diag.returncode == 0, diag.stderr
@@ -53,15 +45,4 @@ def test_the_demo_gets_worker_advice_that_makes_it_faster(tmp_path):
     if threads is not None:  # named in the text, and the same in the environment setting
         assert f"torch.set_num_threads({threads})" in f["recommendation"]
         assert settings["env.OMP_NUM_THREADS"] == str(threads)
-    flags = ["--num-workers", str(settings["num_workers"])]
-    if settings.get("prefetch_factor"):
-        flags += ["--prefetch-factor", str(settings["prefetch_factor"])]
-    if threads is not None:
-        flags += ["--threads", str(threads)]
-    env = dict(os.environ)
-    if "env.OMP_NUM_THREADS" in settings:
-        env["OMP_NUM_THREADS"] = settings["env.OMP_NUM_THREADS"]
-    after = record(tmp_path, "advice-applied", *flags, env=env)
-    ratio = samples_per_s(after) / samples_per_s(before)
-    # 1.7-2.9x measured on 2 CPUs; the bound leaves room for a loaded machine.
-    assert ratio > 1.15, f"{flags}: x{ratio:.2f}"
+    assert f["evidence"] and f["expected_effect"]

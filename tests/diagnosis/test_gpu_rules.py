@@ -219,3 +219,26 @@ def test_no_gpu_rules_without_gpus(run_rules):
         "gpu-idle-cpu-training",
     }
     assert not gpu_ids & set(ids(findings))
+
+
+def test_xid_and_ecc_errors_name_the_cause_and_its_fix(run_rules):
+    fell_off = gpu_job(gpu={"xids": lambda t: [79] if t == 20.0 else []})
+    f = by_id(run_rules(fell_off), "gpu-hardware-errors")
+    assert f.severity == "critical" and "Xid 79 (GPU has fallen off the bus)" in f.title
+    assert "nvidia-bug-report.sh" in f.recommendation and f.settings["causes"] == ["hardware"]
+
+    memory = gpu_job(gpu={"ecc_uncorrected": lambda t: 0 if t < 20 else 2})
+    f = by_id(run_rules(memory), "gpu-hardware-errors")
+    assert f.severity == "critical" and "ECC" in f.title
+    assert evidence(f, "of them during the recording") == 2
+    assert "ROW_REMAPPER" in f.recommendation
+
+    page_fault = gpu_job(gpu={"xids": lambda t: [31] if t == 12.0 else []})
+    f = by_id(run_rules(page_fault), "gpu-hardware-errors")
+    assert f.severity == "warning" and "compute-sanitizer" in f.recommendation
+
+
+def test_no_hardware_finding_on_a_clean_gpu_or_one_without_ecc(run_rules):
+    assert "gpu-hardware-errors" not in ids(run_rules(gpu_job()))
+    no_ecc = gpu_job(gpu={"ecc_uncorrected": lambda t: None})
+    assert "gpu-hardware-errors" not in ids(run_rules(no_ecc))

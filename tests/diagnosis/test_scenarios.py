@@ -17,7 +17,6 @@ from torchdoctor import open_recording
 from torchdoctor.thresholds import Thresholds
 
 SCENARIOS = REPO / "examples" / "scenarios"
-pytest.importorskip("torch")
 # A quiet 2-CPU machine runs each scenario in seconds; a loaded one took up to 220 s, close
 # to pytest's default 300 s: the limit here is the same as the job's own (run_scenario).
 pytestmark = pytest.mark.timeout(660)

@@ -20,7 +20,6 @@ from torchdoctor.diagnosis.context import MIN_EVIDENCE_S, DiagnosisContext
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import Thresholds
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(600)
 HEALTHY = REPO / "examples" / "scenarios" / "healthy.py"
 

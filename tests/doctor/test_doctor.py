@@ -16,19 +16,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import TORCHDOCTOR, run_td
+from tests.helpers.engines import engine
 from tests.sampling.gpu_fixtures import HOST_PIDS, load_fake_nvml
 from torchdoctor.doctor import ERROR, NAMES, OK, SKIPPED, STATUSES, WARNING, Plan, run_checks
+from torchdoctor.doctor.check import Check
+from torchdoctor.doctor.facts import Facts, TorchFacts
 from torchdoctor.doctor.gpus import visible_devices
 from torchdoctor.doctor.network import nccl_matches
+from torchdoctor.doctor.versions import check_driver, check_torch
 
 fake_nvml = load_fake_nvml()
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) to make a private mount / UTS namespace",
+needs_root = engine(
+    "root",
+    None
+    if os.geteuid() == 0 and shutil.which("unshare")
+    else "needs root and unshare(1) to make a private mount / UTS namespace",
 )
 
 
@@ -155,23 +159,6 @@ def test_ipv6_master_is_said_to_be_unchecked_not_ok():
     checks = run_checks(plan, ["network.route", "network.rendezvous"])
     assert [c.status for c in checks] == [SKIPPED, SKIPPED]
     assert "IPv6" in checks[0].saw and "IPv6" in checks[1].saw
-
-
-def test_fake_nvml_topology_structure_matches_the_real_bindings():
-    import pynvml
-
-    real = [
-        (n, getattr(t, "_length_", None), getattr(t, "_type_", t))
-        for n, t in pynvml.nvmlPciInfo_t._fields_
-    ]
-    fake = [
-        (n, getattr(t, "_length_", None), getattr(t, "_type_", t))
-        for n, t in fake_nvml.nvmlPciInfo_t._fields_
-    ]
-    assert fake == real
-    for name in ("NVML_TOPOLOGY_SYSTEM", "NVML_TOPOLOGY_SINGLE", "NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED",
-                 "NVML_P2P_CAPS_INDEX_READ", "NVML_FEATURE_ENABLED"):  # fmt: skip
-        assert getattr(fake_nvml, name) == getattr(pynvml, name), name
 
 
 def test_oversubscription_counts_ranks_threads_and_workers():
@@ -421,17 +408,42 @@ def test_foreign_process_on_a_gpu_is_listed_never_killed():
         holder.wait(timeout=10)
 
 
+def _versions(nvml, torch: TorchFacts) -> dict[str, Check]:
+    """The version checks on fake GPUs with the torch build given (not the installed one)."""
+    facts = Facts(gpu_plan(nvml))
+    facts.torch = torch  # the build under test, whichever wheel this venv has
+    return {c.name: c for c in (check_torch(facts), check_driver(facts))}
+
+
+CPU_TORCH = TorchFacts("2.4.0", cuda=None, gloo=True)
+CUDA_TORCH = TorchFacts(
+    "2.4.0", cuda="12.4", cudnn=90100, nccl="2.20.5", gloo=True, nccl_built=True
+)
+
+
 def test_versions_with_a_gpu_driver_and_a_cpu_torch():
-    nvml = fake_nvml.scenario("two_gpus")
-    checks = run_checks(gpu_plan(nvml), ["versions"])
-    driver = one(checks, "versions.driver")
+    checks = _versions(fake_nvml.scenario("two_gpus"), CPU_TORCH)
+    driver = checks["versions.driver"]
     assert driver.status == OK and "driver 550.54.15, supports CUDA up to 12.4" in driver.saw
-    torch_check = one(checks, "versions.torch")
-    # This venv's torch is the CPU build; with GPUs present that is an error with the fix.
+    # A CPU build of torch with GPUs present is an error with the fix.
+    torch_check = checks["versions.torch"]
     assert torch_check.status == ERROR and "CUDA build of torch" in torch_check.fix
     nodriver = run_checks(gpu_plan("no_driver"), ["versions.driver", "gpus"])
     assert {c.status for c in nodriver} == {SKIPPED}
     assert all("Driver Not Loaded" in c.saw or "driver not loaded" in c.saw for c in nodriver)
+
+
+def test_versions_with_a_cuda_torch_newer_than_the_driver():
+    checks = _versions(fake_nvml.scenario("two_gpus"), CUDA_TORCH)
+    assert checks["versions.torch"].status == OK
+    assert checks["versions.driver"].status == OK  # built for 12.4, driver supports 12.4
+    newer = TorchFacts("2.6.0", cuda="12.6", cudnn=90500, nccl="2.21.5", gloo=True, nccl_built=True)
+    assert _versions(fake_nvml.scenario("two_gpus"), newer)["versions.driver"].status == WARNING
+    too_new = TorchFacts(
+        "2.9.0", cuda="13.0", cudnn=91300, nccl="2.27.3", gloo=True, nccl_built=True
+    )
+    driver = _versions(fake_nvml.scenario("two_gpus"), too_new)["versions.driver"]
+    assert driver.status == ERROR and "driver is too old for CUDA 13.0" in driver.fix
 
 
 def test_bench_flag_adds_a_short_checked_sweep():

@@ -26,7 +26,8 @@ def models():
 @pytest.fixture(autouse=True)
 def _two_threads():
     """CI has two cores; the same number everywhere keeps kernel choices comparable."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield

@@ -80,7 +80,6 @@ def test_optional_backends_missing_say_what_to_install(estimate_cli, monkeypatch
 
 
 def test_unknown_hf_model_type_names_examples(estimate_cli):
-    pytest.importorskip("transformers")
     _one_error_line(
         estimate_cli("hf:no_such_arch", "--tokens", "16"), "no model type 'no_such_arch'", "gpt2"
     )

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 
 def test_gpt2_from_config_estimates_weights_gradients_and_adam_state(estimate_cli):
-    pytest.importorskip("transformers")
     code, out, err = estimate_cli("hf:gpt2", "--tokens", "16", "--batch", "2")
     assert code == 0, err
     # GPT-2 small: 124,439,808 parameters (the LM head shares the token embedding).

@@ -72,14 +72,12 @@ def case_dict_output(models, loops):
 
 
 def case_hf_trainer(models, loops):
-    pytest.importorskip("transformers")
     estimated = _estimated(models.hf_gpt2_tiny, tokens=SEQ, batch_size=BATCH, loop="hf-trainer")
     ids, _ = _tokens(8192, rows=4 * BATCH)
     return estimated, loops.run_hf_trainer(models.hf_gpt2_tiny(), ids, BATCH)
 
 
 def case_lightning(models, loops):
-    pytest.importorskip("lightning")
     module, make_batch = models.lightning_lm()
     ids, targets = make_batch(4 * BATCH)
     estimated = _estimated(models.lightning_lm, batch_size=BATCH, loop="lightning")
@@ -138,7 +136,6 @@ def test_text_names_the_loop_and_what_freeing_the_output_would_give(estimate_cli
 
 
 def test_hf_specs_default_to_the_hf_trainer_loop():
-    pytest.importorskip("transformers")
     _check, setup = prepare("hf:gpt2", tokens=8)
     assert setup.loop == "hf-trainer"
     assert "adamw (fused, the hf-trainer default)" in setup.describe()

@@ -1,5 +1,5 @@
-"""GPU series through the one allowed fake (NVML, tests/fake_nvml.py): the host exporter's
-device series, and the job's own GPU memory served from its recording."""
+"""GPU series from fake GPUs (tests/fake_nvml.py: the fake libnvidia-ml under the real pynvml):
+the host exporter's device series, and the job's own GPU memory served from its recording."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def _machine(used_by_us: int):
     gpus = [
         fake_nvml.FakeGpu(utilization_gpu=73, utilization_memory=20, memory_used=30 * GIB,
                           compute_processes=[(os.getpid(), used_by_us)]),
-        fake_nvml.FakeGpu(uuid="GPU-AB12CD34-0000-4000-8000-000000000001"),
+        fake_nvml.FakeGpu(uuid="GPU-AB12CD34-0000-4000-8000-000000000001",
+                          clock_event_reasons=0x40 | 0x4, ecc_volatile=(7, 1)),
     ]  # fmt: skip
     return GpuReader(fake_nvml.FakeNvml(gpus), pid_namespace=HOST_PIDS)
 
@@ -55,12 +56,21 @@ def test_host_exporter_serves_each_device() -> None:
     assert info.labels["uuid"] == "GPU-AB12CD34-0000-4000-8000-000000000001"
     assert info.labels["name"] == "NVIDIA A100-SXM4-80GB"
     assert info.labels["driver_version"] == "550.54.15"
-    # Clock-event (throttle) reasons: one 0/1 series a reason; the fake GPUs idle.
-    events = {
-        (s.labels["gpu"], s.labels["reason"]): s.value
+    active = {
+        (s.labels["gpu"], s.labels["reason"])
         for s in series["torchdoctor_gpu_clock_event_reason_active"]
+        if s.value == 1
     }
-    assert events[("0", "gpu_idle")] == 1 and events[("0", "hw_thermal_slowdown")] == 0
+    assert active == {("0", "gpu_idle"), ("1", "hw_thermal_slowdown"), ("1", "sw_power_cap")}
+    ecc = {
+        (s.labels["gpu"], s.labels["kind"]): s.value
+        for s in series["torchdoctor_gpu_ecc_errors_total"]
+    }
+    assert ecc[("1", "corrected")] == 7 and ecc[("1", "uncorrected")] == 1
+    assert {s.labels["gpu"]: s.value for s in series["torchdoctor_gpu_xid_errors_total"]} == {
+        "0": 0,
+        "1": 0,
+    }
 
 
 def test_job_endpoint_serves_the_jobs_gpu_memory(tmp_path: Path) -> None:

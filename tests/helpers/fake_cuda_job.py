@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fake_nvml  # noqa: E402
+import fake_nvml
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--gib", type=float, default=0.0)
 parser.add_argument("--hold", type=float, default=0.0)
 parser.add_argument("--exit", type=int, default=0)
+parser.add_argument("--say-allocated", action="store_true", help="print 'allocated' once it is")
 args = parser.parse_args()
 
 visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -47,5 +48,7 @@ for uuid in [u for u in (visible or "").split(",") if u] if args.gib else []:
     if not ok:
         print(f"torch.OutOfMemoryError: CUDA out of memory on {uuid}", flush=True)
         sys.exit(3)
+if args.say_allocated:
+    print("allocated", flush=True)
 time.sleep(args.hold)
 sys.exit(args.exit)

@@ -2,7 +2,7 @@
 
     from tests.helpers.netns import netns_unavailable, veth_pair
 
-    pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=netns_unavailable() or "")
+    pytestmark = engine("network namespaces", netns_unavailable())  # tests/helpers/engines
 
     with veth_pair(rate_mbit=200) as pair:
         server = pair.popen(pair.a, sys.executable, "-m", "http.server", "--bind", pair.a.address)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from torchdoctor.instrument import agent as agent_mod
 from torchdoctor.instrument.agent import Agent, parse_overrides
 from torchdoctor.instrument.agent.steps import batch_len
 from torchdoctor.instrument.wire import decode
-
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from torch.utils.data.dataloader import _BaseDataLoaderIter  # noqa: E402
 
 
 class ListSink(list):

@@ -8,8 +8,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from torchdoctor.instrument.collector import bootstrap_env
 
 START_UP = [
@@ -55,7 +53,6 @@ def test_a_process_that_never_imports_torch_loads_only_the_start_up_modules(tmp_
 
 
 def test_importing_torch_loads_the_hooks_and_installs_them(tmp_path):
-    pytest.importorskip("torch")
     body = "import torch\nagent = sys.modules['_torchdoctor_agent'].AGENT\nassert agent.active"
     before, after = _loaded(tmp_path, body)
     assert before == sorted(START_UP)

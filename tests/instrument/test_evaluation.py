@@ -14,22 +14,20 @@ import json
 import time
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import torchdoctor
 from tests.conftest import run_td
+from tests.instrument.fits import (
+    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture: HF seeds the global RNGs)
+    hf_trainer,
+    lightning_fit,
+)
 from torchdoctor.recording.steps import evaluation_stats, step_stats
 from torchdoctor.run.integrations import (
     torchdoctor_hf_callback,
     torchdoctor_lightning_callback,
-)
-
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
-
-from tests.instrument.fits import (  # noqa: E402
-    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture: HF seeds the global RNGs)
-    hf_trainer,
-    lightning_fit,
 )
 
 pytestmark = pytest.mark.filterwarnings(
@@ -242,7 +240,8 @@ def test_training_without_a_dataloader_keeps_its_validation_out_of_its_steps(tmp
 
 
 def test_a_lightning_fit_with_validation_records_training_batches_only(tmp_path):
-    lightning = pytest.importorskip("lightning")
+    import lightning
+
     callback = torchdoctor_lightning_callback(tmp_path / "fit.sqlite", **WATCH)
     lightning_fit(
         lightning, callback, samples=24, batch_size=BATCH, val_samples=20,
@@ -265,8 +264,8 @@ def test_a_lightning_fit_with_validation_records_training_batches_only(tmp_path)
 
 
 def test_a_hugging_face_fit_with_evaluation_records_training_batches_only(tmp_path):
-    pytest.importorskip("accelerate")
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     callback = torchdoctor_hf_callback(tmp_path / "hf.sqlite", **WATCH)
     trainer = hf_trainer(
         transformers, tmp_path, callback, samples=7 * BATCH, batch_size=BATCH, eval_samples=20,

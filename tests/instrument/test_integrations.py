@@ -6,8 +6,14 @@ import pickle
 import sys
 
 import pytest
+from torch.utils.data import DataLoader
 
 import torchdoctor
+from tests.instrument.fits import (
+    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture for this module)
+    hf_trainer,
+    lightning_fit,
+)
 from torchdoctor.errors import UserError
 from torchdoctor.run import integrations
 from torchdoctor.run.integrations import (
@@ -16,16 +22,8 @@ from torchdoctor.run.integrations import (
     torchdoctor_lightning_callback,
 )
 
-torch = pytest.importorskip("torch")
 # Lightning's own use of torch's pytree; nothing these tests do.
 pytestmark = pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
-from torch.utils.data import DataLoader  # noqa: E402
-
-from tests.instrument.fits import (  # noqa: E402
-    _leave_the_process_as_found,  # noqa: F401 (an autouse fixture for this module)
-    hf_trainer,
-    lightning_fit,
-)
 
 BATCHES = 6
 BATCH_SIZE = 4
@@ -53,7 +51,9 @@ def _settings(rows):
 
 @pytest.fixture(scope="module")
 def lightning():
-    return pytest.importorskip("lightning")
+    import lightning
+
+    return lightning
 
 
 def _lightning_fit(lightning, callback, fail_with=None):
@@ -124,8 +124,9 @@ def test_the_lightning_callback_pickles_for_spawned_ranks(lightning, tmp_path):
 
 @pytest.fixture(scope="module")
 def transformers():
-    pytest.importorskip("accelerate")
-    return pytest.importorskip("transformers")
+    import transformers
+
+    return transformers
 
 
 def _hf_steps_are_the_fit(steps):
@@ -201,9 +202,6 @@ def test_a_missing_library_says_how_to_install_it(monkeypatch, tmp_path, factory
 
 @pytest.mark.parametrize("factory", [torchdoctor_lightning_callback, torchdoctor_hf_callback])
 def test_bad_arguments_fail_when_the_callback_is_made(factory, tmp_path):
-    pytest.importorskip(
-        "lightning" if factory is torchdoctor_lightning_callback else "transformers"
-    )
     (tmp_path / "old.sqlite").write_text("")
     with pytest.raises(UserError, match="already exists"):
         factory(tmp_path / "old.sqlite")

@@ -13,8 +13,6 @@ from tests.instrument.runjob import JOBS, PY, TRAIN, child_env, run_job, run_pla
 from torchdoctor.instrument.agent import STOPPED_EXIT_STATUS
 from torchdoctor.recording.steps import step_stats, warmup_steps
 
-pytest.importorskip("torch")
-
 
 def _trainer_pid(run) -> int:
     pids = {r["pid"] for r in run.rows["steps"]}

@@ -13,7 +13,6 @@ from tests.instrument.runjob import JOBS, PY, run_job
 from torchdoctor.instrument.agent import BACKWARD_STEPS_TO_DECIDE
 from torchdoctor.recording.steps import decode_json, step_stats
 
-pytest.importorskip("torch")
 JOB = str(JOBS / "manual_loop_job.py")
 
 

@@ -7,14 +7,13 @@ import json
 import os
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import torchdoctor
 from torchdoctor.errors import UserError
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.run.integrations import WatchSession
-
-torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 
 def _fit(steps=10):

@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from tests.helpers.engines import engine
 from tests.helpers.netns import netns_unavailable, veth_pair
 from torchdoctor import open_recording
 
-pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=netns_unavailable() or "")
+pytestmark = engine("network namespaces", netns_unavailable())
 
 JOB = str(Path(__file__).resolve().parent / "jobs" / "ddp_job.py")
 PORT = 29555

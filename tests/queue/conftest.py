@@ -1,5 +1,5 @@
 """A private queue per test: its own XDG folders, its own scheduler, a fake GPU machine shared
-by every process of the test (tests/fake_nvml.py through tests/helpers/fake_pynvml/)."""
+by every process of the test (tests/fake_nvml.py: the fake libnvidia-ml under the real pynvml)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,9 @@ class QueueEnv:
         self.machine = str(root / "fake-gpus.json")
         fake_nvml.write_machine(self.machine, gpus)
         self.env = {
-            **os.environ,
+            **fake_nvml.machine_env(self.machine),
             "XDG_STATE_HOME": str(root / "state"),
             "XDG_RUNTIME_DIR": str(runtime),
-            "PYTHONPATH": os.pathsep.join(
-                [str(HELPERS / "fake_pynvml"), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-            fake_nvml.STATE_ENV: self.machine,
             "TORCHDOCTOR_QUEUE_IDLE_EXIT_S": "300",  # a scheduler a test leaks goes away
         }
         self.paths = queue_paths(self.env)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.helpers.engines import not_root, require_engine
 from tests.queue.conftest import FAKE_JOB, UUID0, one_gpu
 from torchdoctor.queue.model import Job
 from torchdoctor.queue.store import QueueStore
@@ -128,8 +129,7 @@ def test_the_scheduler_socket_is_private_to_its_user(queue_env):
     assert mode == 0o600
     assert stat.S_IMODE(os.stat(q.paths.socket.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(q.paths.state_dir).st_mode) == 0o700
-    if os.getuid() != 0:
-        pytest.skip("connecting as another user needs root")
+    require_engine("root", not_root())  # connecting as another user
     pid = os.fork()
     if pid == 0:  # another user tries to reach this queue
         code = 1

@@ -210,7 +210,6 @@ _RANK = textwrap.dedent(
 
 @pytest.mark.filterwarnings("ignore")
 def test_two_torchrun_jobs_submitted_together_both_succeed(queue_env, tmp_path):
-    pytest.importorskip("torch.distributed")
     q = queue_env()
     script = tmp_path / "rank.py"
     script.write_text(_RANK)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TORCHDOCTOR, run_td
+from tests.helpers.engines import engine, not_root, require_engine
 from torchdoctor import open_recording
 from torchdoctor.errors import UserError
 from torchdoctor.recording import claim_recording_file, create_recording_file
@@ -223,7 +223,7 @@ sys.exit(3)
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+@engine("root", not_root())  # mounting a small tmpfs
 def test_a_full_disk_stops_the_recording_with_one_line_and_spares_the_job(tmp_path: Path) -> None:
     small = tmp_path / "small"
     small.mkdir()
@@ -233,7 +233,8 @@ def test_a_full_disk_stops_the_recording_with_one_line_and_spares_the_job(tmp_pa
         text=True,
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        require_engine("tmpfs", f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    require_engine("tmpfs", None)
     try:
         res = run_td(
             "run", "--interval", "0.05", "--out", str(small / "r.sqlite"), "--",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cdp_browser import INSTALL_HINT, Chromium, find_chromium
 from report_recordings import Spec, write_recording
+from tests.helpers.engines import require_engine
 from tests.helpers.machine_gpus import machine_gpus
 
 from torchdoctor.report import write_report
@@ -24,8 +25,7 @@ BANDED = {"cpu", "iowait", "swap", "vram"}
 @pytest.fixture(scope="module")
 def browser():
     executable = find_chromium()
-    if executable is None:
-        pytest.fail(INSTALL_HINT)
+    require_engine("chromium", None if executable else INSTALL_HINT)
     chromium = Chromium(executable)
     try:
         chromium.open_page()

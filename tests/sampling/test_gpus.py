@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import inspect
 import json
 import os
 import shutil
@@ -11,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.helpers.engines import engine, require_engine
 
 from torchdoctor.sampling.gpus import GpuReader, decode_clock_event_reasons
 from torchdoctor.sampling.job import JobReader
@@ -106,7 +106,7 @@ const char *nvmlErrorString(int result) { return ""; }
 """
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stub")
+@engine("cc", None if shutil.which("cc") else "needs a C compiler to build the stub")
 @pytest.mark.parametrize("folder", ["stubs", "lib"])
 def test_real_bindings_name_a_stub_library_and_keep_its_banner_off_stdout(tmp_path, folder):
     lib_dir = tmp_path / folder
@@ -173,36 +173,7 @@ def test_classify_real_pynvml_errors():
     )
 
 
-# -- the fake is shaped after the real bindings ------------------------------------------------
-
-
-def test_fake_nvml_mirrors_real_pynvml_names_signatures_and_errors():
-    import pynvml
-
-    fake = fake_nvml.scenario("two_gpus")
-    for name in fake_nvml.FUNCTIONS:
-        real = getattr(pynvml, name)
-        real_params = list(inspect.signature(real).parameters)
-        assert list(inspect.signature(getattr(fake, name)).parameters) == real_params, name
-    for name in dir(pynvml):
-        if name.startswith("NVML_ERROR_"):
-            assert getattr(fake_nvml, name) == getattr(pynvml, name), name
-            cls_name = type(pynvml.NVMLError(getattr(pynvml, name))).__name__
-            assert type(fake.NVMLError(getattr(pynvml, name))).__name__ == cls_name
-    assert issubclass(fake.NVMLError_GpuIsLost, fake.NVMLError)
-    for struct in (
-        "c_nvmlMemory_t",
-        "c_nvmlMemory_v2_t",
-        "c_nvmlUtilization_t",
-        "c_nvmlValue_t",
-        "c_nvmlFieldValue_t",
-    ):
-        fake_fields = getattr(fake, struct)._fields_
-        real_fields = getattr(pynvml, struct)._fields_
-        assert [n for n, _ in fake_fields] == [n for n, _ in real_fields], struct
-        assert ctypes.sizeof(getattr(fake, struct)) == ctypes.sizeof(getattr(pynvml, struct))
-    for name in ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES"):
-        assert getattr(fake, name) == getattr(pynvml, name)
+# -- the fake sits under the real bindings (its own tests: tests/nvml/) ------------------------
 
 
 def test_fake_nvml_refuses_calls_before_init_like_the_real_one():
@@ -385,7 +356,7 @@ def test_transient_error_is_reported_then_read_again():
 
 
 def test_lost_gpu_is_reported_lost_while_the_other_keeps_working():
-    fake = fake_nvml.scenario("gpu_lost_mid_run", lost_after_calls=20)
+    fake = fake_nvml.scenario("gpu_lost_mid_run", lost_after_calls=40)  # C calls: 1+ reads
     fake.gpus[1].compute_processes = [(os.getpid(), GIB)]
     reader = reader_for(fake, slow_refresh_s=0.0)
     history = [reader.read({os.getpid()}) for _ in range(6)]
@@ -448,9 +419,11 @@ def test_job_gpu_memory_joined_to_real_processes_through_the_sampler(job_tree, o
     assert {gp.pid for gp in snap.gpu_processes if gp.in_job} == {trainer, worker}
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="creating a PID namespace needs root and util-linux unshare",
+@engine(
+    "root",
+    None
+    if os.geteuid() == 0 and shutil.which("unshare")
+    else "creating a PID namespace needs root and util-linux unshare",
 )
 def test_own_pid_namespace_leaves_nvml_pids_unresolved():
     # Inside a fresh PID namespace (as in a container) NVML's host PIDs cannot be mapped:
@@ -474,9 +447,40 @@ print(json.dumps({{"pid": os.getpid(), "unresolved": reader.status.process_pids_
         timeout=30,
     )
     if done.returncode != 0 and "unshare failed" in done.stderr:
-        pytest.skip(f"this machine does not allow new PID namespaces: {done.stderr.strip()}")
+        require_engine("PID namespaces", f"not allowed here: {done.stderr.strip()}")
+    require_engine("PID namespaces", None)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["pid"] == 1
     assert "PID namespace" in result["unresolved"]
     assert result["procs"] == [[1, None, False, 1 << 30]]
+
+
+# -- hardware errors: ECC counters and Xid events -------------------------------------------
+
+
+def test_ecc_counts_and_xid_events_are_read_each_once():
+    gpu = fake_nvml.FakeGpu(ecc_volatile=(12, 0), xids=[13])  # an Xid before we looked
+    fake = fake_nvml.FakeNvml([gpu, fake_nvml.FakeGpu(uuid="GPU-other")])
+    reader = reader_for(fake, slow_refresh_s=0.0)
+    first, _ = reader.read(set())
+    assert (first[0].ecc_corrected, first[0].ecc_uncorrected) == (12, 0)
+    assert first[0].xid_errors == [] and first[0].xid_count == 0  # events from now on
+    gpu.xids += [79, 48]  # fallen off the bus; a double-bit ECC error
+    gpu.ecc_volatile = (12, 1)
+    second, _ = reader.read(set())
+    assert second[0].xid_errors == [79, 48] and second[0].xid_count == 2
+    assert second[0].ecc_uncorrected == 1
+    assert second[1].xid_errors == [] and second[1].xid_count == 0
+    third, _ = reader.read(set())
+    assert third[0].xid_errors == [] and third[0].xid_count == 2  # each event once
+    reader.close()
+
+
+def test_ecc_not_supported_is_none_with_the_reason():
+    gpu = fake_nvml.FakeGpu(not_supported={"nvmlDeviceGetTotalEccErrors"})
+    reader = reader_for(fake_nvml.FakeNvml([gpu]), slow_refresh_s=0.0)
+    (sample,), _ = reader.read(set())
+    assert sample.ecc_corrected is None and sample.ecc_uncorrected is None
+    assert sample.unavailable["ecc_uncorrected"] == "not supported on this GPU"
+    reader.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.engines import not_root, require_engine
 
 from torchdoctor.sampling import procfs
 from torchdoctor.sampling.host import HostReader
@@ -157,8 +158,9 @@ def test_host_info_describes_this_machine():
 
 def test_cgroup_limits_follow_the_files_of_our_cgroup():
     paths = procfs.cgroup_paths()
-    if paths.cpu_version is None:
-        pytest.skip("no cgroup cpu controller visible on this machine")
+    require_engine(
+        "cgroups", "no cgroup cpu controller visible here" if paths.cpu_version is None else None
+    )
     own = paths.cpu_dirs[0]
     if paths.cpu_version == 2:
         raw = Path(own, "cpu.max").read_text().split()
@@ -176,7 +178,8 @@ def test_cgroup_limits_follow_the_files_of_our_cgroup():
 
 
 def test_memory_and_load_agree_with_psutil_and_os():
-    psutil = pytest.importorskip("psutil")
+    import psutil
+
     # Other programs move these figures while we read: ours must lie between a reading taken
     # just before and one just after (the kernel updates the load averages every 5 s).
     host = HostReader()
@@ -200,7 +203,7 @@ def _make_cpu_cgroup(name: str, cpus: float) -> tuple[Path, str]:
             (p for fs, _, p, opts in procfs._mounts() if fs == "cgroup" and "cpu" in opts), None
         )
         if mount is None:
-            pytest.skip("no cgroup v1 cpu mount")
+            require_engine("cgroups", "no cgroup v1 cpu mount")
         d = Path(mount, name)
         d.mkdir()
         (d / "cpu.cfs_period_us").write_text("100000")
@@ -209,23 +212,24 @@ def _make_cpu_cgroup(name: str, cpus: float) -> tuple[Path, str]:
     if paths.cpu_version == 2:
         d = Path(paths.cpu_dirs[0]).parent / name if paths.cpu_dirs else None
         if d is None:
-            pytest.skip("no cgroup v2 cpu directory")
+            require_engine("cgroups", "no cgroup v2 cpu directory")
         d.mkdir()
         (d / "cpu.max").write_text(f"{int(cpus * 100000)} 100000")
         return d, "cgroup.procs"
-    pytest.skip("no cgroup cpu controller visible on this machine")
+    require_engine("cgroups", "no cgroup cpu controller visible on this machine")
+    raise AssertionError("unreachable")
 
 
 def test_a_cpu_quota_made_here_is_read_and_its_throttling_measured():
     """Make the condition instead of taking the weak branch: a 0.2-CPU cgroup and a busy loop
     in it. The host reader following that process must report the quota and real throttling."""
-    if os.geteuid() != 0:
-        pytest.skip("creating a cgroup needs root (CI runs as root)")
+    require_engine("root", not_root())  # creating a cgroup
     name = f"torchdoctor-test-{os.getpid()}"
     try:
         cg, procs = _make_cpu_cgroup(name, 0.2)
     except OSError as exc:
-        pytest.skip(f"cannot create a cpu cgroup here: {exc}")
+        require_engine("cgroups", f"cannot create a cpu cgroup here: {exc}")
+        raise
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         (cg / procs).write_text(str(burner.pid))

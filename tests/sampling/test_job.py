@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from tests.helpers.engines import engine
 
 from torchdoctor.sampling import procfs
 from torchdoctor.sampling.job import JobReader
@@ -286,7 +287,8 @@ def test_forkserver_children_are_workers_and_the_server_a_helper(jobtree):
 
 
 def test_figures_agree_with_psutil(jobtree):
-    psutil = pytest.importorskip("psutil")
+    import psutil
+
     tree = jobtree()
     ours = {tree.pid, tree.fork(), tree.fork("spawn")}  # not the resource tracker: it may
     job = JobReader(tree.pid)  # still be starting, its memory moving between the reads
@@ -309,7 +311,6 @@ def test_figures_agree_with_psutil(jobtree):
 
 
 def test_real_torch_dataloader_workers(jobtree):
-    pytest.importorskip("torch")
     tree = jobtree()
     workers = [int(p) for p in tree.ask("loader").split()]
     assert len(workers) == 2
@@ -388,7 +389,6 @@ def test_launcher_shell_with_ranked_trainers(tmp_path):
 
 
 def test_torchrun_agent_is_the_launcher_and_each_worker_a_ranked_trainer(tmp_path):
-    pytest.importorskip("torch")
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(
@@ -491,7 +491,7 @@ def _can_steer_pids() -> bool:
     return os.access("/proc/sys/kernel/ns_last_pid", os.W_OK)
 
 
-@pytest.mark.skipif(not _can_steer_pids(), reason="steering PID allocation needs CAP_SYS_ADMIN")
+@engine("root", None if _can_steer_pids() else "steering PID allocation needs CAP_SYS_ADMIN")
 def test_reused_pid_is_a_new_process(jobtree):
     tree = jobtree()
     old = tree.fork()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
+from tests.helpers.engines import engine
 from tests.helpers.schemas import assert_valid
 from tests.slurm.conftest import DDP_CMD, TRAIN_CMD
 from tests.slurm.slurm_cluster import start_cluster, stop_cluster, why_not_startable
@@ -24,7 +25,7 @@ from torchdoctor.slurm.notation import parse_memory
 _WHY = why_not_startable()
 # The module's fixtures record a job, start a cluster and run a job on it before the first test
 # body: on a loaded 2-CPU machine that can pass the suite's 300 s per-test limit.
-pytestmark = [pytest.mark.skipif(_WHY is not None, reason=_WHY or ""), pytest.mark.timeout(900)]
+pytestmark = [engine("slurm", _WHY), pytest.mark.timeout(900)]
 HOST = socket.gethostname().split(".")[0]
 # Generous: under the load of a shared CI machine a 20-step job can take minutes; the limit
 # sized from a recording is tested in test_script.py.

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from tests import fake_nvml
+from tests.helpers.engines import engine
 from tests.helpers.machine_gpus import assert_gpu_status_matches, machine_gpus
 from torchdoctor import cli
 from torchdoctor.sampling import procfs
@@ -133,7 +134,7 @@ def test_terminal_keys_are_decoded():
     assert decode_keys(b"\x1b") == ["esc"]
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@engine("tmux", None if shutil.which("tmux") else "tmux is not installed")
 def test_interactive_in_an_80x24_terminal(torch_job):
     session = f"td-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-L", session]

@@ -3,6 +3,9 @@ start-up, where imports grow the trainer by a hundred MiB and run one thread.
 
 A real data-bound job (examples/scenarios/data_bound.py, pure-Python loading) under
 `torchdoctor run`; top's recording watcher reads its live recording a few seconds in.
+Contention is a true finding where other programs do take the CPUs: it is judged against the
+CPU time other processes were measured to use meanwhile (tests/helpers/cpu_load.py), so the
+test holds on a busy machine too.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import time
 import pytest
 
 from tests.conftest import REPO, TORCHDOCTOR
+from tests.helpers.cpu_load import OtherLoad
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.recordings import RecordingWatcher
 
-pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(600)
 DATA_BOUND = REPO / "examples" / "scenarios" / "data_bound.py"
 VERDICTS = {"host-memory-leak", "cpu-saturated", "cpu-contention", "thread-oversubscription"}
+# Other programs using this much CPU (in CPUs, on average) make "cpu-contention" a true finding:
+# half a CPU taken from a job that wants them all.
+CONTENDED_CPUS = 0.5
 
 
 def recorded_span(path) -> float:
@@ -44,6 +50,7 @@ def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
          sys.executable, str(DATA_BOUND), "--steps", "120"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    others = OtherLoad(job.pid)
     seen: list[list[str]] = []
     try:
         deadline = time.monotonic() + 240
@@ -61,7 +68,9 @@ def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
                 watcher.close()
             assert "findings" not in status.unavailable, status.unavailable
             seen.append([f.id for f in status.findings if f.severity in ("warning", "critical")])
-            assert not VERDICTS & set(seen[-1]), (at, status.findings)
+            load = others.cpus()
+            false = VERDICTS - ({"cpu-contention"} if load >= CONTENDED_CPUS else set())
+            assert not false & set(seen[-1]), (at, f"others used {load:.2f} CPUs", status.findings)
     finally:
         job.wait(timeout=300)
     assert job.returncode == 0, job.stderr.read()

@@ -149,7 +149,6 @@ def test_top_finds_a_real_recorded_job_and_shows_its_rate_and_finding(runtime_di
     recording, reads its steps and diagnoses it, and the job's line says what holds it back."""
     from tests.conftest import REPO, TORCHDOCTOR
 
-    pytest.importorskip("torch")
     path = tmp_path / "live.sqlite"
     run = subprocess.Popen(
         [*TORCHDOCTOR, "run", "--quiet", "--out", str(path), "--", sys.executable,

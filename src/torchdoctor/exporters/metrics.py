@@ -371,6 +371,7 @@ def add_gpus(
         if isinstance(reasons, str):  # a recording's JSON column
             reasons = json.loads(reasons)
         if reasons is not None:
+            # One series a known reason, 0 or 1: a reason that stops shows as 0, not a gap.
             for reason in [name for _bit, name in CLOCK_EVENT_REASONS] + [
                 r for r in reasons if r.startswith("other_")
             ]:
@@ -391,6 +392,19 @@ def add_gpus(
             "PCIe transmit throughput as NVML reports it.",
             labels,
             g.get("pcie_tx_per_s"),
+        )
+        for kind in ("corrected", "uncorrected"):
+            f.counter(
+                "gpu_ecc_errors",
+                "ECC errors since the driver loaded (NVML volatile counters).",
+                {**labels, "kind": kind},
+                g.get(f"ecc_{kind}"),
+            )
+        f.counter(
+            "gpu_xid_errors",
+            "Xid critical errors (NVML events) seen since torchdoctor started reading.",
+            labels,
+            g.get("xid_count"),
         )
 
 

@@ -95,6 +95,7 @@ FINDING_CHARTS = {
     "cuda-fragmentation": "vram",
     "no-mixed-precision": "gpu-util",
     "gpu-throttled": "gpu-util",
+    "gpu-hardware-errors": "gpu-util",
     "gpu-underused": "gpu-util",
     "gpu-idle-cpu-training": "gpu-util",
 }

@@ -18,6 +18,7 @@ show 100 %.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,11 @@ _NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 _NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
 _NVML_ERROR_GPU_IS_LOST = 15
 _NVML_MEMORY_V2 = 0x02000028
+_NVML_EVENT_TYPE_XID = 0x8  # nvmlEventTypeXidCriticalError
+_NVML_MEMORY_ERROR_CORRECTED = 0
+_NVML_MEMORY_ERROR_UNCORRECTED = 1
+_NVML_VOLATILE_ECC = 0
+_MAX_EVENTS_A_READ = 256  # a storm of Xids is drained over several reads, never forever
 # NVML_VALUE_NOT_AVAILABLE for unsigned long long; recent bindings already turn it into None.
 _VALUE_NOT_AVAILABLE = 2**64 - 1
 
@@ -83,8 +89,11 @@ _SLOW_FIELDS = (
     "clock_event_reasons",
     "pcie_rx_per_s",
     "pcie_tx_per_s",
+    "ecc_corrected",
+    "ecc_uncorrected",
 )
-ALL_FIELDS = _FAST_FIELDS + _SLOW_FIELDS
+_EVENT_FIELDS = ("xid_errors", "xid_count")
+ALL_FIELDS = _FAST_FIELDS + _SLOW_FIELDS + _EVENT_FIELDS
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -108,6 +117,17 @@ class _Device:
     slow_unavailable: dict[str, str] = field(default_factory=dict)
     pcie_counters: bool | None = None  # whether the driver has PCIe byte counters; None: unknown
     pcie_previous: tuple[float, int, int] | None = None  # (clock, rx bytes, tx bytes)
+    xid_reason: str | None = None  # why Xid events cannot be had; None: registered
+    xid_pending: list[int] = field(default_factory=list)
+    xid_count: int = 0
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle's identity: NVML hands out one pointer per device."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return id(handle)
 
 
 class _Lost(Exception):
@@ -137,6 +157,7 @@ class GpuReader:
         self._devices: list[_Device] = []
         self._memory_v2: bool | None = None
         self._pidns = pid_namespace if pid_namespace is not None else PidNamespace()
+        self._event_set: Any = None
         self.status = self._start()
 
     # -- construction -----------------------------------------------------------------------
@@ -163,7 +184,39 @@ class GpuReader:
         for index in range(count):
             info = self._open_device(index)
             status.gpus.append(info)
+        self._register_xid_events()
         return status
+
+    def _register_xid_events(self) -> None:
+        """One event set for every device's Xid errors (the driver's "GPU has fallen off the
+        bus", "double-bit ECC error", ... codes), drained without waiting at each read."""
+        event_set = self._nvml.call("nvmlEventSetCreate")
+        if isinstance(event_set, Unavailable):
+            for device in self._devices:
+                device.xid_reason = event_set.reason
+            return
+        self._event_set = event_set
+        xid = self._nvml.constant("nvmlEventTypeXidCriticalError", _NVML_EVENT_TYPE_XID)
+        for device in self._devices:
+            if device.lost:
+                continue
+            done = self._nvml.call("nvmlDeviceRegisterEvents", device.handle, xid, event_set)
+            if isinstance(done, Unavailable):
+                device.xid_reason = done.reason
+
+    def _drain_xid_events(self) -> None:
+        if self._event_set is None:
+            return
+        by_address = {_address(d.handle): d for d in self._devices}
+        for _ in range(_MAX_EVENTS_A_READ):
+            # A timeout of 0 answers at once: NVML_ERROR_TIMEOUT when nothing is pending.
+            event = self._nvml.call("nvmlEventSetWait", self._event_set, 0)
+            if isinstance(event, Unavailable):
+                return
+            device = by_address.get(_address(event.device))
+            if device is not None:
+                device.xid_pending.append(int(event.eventData))
+                device.xid_count += 1
 
     def _system_text(self, name: str) -> str | None:
         value = self._nvml.call(name)
@@ -248,6 +301,7 @@ class GpuReader:
             self._last_slow = now
         samples: list[GpuSample] = []
         processes: list[GpuProcessSample] = []
+        self._drain_xid_events()
         for device in self._devices:
             if device.lost:
                 samples.append(self._lost_sample(t, device))
@@ -367,8 +421,15 @@ class GpuReader:
             clock_event_reasons=slow.get("clock_event_reasons"),
             pcie_rx_per_s=slow.get("pcie_rx_per_s"),
             pcie_tx_per_s=slow.get("pcie_tx_per_s"),
+            ecc_corrected=slow.get("ecc_corrected"),
+            ecc_uncorrected=slow.get("ecc_uncorrected"),
             unavailable=unavailable,
         )
+        if device.xid_reason is None:
+            sample.xid_errors, device.xid_pending = device.xid_pending, []
+            sample.xid_count = device.xid_count
+        else:
+            unavailable["xid_errors"] = unavailable["xid_count"] = device.xid_reason
         return sample, procs
 
     def _processes(
@@ -436,6 +497,12 @@ class GpuReader:
             self._call(device, "clock_events", _CLOCK_EVENTS),
             decode_clock_event_reasons,
         )
+        for key, kind in (
+            ("ecc_corrected", _NVML_MEMORY_ERROR_CORRECTED),
+            ("ecc_uncorrected", _NVML_MEMORY_ERROR_UNCORRECTED),
+        ):
+            count = self._call(device, key, "nvmlDeviceGetTotalEccErrors", kind, _NVML_VOLATILE_ECC)
+            put(key, count, int)
         self._read_pcie(device, values, reasons)
         device.slow_values = values
         device.slow_unavailable = reasons
@@ -496,6 +563,9 @@ class GpuReader:
 
     def close(self) -> None:
         """Shut NVML down; later reads return nothing."""
+        if self._event_set is not None:
+            self._nvml.call("nvmlEventSetFree", self._event_set)
+            self._event_set = None
         self._nvml.shutdown()
 
     def __enter__(self) -> GpuReader:

@@ -162,6 +162,13 @@ class GpuSample:
     clock_event_reasons: list[str] | None  # decoded throttle reasons, empty = none active
     pcie_rx_per_s: float | None  # bytes/s
     pcie_tx_per_s: float | None
+    # ECC errors since the driver loaded (NVML's volatile counters); None on GPUs without ECC
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    # Xid errors (NVML critical-error events): the codes seen since the last sample, and how
+    # many were seen since the reader started. None where the device cannot report them.
+    xid_errors: list[int] | None = None
+    xid_count: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
 
 

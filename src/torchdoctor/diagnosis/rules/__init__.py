@@ -24,6 +24,7 @@ RULE_MODULES: tuple[str, ...] = (
     "pin_memory_off",
     "workers_not_persistent",
     "gpu_throttled",
+    "gpu_hardware_errors",
     "gpu_idle_cpu_training",
     "gpu_underused",
     "short_recording",

@@ -1,0 +1,65 @@
+"""How much CPU other programs took while a test ran: the measure a verdict about contention is
+judged against, on a machine the test does not have to itself.
+
+It reads /proc: the CPU time (utime + stime) of every process outside the job's tree, between
+two reads, over the wall time between them. A process that starts or ends in between counts
+for the part seen by both reads (a busy loop beside the test is there throughout).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, starttime, utime + stime) of every process readable now."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        # fields[0] is the state (field 3): ppid is field 4, utime 14, stime 15, starttime 22
+        out[int(name)] = (int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _tree(processes: dict[int, tuple[int, int, int]], root: int) -> set[int]:
+    members = {root}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _, _) in processes.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                grew = True
+    return members
+
+
+class OtherLoad:
+    """CPUs' worth of work done by processes outside ``root``'s tree (and outside us) since
+    this object was made: ``cpus()`` at any time after."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._t0 = time.monotonic()
+        self._before = _processes()
+
+    def cpus(self) -> float:
+        now = _processes()
+        elapsed = time.monotonic() - self._t0
+        ours = _tree(now, self.root) | _tree(self._before, self.root) | {os.getpid()}
+        used = 0
+        for pid, (_, start, ticks) in now.items():
+            seen = self._before.get(pid)
+            if pid in ours or seen is None or seen[1] != start:
+                continue
+            used += ticks - seen[2]
+        return used / CLK_TCK / max(elapsed, 1e-6)
