@@ -10,7 +10,6 @@ import click
 from rich.console import Console
 
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import claim_recording_file, create_recording_file
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 
 interval_option = click.option(
@@ -37,11 +36,6 @@ thresholds_option = click.option(
 )
 
 
-def new_recording(out: str | None, name: str) -> Path:
-    """The recording file of this run, created now: --out exactly, else a fresh unique name."""
-    return claim_recording_file(out) if out else create_recording_file(name)
-
-
 def check_interval(interval: float) -> None:
     if not (MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S):
         raise UserError(
@@ -63,33 +57,3 @@ def job_name(argv: list[str]) -> str:
 
 def stderr_console() -> Console:
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
-
-
-def print_end_report(path: Path, console: Console, thresholds_path: str | None) -> None:
-    """The summary, then the findings, on stderr; problems here never change the exit status."""
-    from torchdoctor.cli.summary_view import render_summary
-    from torchdoctor.recording import open_recording
-    from torchdoctor.recording.summary import summarize
-
-    try:
-        with open_recording(path) as rec:
-            render_summary(summarize(rec), console)
-            _print_findings(rec, console, thresholds_path)
-    except UserError as exc:
-        console.print(f"torchdoctor: could not summarize the recording: {exc.message}")
-    except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
-        console.print(
-            f"torchdoctor: could not summarize the recording ({type(exc).__name__}: {exc})"
-        )
-
-
-def _print_findings(rec, console: Console, thresholds_path: str | None) -> None:
-    try:
-        from torchdoctor.diagnosis.engine import diagnose
-        from torchdoctor.diagnosis.render import render_findings
-    except ImportError:
-        return
-    from torchdoctor.thresholds import load_thresholds
-
-    findings = diagnose(rec, load_thresholds(thresholds_path))
-    render_findings(findings, console)

@@ -167,7 +167,7 @@ def show(job_id: int, thresholds: str | None) -> None:
     lines.append(f"  recording  {recording if has_recording else 'none (the job did not start)'}")
     click.echo("\n".join(lines))
     if has_recording and job.ended:
-        from torchdoctor.cli.common import print_end_report
+        from torchdoctor.run.end_report import print_end_report
 
         click.echo("")
         print_end_report(

@@ -10,14 +10,13 @@ from torchdoctor.cli.common import (
     check_interval,
     interval_option,
     job_name,
-    new_recording,
     out_option,
-    print_end_report,
     stderr_console,
     thresholds_option,
 )
+from torchdoctor.run.end_report import print_end_report
 from torchdoctor.run.process import resolve_command
-from torchdoctor.run.session import record_command
+from torchdoctor.run.session import claim_file, record_command
 
 
 @click.command(
@@ -68,7 +67,7 @@ def command(
     outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
-    path = new_recording(out, job_name(args))
+    path = claim_file(out, job_name(args))
     console = stderr_console()
     status = record_command(
         executable,

@@ -1,10 +1,14 @@
-"""Terminal rendering of a RunSummary (end of `run`, and `show`)."""
+"""The end report of a recording: its summary, then its findings (end of `run`, `attach`,
+`launch`; `show` prints the summary part)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from torchdoctor.errors import UserError
 from torchdoctor.recording.summary import RunSummary
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 
@@ -86,3 +90,32 @@ def _pct(fraction: float | None) -> float | None:
 
 def _fmt_count(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def print_end_report(path: Path, console: Console, thresholds_path: str | None) -> None:
+    """The summary, then the findings, on stderr; problems here never change the exit status."""
+    from torchdoctor.recording import open_recording
+    from torchdoctor.recording.summary import summarize
+
+    try:
+        with open_recording(path) as rec:
+            render_summary(summarize(rec), console)
+            _print_findings(rec, console, thresholds_path)
+    except UserError as exc:
+        console.print(f"torchdoctor: could not summarize the recording: {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
+        console.print(
+            f"torchdoctor: could not summarize the recording ({type(exc).__name__}: {exc})"
+        )
+
+
+def _print_findings(rec, console: Console, thresholds_path: str | None) -> None:
+    try:
+        from torchdoctor.diagnosis.engine import diagnose
+        from torchdoctor.diagnosis.render import render_findings
+    except ImportError:
+        return
+    from torchdoctor.thresholds import load_thresholds
+
+    findings = diagnose(rec, load_thresholds(thresholds_path))
+    render_findings(findings, console)
