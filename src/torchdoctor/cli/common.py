@@ -11,6 +11,7 @@ from rich.console import Console
 
 from torchdoctor.errors import UserError
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
+from torchdoctor.sampling.roles import is_python
 
 interval_option = click.option(
     "--interval",
@@ -50,7 +51,7 @@ def job_name(argv: list[str]) -> str:
         if arg == "-m":
             continue
         if not arg.startswith("-"):
-            return f"{base}-{Path(arg).stem}" if base.startswith("python") else base
+            return f"{base}-{Path(arg).stem}" if is_python(base) else base
         break
     return base
 

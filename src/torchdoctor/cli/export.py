@@ -6,10 +6,8 @@ from pathlib import Path
 
 import click
 
-from torchdoctor.exporters.files import FORMATS, export_recording
+from torchdoctor.exporters.files import FORMATS, export
 from torchdoctor.recording import open_recording
-
-TENSORBOARD = "tensorboard"
 
 
 @click.command("export")
@@ -17,7 +15,7 @@ TENSORBOARD = "tensorboard"
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice((*FORMATS, TENSORBOARD)),
+    type=click.Choice(tuple(FORMATS)),
     required=True,
     help="Output format.",
 )
@@ -37,11 +35,6 @@ def command(file: str, fmt: str, folder: str | None) -> None:
     """
     with open_recording(file) as rec:
         target = Path(folder) if folder else rec.path.with_name(f"{rec.path.stem}-{fmt}")
-        if fmt == TENSORBOARD:
-            from torchdoctor.exporters.tensorboard import export_tensorboard
-
-            written = sorted(export_tensorboard(rec.path, target).glob("*tfevents*"))[-1:]
-        else:
-            written = export_recording(rec, fmt, target)
+        written = export(rec, fmt, target)
     for path in written:
         click.echo(str(path))

@@ -28,7 +28,7 @@ from torchdoctor.tune.measure import (
     observed_job,
     snapshot_memory,
     step_window,
-    warmup_steps,
+    trial_warmup,
 )
 from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement
 from torchdoctor.tune.space import Config
@@ -159,7 +159,7 @@ class TrialRunner:
             env[ENV_OVERRIDES] = json.dumps(config.overrides())
             env["OMP_NUM_THREADS"] = str(config.num_threads)
         steps = self.measured_steps or CALIBRATION_MAX_STEPS
-        env[ENV_STOP_AFTER_STEPS] = str(warmup_steps(config) + steps)
+        env[ENV_STOP_AFTER_STEPS] = str(trial_warmup(config) + steps)
         return env
 
     def _run(self, index: int, config: Config, purpose: str, deadline: float | None):
@@ -182,7 +182,7 @@ class TrialRunner:
             writer=lambda p, meta: TrialWriter(p, meta, self.memory_budget),
         )
         writer = session.writer
-        writer.warmup = warmup_steps(config)
+        writer.warmup = trial_warmup(config)
         env = session.wire_agent(env, warn=lambda message: None)
         if session.agent_error is not None:
             session.end(None)
@@ -284,7 +284,7 @@ class TrialRunner:
             self.threads_set_in_script |= observed.threads_set_in_script
         if writer.first_step_at is not None:
             m.first_step_s = writer.first_step_at - started
-        warmup = warmup_steps(config)
+        warmup = trial_warmup(config)
         window = step_window(steps, warmup)
         if window is not None:
             m.throughput = window.steps_per_s

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torchdoctor.errors import UserError
 from torchdoctor.run.process import resolve_command
+from torchdoctor.sampling.hostinfo import whole_cpus_here
 from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
@@ -40,14 +41,6 @@ def parse_duration(text: str) -> float:
         raise UserError(f"cannot read the duration {text!r}: write it like 300, 90s, 5m or 1h")
     scale = {"h": 3600, "m": 60, "s": 1}
     return sum(float(n) * scale[u] for n, u in parts)
-
-
-def allowed_cpus() -> int:
-    """Whole CPUs this process may place threads and workers on (the usable-CPU rule)."""
-    from torchdoctor.sampling.hostinfo import read_host_info
-    from torchdoctor.sampling.types import cpu_slots
-
-    return cpu_slots(read_host_info().usable_cpus)
 
 
 def available_memory() -> int:
@@ -135,7 +128,7 @@ def tune_command(
     folder = tune_folder() if folder is None else folder
     folder.mkdir(parents=True, exist_ok=True)
     memory_budget = int(available_memory() * (1 - keep_free))
-    cpus = allowed_cpus()
+    cpus = whole_cpus_here()
     timeout = trial_timeout_s
     runner = TrialRunner(
         executable=executable,
