@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import prepare_folder
 from torchdoctor.recording.reader import Recording
 
 TABLE_FORMATS = ("csv", "parquet", "jsonl")
@@ -35,12 +36,7 @@ def export_tables(rec: Recording, fmt: str, folder: Path) -> list[Path]:
             raise UserError(
                 "Parquet export needs pyarrow: `pip install pyarrow` (or `pip install torchdoctor[parquet]`)"
             ) from None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create {str(folder)!r}: {exc.strerror}; choose another --to"
-        ) from None
+    prepare_folder(folder, "--to")
     written = [_write_meta(rec, folder)]
     for table in rec.tables():
         if rec.count(table) == 0:

@@ -21,7 +21,7 @@ from torchdoctor.launch.plan import (
     torchrun_supports_numa_binding,
 )
 from torchdoctor.launch.preflight import preflight
-from torchdoctor.recording.paths import removed_if_unused
+from torchdoctor.recording.paths import prepare_folder, removed_if_unused
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +78,7 @@ def launch_node(
                 f"preflight found {len(report.errors)} error(s) ({report.errors[0]}); "
                 "fix them, or start anyway with --force"
             )
-        try:
-            fr_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(
-                f"cannot create {str(fr_dir)!r}: {exc.strerror}; choose --out"
-            ) from None
+        prepare_folder(fr_dir, "--out")
         executable = resolve_command(list(plan.argv))
         started = time.time()
         status = record_command(
