@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 from scorecard import Scorecard
+from torchdoctor.sampling.hostinfo import whole_cpus_here
 from torchdoctor.tune.result import Measurement
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.trial import TrialLimits, TrialRunner
 from torchdoctor.tune.tuner import (
-    allowed_cpus,
     available_memory,
     limits_after,
     space_for,
@@ -61,7 +61,7 @@ def run_grid(argv: list[str], folder: Path, trial_steps: int | None) -> dict:
         original = runner.observed.config
         first.config = original
         runner.limits = limits_after(first)
-        space = space_for(runner.observed, allowed_cpus())
+        space = space_for(runner.observed, whole_cpus_here())
         grid = space.grid()
         results: dict[Config, Measurement] = {original: first}
         for i, config in enumerate(grid):

@@ -80,3 +80,13 @@ def pytest_terminal_summary(terminalreporter):
     from tests.helpers.engines import summary
 
     terminalreporter.write_line(summary())
+
+
+@pytest.fixture
+def runtime_dir(tmp_path, monkeypatch):
+    """A private registry of recorded jobs for this test (``XDG_RUNTIME_DIR``), seen by the
+    test, the jobs it starts and the `torchdoctor top` it runs."""
+    folder = tmp_path / "xdg-runtime"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    return folder

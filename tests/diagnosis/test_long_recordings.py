@@ -13,7 +13,8 @@ import pytest
 
 from tests.diagnosis.builders import GiB, Gpu, Job, Proc, const, make_steps
 from torchdoctor.diagnosis import engine
-from torchdoctor.diagnosis.context import DiagnosisContext, nearest
+from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.series import nearest
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.steps import step_stats
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from torchdoctor.diagnosis.context import sustained_span
+from torchdoctor.diagnosis.series import sustained_span
 from torchdoctor.thresholds import Thresholds
 
 

@@ -11,8 +11,8 @@ from tests.top.builders import host, proc
 from torchdoctor import open_recording
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_host, add_job
-from torchdoctor.exporters.tail import RecordingTail
 from torchdoctor.recording import RecordingWriter
+from torchdoctor.recording.tail import RecordingTail
 from torchdoctor.sampling.types import Snapshot
 
 T = 1_796_000_000.0

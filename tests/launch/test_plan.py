@@ -21,7 +21,7 @@ def plan(opts=None, env=None, gpus=0):
 
 
 def test_one_node_is_standalone_with_threads_per_rank(monkeypatch) -> None:
-    monkeypatch.setattr("torchdoctor.launch.plan.usable_cpus", lambda env=None: 8)
+    monkeypatch.setattr("torchdoctor.launch.plan.whole_cpus_here", lambda: 8)
     p = plan()
     assert p.argv[:5] == ["py", "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
     assert p.argv[5:] == SCRIPT

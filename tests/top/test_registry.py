@@ -21,14 +21,6 @@ from torchdoctor.top.model import UiState, build_view
 from torchdoctor.top.recordings import RecordingWatcher
 
 
-@pytest.fixture
-def runtime_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
-    return folder
-
-
 def write_recording(path, pid, *, steps=20, wall=0.1, wait=0.04, end=None):
     """A real recording holding ``steps`` steps of ``pid`` that ended just before ``end``."""
     end = time.time() if end is None else end

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchdoctor.tune.measure import step_window, warmup_steps
+from torchdoctor.recording.steps import warmup_steps
+from torchdoctor.tune.measure import step_window, trial_warmup
 from torchdoctor.tune.space import Config
 
 
@@ -27,8 +28,16 @@ def steps(pid: int, walls: list[float], wait: float = 0.0, samples: int | None =
 
 
 def test_warmup_covers_worker_start_up_and_their_first_batches():
-    assert warmup_steps(Config(0, 1)) == 5
-    assert warmup_steps(Config(8, 1, 2)) == 10
+    assert trial_warmup(Config(0, 1)) == 5
+    assert trial_warmup(Config(8, 1, 2)) == 10
+
+
+def test_one_warmup_rule_for_trials_and_recordings():
+    # Read afterwards, a recording leaves out at most a tenth of a short run, the whole
+    # warm-up of a long one: the same warm-up a trial asks for beforehand.
+    assert [warmup_steps(n) for n in (0, 1, 2, 19, 30, 1000)] == [0, 0, 1, 1, 3, 5]
+    assert warmup_steps(1000, workers=8) == trial_warmup(Config(8, 1, 2)) == 10
+    assert warmup_steps(40, workers=8) == 4
 
 
 def test_worker_start_up_is_left_out_of_the_throughput():

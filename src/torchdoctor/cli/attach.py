@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import os
-import time
 
 import click
 
 from torchdoctor.cli.common import (
     check_interval,
     interval_option,
-    new_recording,
     out_option,
-    print_end_report,
     stderr_console,
     thresholds_option,
 )
 from torchdoctor.errors import UserError
-from torchdoctor.recording import RecordingWriter, registry
-from torchdoctor.recording.metadata import run_metadata
-from torchdoctor.recording.recorder import Recorder
 from torchdoctor.run.attach import look_inside
 from torchdoctor.run.process import hold_signals, release_signals, wait_for_signal
+from torchdoctor.run.session import RecordingSession, claim_file
 from torchdoctor.sampling.procfs import parse_cmdline, parse_environ, read_path
-from torchdoctor.sampling.sampler import Sampler
 from torchdoctor.units import one_line
 
 
@@ -43,16 +37,11 @@ def command(
     and only the process tree is recorded. PyTorch settings are not seen (start the job with
     `torchdoctor run` or use torchdoctor.watch() for those).
     """
-    from torchdoctor.sampling.gpus import GpuReader
-    from torchdoctor.sampling.host import HostReader
-    from torchdoctor.sampling.hostinfo import read_host_info
-    from torchdoctor.sampling.job import JobReader
-
     check_interval(interval)
     if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
         raise UserError(f"no such process: {pid} (check the PID with `ps` or `torchdoctor top`)")
     argv = _cmdline(pid) or [f"pid-{pid}"]
-    path = new_recording(out, f"pid{pid}-{os.path.basename(argv[0])}")
+    path = claim_file(out, f"pid{pid}-{os.path.basename(argv[0])}")
     console = stderr_console()
     if not quiet:
         console.print(
@@ -60,41 +49,31 @@ def command(
         )
     held = hold_signals()
     try:
-        gpus = GpuReader()
-        meta = run_metadata(
+        session = RecordingSession(
+            path,
             mode="attach",
             command=argv,
-            root_pid=pid,
-            interval_s=interval,
+            interval=interval,
             env=_process_env(pid),
-            host_info=read_host_info(pid=pid),
-            gpu_status=gpus.status,
             instrumented=False,
+            root_pid=pid,
+            host_pid=pid,
         )
-        writer = RecordingWriter(path, meta)
-        job = JobReader(pid)
-        recorder = Recorder(Sampler(HostReader(pid=pid), job, gpus), writer, interval)
-        recorder.start()
-        inside = look_inside(pid, writer, _say(console, quiet))
-        registered = registry.announce(pid, path)
+        session.start_recorder(pid)
+        inside = look_inside(pid, session.writer, _say(console, quiet))
+        session.announce(pid)
         stopped_by = None
-        while job.root_alive():
+        while session.job_alive():
             signum = wait_for_signal(min(interval, 0.5))
             if signum is not None:
                 stopped_by = signum
                 break
         inside.stop()
-        recorder.stop()
-        if registered:
-            registry.withdraw(pid)
-        writer.close(
-            {"ended_at": time.time(), "exit_status": None, "stopped_by_signal": stopped_by}
-        )
-        gpus.close()
+        session.end(None, stopped_by_signal=stopped_by)
     finally:
         release_signals(held)
     if not quiet:
-        print_end_report(path, console, thresholds)
+        session.end_report(console, thresholds)
 
 
 def _cmdline(pid: int) -> list[str]:

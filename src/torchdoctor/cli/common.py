@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import claim_recording_file, create_recording_file
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
+from torchdoctor.sampling.roles import is_python
 
 
 def _interval_setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float:
@@ -85,11 +85,6 @@ def run_in_job_python(python: str | None) -> None:
     relay_if_needed(find_job_python(explicit=python), sys.argv[1:])
 
 
-def new_recording(out: str | None, name: str) -> Path:
-    """The recording file of this run, created now: --out exactly, else a fresh unique name."""
-    return claim_recording_file(out) if out else create_recording_file(name)
-
-
 def check_interval(interval: float) -> None:
     if not (MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S):
         raise UserError(
@@ -104,53 +99,10 @@ def job_name(argv: list[str]) -> str:
         if arg == "-m":
             continue
         if not arg.startswith("-"):
-            return f"{base}-{Path(arg).stem}" if base.startswith("python") else base
+            return f"{base}-{Path(arg).stem}" if is_python(base) else base
         break
     return base
 
 
 def stderr_console() -> Console:
     return Console(file=sys.stderr, highlight=False, soft_wrap=True)
-
-
-def print_end_report(
-    path: Path, console: Console | None, thresholds_path: str | None
-) -> tuple[object, list] | None:
-    """The summary, then the findings, on stderr (``console``; None: print nothing); problems
-    here never change the exit status. The recording's line for `torchdoctor ls` is stored on
-    the way (nothing to compute twice). Returns (summary, findings), None when unreadable."""
-    from torchdoctor.cli.recordings import line_of, remember
-    from torchdoctor.cli.summary_view import render_summary
-    from torchdoctor.recording import open_recording
-    from torchdoctor.recording.summary import summarize
-
-    try:
-        with open_recording(path) as rec:
-            summary = summarize(rec)
-            if console is not None:
-                render_summary(summary, console)
-            findings = _print_findings(rec, console, thresholds_path)
-        remember(path, line_of(path, summary, findings))
-        return summary, findings
-    except UserError as exc:
-        problem = exc.message
-    except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
-        problem = f"({type(exc).__name__}: {exc})"
-    (console or stderr_console()).print(
-        f"torchdoctor: could not summarize the recording: {problem}"
-    )
-    return None
-
-
-def _print_findings(rec, console: Console | None, thresholds_path: str | None) -> list:
-    try:
-        from torchdoctor.diagnosis.engine import diagnose
-        from torchdoctor.diagnosis.render import render_findings
-    except ImportError:
-        return []
-    from torchdoctor.thresholds import load_thresholds
-
-    findings = diagnose(rec, load_thresholds(thresholds_path))
-    if console is not None:
-        render_findings(findings, console)
-    return findings

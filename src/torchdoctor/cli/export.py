@@ -9,10 +9,8 @@ import click
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import Command
 from torchdoctor.cli.recordings import RECORDING
-from torchdoctor.exporters.files import FORMATS, export_recording
+from torchdoctor.exporters.files import FORMATS, export
 from torchdoctor.recording import open_recording
-
-TENSORBOARD = "tensorboard"
 
 
 @click.command("export", cls=Command, renamed={"--to": "--out-dir"})
@@ -20,7 +18,7 @@ TENSORBOARD = "tensorboard"
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice((*FORMATS, TENSORBOARD)),
+    type=click.Choice(tuple(FORMATS)),
     required=True,
     help="Output format.",
 )
@@ -41,12 +39,7 @@ def command(file: str, fmt: str, folder: str | None, as_json: bool) -> None:
     """
     with open_recording(file) as rec:
         target = Path(folder) if folder else rec.path.with_name(f"{rec.path.stem}-{fmt}")
-        if fmt == TENSORBOARD:
-            from torchdoctor.exporters.tensorboard import export_tensorboard
-
-            written = sorted(export_tensorboard(rec.path, target).glob("*tfevents*"))[-1:]
-        else:
-            written = export_recording(rec, fmt, target)
+        written = export(rec, fmt, target)
     if as_json:
         dump_json(
             "export", {"format": fmt, "folder": str(target), "files": [str(p) for p in written]}

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
-
 import click
 
 from torchdoctor.cli.common import (
     check_interval,
     interval_option,
-    print_end_report,
     python_option,
     stderr_console,
     thresholds_option,
 )
 from torchdoctor.cli.parsing import WrapperCommand
-from torchdoctor.errors import UserError
 
 
 @click.command(
@@ -79,24 +73,13 @@ def command(
     Run it on each node with the same --nnodes/--master-addr/--master-port; then
     `torchdoctor diagnose DIR_OR_FILES...` reads the nodes' recordings as one job.
     """
-    from torchdoctor.launch.plan import (
-        LaunchOptions,
-        launch_meta,
-        plan_launch,
-        split_script,
-        torchrun_supports_numa_binding,
-    )
-    from torchdoctor.launch.preflight import preflight
-    from torchdoctor.recording import create_recording_file
-    from torchdoctor.recording.paths import removed_if_unused
+    from torchdoctor.launch.node import launch_node
+    from torchdoctor.launch.plan import LaunchOptions
+    from torchdoctor.run.end_report import print_end_report
     from torchdoctor.run.interpreter import find_job_python
-    from torchdoctor.run.process import resolve_command
-    from torchdoctor.run.session import record_command
-    from torchdoctor.sampling.gpus import GpuReader
 
     check_interval(interval)
     job_python = find_job_python(_command(argv), explicit=python)
-    script = split_script(list(argv))
     opts = LaunchOptions(
         nproc_per_node=nproc_per_node,
         nnodes=nnodes,
@@ -106,63 +89,18 @@ def command(
         standalone=standalone,
     )
     console = stderr_console()
-    name = f"{Path(script[-1] if script[0] == '-m' else script[0]).stem}-node{node_rank}"
-    path = create_recording_file(name, folder=out, option="--out")
-    with removed_if_unused(path):  # an error before the job starts leaves no file
-        fr_dir = path.resolve().with_suffix(".fr")
-        gpus = GpuReader()
-        gpu_count = len(gpus.status.gpus) if gpus.status.available else 0
-        plan = plan_launch(
-            opts,
-            script,
-            env=dict(os.environ),
-            fr_dir=fr_dir,
-            gpu_count=gpu_count,
-            python=job_python.executable,
-            numa_binding=torchrun_supports_numa_binding(),
-        )
-        report = preflight(plan, gpu_status=gpus.status)
-        if not quiet:
-            console.print(
-                f"torchdoctor launch: {plan.nproc_per_node} rank(s) on node {plan.node_rank} of "
-                f"{plan.nnodes} (world size {plan.world_size}), rendezvous {plan.rendezvous}"
-            )
-            if not job_python.is_ours:
-                console.print(f"  torchrun and the ranks run with {job_python.describe()}")
-            for note in plan.notes:
-                console.print(f"  {note}")
-            for line in report.lines():
-                console.print(f"  {line}")
-        gpus.close()  # the recorder opens its own
-        if report.errors and not force:
-            raise UserError(
-                f"preflight found {len(report.errors)} error(s) ({report.errors[0]}); "
-                "fix them, or start anyway with --force"
-            )
-        try:
-            fr_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(
-                f"cannot create {str(fr_dir)!r}: {exc.strerror}; choose --out"
-            ) from None
-        executable = resolve_command(list(plan.argv))
-        started = time.time()
-        status = record_command(
-            executable,
-            plan.argv,
-            path,
-            interval,
-            instrument=True,
-            env=plan.env,
-            mode="launch",
-            meta={"launch": launch_meta(plan, report, started)},
-        )
+    result = launch_node(
+        opts,
+        list(argv),
+        out=out,
+        interval=interval,
+        force=force,
+        python=job_python,
+        say=None if quiet else console.print,
+    )
     if not quiet:
-        console.print(f"torchdoctor launch: recording {path}")
-        print_end_report(path, console, thresholds)
-    if not any(fr_dir.iterdir()):
-        fr_dir.rmdir()
-    ctx.exit(status)
+        print_end_report(result.recording, console, thresholds)
+    ctx.exit(result.status)
 
 
 def _command(argv: tuple[str, ...]) -> list[str]:

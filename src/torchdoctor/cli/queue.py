@@ -233,7 +233,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
         )
     click.echo("\n".join(lines))
     if has_recording and job.ended:
-        from torchdoctor.cli.common import print_end_report
+        from torchdoctor.run.end_report import print_end_report
 
         click.echo("")
         print_end_report(

@@ -11,16 +11,15 @@ from torchdoctor.cli.common import (
     check_interval,
     interval_option,
     job_name,
-    new_recording,
     out_option,
-    print_end_report,
     stderr_console,
     thresholds_option,
 )
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.instrument.agent.cuda import ENV_MEMORY_HISTORY
+from torchdoctor.run.end_report import print_end_report
 from torchdoctor.run.process import resolve_command
-from torchdoctor.run.session import record_command
+from torchdoctor.run.session import claim_file, record_command
 
 
 @click.command(
@@ -87,7 +86,7 @@ def command(
     outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
-    path = new_recording(out, job_name(args))
+    path = claim_file(out, job_name(args))
     console = stderr_console()
     if not quiet:
         console.print(f"torchdoctor: recording {' '.join(args)[:80]} into {path}")
@@ -105,6 +104,10 @@ def command(
     )
     if not quiet or as_json:
         report = print_end_report(path, None if quiet else console, thresholds)
+        if report is not None:
+            from torchdoctor.cli.recordings import line_of, remember
+
+            remember(path, line_of(path, *report))  # `torchdoctor ls` need not redo it
         if as_json:
             _print_json(path, status, report)
     ctx.exit(status)

@@ -26,6 +26,6 @@ def command(file: str, as_json: bool) -> None:
         return
     from rich.console import Console
 
-    from torchdoctor.cli.summary_view import render_summary
+    from torchdoctor.run.end_report import render_summary
 
     render_summary(summary, Console(highlight=False, soft_wrap=True))

@@ -43,8 +43,8 @@ def status(job_id: str, recordings: str | None, as_json: bool, thresholds: str |
 
 
 def render_report(report: JobReport, console: Console) -> None:
-    from torchdoctor.cli.summary_view import render_summary
     from torchdoctor.diagnosis.render import render_findings
+    from torchdoctor.run.end_report import render_summary
 
     s = report.state
     head = f"[bold]job {s.job_id}[/bold]" + (f" ({s.name})" if s.name else "")

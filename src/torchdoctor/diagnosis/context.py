@@ -7,14 +7,13 @@ recording without GPUs or without steps costs nothing for the rules that stay si
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections import defaultdict
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
+from torchdoctor.diagnosis.ranks import RankJob
+from torchdoctor.diagnosis.series import Span, nearest, sustained_span
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import StepStats, decode_json, warmup_steps
@@ -35,26 +34,29 @@ STARTUP_SHARE = 0.2
 STARTUP_MAX_S = 10.0
 
 
-@dataclass(slots=True)
-class Span:
-    """A stretch of time over which a condition held, with the series' figures over it."""
+class JobContext:
+    """The job recordings belong to: every node's context, and the ranks of all of them,
+    gathered once, when a rule first asks. One recording alone is a job of one node."""
 
-    t_start: float
-    t_end: float
-    mean: float  # mean of the series over the span
-    peak: float
-    samples: int
+    def __init__(self) -> None:
+        self.contexts: list[DiagnosisContext] = []
 
-    @property
-    def duration(self) -> float:
-        return self.t_end - self.t_start
+    @cached_property
+    def ranks(self) -> RankJob:
+        return RankJob.from_contexts(self.contexts)
 
 
 class DiagnosisContext:
     """Read-only view of one recording, shaped for the rules."""
 
-    def __init__(self, recording: Recording, thresholds: Thresholds) -> None:
+    def __init__(
+        self, recording: Recording, thresholds: Thresholds, job: JobContext | None = None
+    ) -> None:
+        """``job``: the job this recording is one node of (the engine diagnoses several
+        nodes' recordings as one job); by default a job of this recording alone."""
         self.recording = recording
+        self.job_context = job if job is not None else JobContext()
+        self.job_context.contexts.append(self)
         self.thresholds = thresholds
         self.meta: dict[str, Any] = recording.meta
         self.findings: list[Finding] = []  # filled by the engine; read by AFTER_OTHERS rules
@@ -294,13 +296,11 @@ class DiagnosisContext:
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
 
-    @cached_property
-    def job(self):
-        """The job's ranks (:class:`~torchdoctor.diagnosis.ranks.RankJob`): of this recording
-        alone, or of every node's recording when the engine diagnoses several as one job."""
-        from torchdoctor.diagnosis.ranks import RankJob
-
-        return RankJob.from_contexts([self])
+    @property
+    def job(self) -> RankJob:
+        """The job's ranks: of this recording alone, or of every node's recording when the
+        engine diagnoses several as one job."""
+        return self.job_context.ranks
 
     # -- GPUs ---------------------------------------------------------------------------
     @cached_property
@@ -381,85 +381,6 @@ class DiagnosisContext:
         if not self.enough_evidence(series, what):
             return None
         return sustained_span(series, limit, self.thresholds, above=above)
-
-
-def sustained_span(
-    series: list[tuple[float, float]], limit: float, thresholds: Thresholds, *, above: bool = True
-) -> Span | None:
-    if len(series) < 3:
-        return None
-    series = sorted(series)
-    total = series[-1][0] - series[0][0]
-    window = min(thresholds.sustained_s, total)
-    gaps = sorted(b[0] - a[0] for a, b in zip(series, series[1:], strict=False))
-    slack = gaps[len(gaps) // 2]  # one sampling interval: windows never line up exactly
-    beyond = [(v > limit) if above else (v < limit) for _, v in series]
-    spans: list[tuple[int, int]] = []
-    j = 0
-    n = len(series)
-    for i in range(n):
-        j = max(j, i)
-        while j + 1 < n and series[j + 1][0] - series[i][0] <= window + 1e-9:
-            j += 1
-        if series[-1][0] - series[i][0] < window - slack - 1e-9:
-            break  # every window from here on is shorter than the sustained window
-        if series[j][0] - series[i][0] < window - slack - 1e-9 or j - i + 1 < 3:
-            continue  # a gap in the samples (jitter, a stalled recorder): skip this window
-        hits = sum(beyond[i : j + 1])
-        if hits / (j - i + 1) >= thresholds.sustained_fraction:
-            if spans and i <= spans[-1][1]:
-                spans[-1] = (spans[-1][0], j)
-            else:
-                spans.append((i, j))
-    if not spans:
-        return None
-    i, j = max(spans, key=lambda s: series[s[1]][0] - series[s[0]][0])
-    values = [v for _, v in series[i : j + 1]]
-    return Span(
-        t_start=series[i][0],
-        t_end=series[j][0],
-        mean=sum(values) / len(values),
-        peak=max(values) if above else min(values),
-        samples=len(values),
-    )
-
-
-def nearest(series: list[tuple[float, float]], t: float, tolerance: float) -> float | None:
-    """The value of the sorted ``series`` sampled closest to ``t``, within ``tolerance`` s.
-
-    Host and process readings of one snapshot carry their own read times, a few ms apart.
-    """
-    i = bisect.bisect_left(series, (t, -math.inf))
-    best = None
-    for j in (i - 1, i):
-        if (
-            0 <= j < len(series)
-            and abs(series[j][0] - t) <= tolerance
-            and (best is None or abs(series[j][0] - t) < abs(best[0] - t))
-        ):
-            best = series[j]
-    return best[1] if best is not None else None
-
-
-def linear_fit(points: list[tuple[float, float]]) -> tuple[float, float, float] | None:
-    """Least-squares (slope, intercept, r²) of y on x; None when x does not vary."""
-    if len(points) < 3:
-        return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    syy = sum((y - my) ** 2 for _, y in points)
-    sxy = sum((x - mx) * (y - my) for x, y in points)
-    if sxx <= 0:
-        return None
-    slope = sxy / sxx
-    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
-    return slope, my - slope * mx, r2
-
-
-def mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def _num(x: float) -> str:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.context import DiagnosisContext, JobContext
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.diagnosis.rules import RULE_MODULES
 from torchdoctor.recording.reader import Recording
@@ -51,13 +51,8 @@ def diagnose_job(
     Rules that compare ranks (``SCOPE = "job"``) run once over every node's ranks; the others
     run on each node's recording, their titles naming the node when there are several.
     """
-    contexts = [DiagnosisContext(r, thresholds or Thresholds()) for r in recordings]
-    if len(contexts) > 1:
-        from torchdoctor.diagnosis.ranks import RankJob
-
-        job = RankJob.from_contexts(contexts)
-        for ctx in contexts:
-            ctx.job = job  # one view of the ranks for every node's rules
+    job = JobContext()  # one view of the ranks for every node's rules
+    contexts = [DiagnosisContext(r, thresholds or Thresholds(), job) for r in recordings]
     findings: list[Finding] = []
     for module in rules():
         job_rule = getattr(module, "SCOPE", "recording") == "job"

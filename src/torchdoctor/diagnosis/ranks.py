@@ -12,12 +12,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchdoctor.recording.steps import warmup_steps
-
-if TYPE_CHECKING:
-    from torchdoctor.diagnosis.context import DiagnosisContext
 
 DDP_WARMUP_ITERATIONS = 2  # DDP's first iterations rebuild buckets: their comm is not typical
 
@@ -31,7 +28,9 @@ class RankSeries:
     node_rank: int | None
     hostname: str | None
     recording: str
-    ctx: DiagnosisContext
+    # The node's DiagnosisContext. Not imported: the context builds its job's ranks from this
+    # module, so this module names no type of the context's (no import circle).
+    ctx: Any
     info: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -81,10 +80,10 @@ class RankJob:
     """Every rank of one job, across the recordings of its nodes."""
 
     ranks: dict[int, RankSeries]
-    contexts: list[DiagnosisContext]
+    contexts: list[Any]  # every node's DiagnosisContext
 
     @classmethod
-    def from_contexts(cls, contexts: list[DiagnosisContext]) -> RankJob:
+    def from_contexts(cls, contexts: list[Any]) -> RankJob:
         ranks: dict[int, RankSeries] = {}
         for ctx in contexts:
             for series in _ranks_of(ctx):
@@ -131,7 +130,7 @@ def _restarts(series: RankSeries) -> int:
     return int(series.info.get("restart_count") or 0)
 
 
-def _ranks_of(ctx: DiagnosisContext) -> list[RankSeries]:
+def _ranks_of(ctx: Any) -> list[RankSeries]:
     infos: dict[int, dict[str, Any]] = {}
     for e in ctx.events_of("rank-info"):
         if isinstance(e["detail"], dict):

@@ -26,6 +26,19 @@ def _no_gpus(name: str, facts: Facts) -> Check | None:
     return None
 
 
+def _no_links(name: str, facts: Facts, one_gpu: str) -> Check | None:
+    """The check's answer when there are no GPU links to judge: no NVML, no topology, one GPU."""
+    skipped = _no_gpus(name, facts)
+    if skipped:
+        return skipped
+    topo = facts.topology
+    if not topo.available:
+        return Check(name, SKIPPED, f"NVML topology unreadable: {topo.reason}")
+    if not topo.links:
+        return Check(name, OK, one_gpu)
+    return None
+
+
 def visible_devices(value: str, gpus: list[GpuInfo]) -> tuple[list[int], list[str]]:
     """NVML indexes CUDA will see for a CUDA_VISIBLE_DEVICES value, and the problems found.
 
@@ -125,14 +138,10 @@ def check_visible(facts: Facts) -> Check:
 
 
 def check_topology(facts: Facts) -> Check:
-    skipped = _no_gpus("gpus.topology", facts)
-    if skipped:
-        return skipped
+    answer = _no_links("gpus.topology", facts, "one GPU: no traffic between GPUs on this node")
+    if answer:
+        return answer
     topo = facts.topology
-    if not topo.available:
-        return Check("gpus.topology", SKIPPED, f"NVML topology unreadable: {topo.reason}")
-    if not topo.links:
-        return Check("gpus.topology", OK, "one GPU: no traffic between GPUs on this node")
     pairs = [f"GPU{link.a}-GPU{link.b}: {link.level_name}" for link in topo.links]
     details = {
         "links": [
@@ -172,14 +181,10 @@ def check_topology(facts: Facts) -> Check:
 
 
 def check_p2p(facts: Facts) -> Check:
-    skipped = _no_gpus("gpus.p2p", facts)
-    if skipped:
-        return skipped
+    answer = _no_links("gpus.p2p", facts, "one GPU: peer-to-peer not needed")
+    if answer:
+        return answer
     topo = facts.topology
-    if not topo.available:
-        return Check("gpus.p2p", SKIPPED, f"NVML topology unreadable: {topo.reason}")
-    if not topo.links:
-        return Check("gpus.p2p", OK, "one GPU: peer-to-peer not needed")
     unreadable = [link for link in topo.links if link.p2p is None]
     broken = [link for link in topo.links if link.p2p not in (None, 0)]
     saw = f"P2P reads between {len(topo.links) - len(broken) - len(unreadable)} of {len(topo.links)} GPU pairs"

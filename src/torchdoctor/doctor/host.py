@@ -148,17 +148,11 @@ def check_numa(facts: Facts) -> Check:
     return Check("host.numa", OK, saw, details=details)
 
 
-def _usable_cpus() -> int:
-    """Whole CPUs for threads and workers (the usable-CPU rule, sampling/types.py)."""
-    from torchdoctor.sampling.hostinfo import read_host_info
-    from torchdoctor.sampling.types import cpu_slots
-
-    return cpu_slots(read_host_info().usable_cpus)
-
-
 def check_oversubscription(facts: Facts) -> Check:
     plan = facts.plan
-    cpus = _usable_cpus()
+    from torchdoctor.sampling.hostinfo import whole_cpus_here
+
+    cpus = whole_cpus_here()
     nproc = plan.nproc_per_node
     if nproc is None:
         gpus = facts.gpu_status.gpus if facts.gpu_status.available else []

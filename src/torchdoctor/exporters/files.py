@@ -1,22 +1,34 @@
-"""Exporting a recording to CSV, Parquet or JSON Lines: one file per table plus meta.json."""
+"""Exporting a recording to files: every format `torchdoctor export` knows, in :data:`FORMATS`.
+
+CSV, Parquet and JSON Lines write one file per table plus meta.json; TensorBoard writes the
+recording's scalars as a run. A new format is one more entry in :data:`FORMATS`.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.paths import prepare_folder
 from torchdoctor.recording.reader import Recording
 
-FORMATS = ("csv", "parquet", "jsonl")
+TABLE_FORMATS = ("csv", "parquet", "jsonl")
 
 
-def export_recording(rec: Recording, fmt: str, folder: Path) -> list[Path]:
-    """Write every non-empty table of ``rec`` into ``folder``; the files written."""
+def export(rec: Recording, fmt: str, folder: Path) -> list[Path]:
+    """Export ``rec`` as ``fmt`` into ``folder``; the files to show the user."""
     if fmt not in FORMATS:
         raise UserError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return FORMATS[fmt](rec, folder)
+
+
+def export_tables(rec: Recording, fmt: str, folder: Path) -> list[Path]:
+    """Write every non-empty table of ``rec`` into ``folder`` as ``fmt`` (one of
+    :data:`TABLE_FORMATS`), plus meta.json; the files written."""
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
@@ -24,12 +36,7 @@ def export_recording(rec: Recording, fmt: str, folder: Path) -> list[Path]:
             raise UserError(
                 "Parquet export needs pyarrow: `pip install pyarrow` (or `pip install torchdoctor[parquet]`)"
             ) from None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create {str(folder)!r}: {exc.strerror}; choose another --to"
-        ) from None
+    prepare_folder(folder, "--to")
     written = [_write_meta(rec, folder)]
     for table in rec.tables():
         if rec.count(table) == 0:
@@ -83,3 +90,20 @@ def _write_parquet(target: Path, columns: list[str], rows) -> None:
         for c in columns:
             data[c].append(_cell(row[c]))
     pq.write_table(pa.table(data), target)
+
+
+def _export_tensorboard(rec: Recording, folder: Path) -> list[Path]:
+    from torchdoctor.exporters.tensorboard import export_tensorboard
+
+    return sorted(export_tensorboard(rec.path, folder).glob("*tfevents*"))[-1:]
+
+
+def _tables_as(fmt: str) -> Callable[[Recording, Path], list[Path]]:
+    return lambda rec, folder: export_tables(rec, fmt, folder)
+
+
+# Every export format: its name (the value of `--format`) and what writes it.
+FORMATS: dict[str, Callable[[Recording, Path], list[Path]]] = {
+    **{fmt: _tables_as(fmt) for fmt in TABLE_FORMATS},
+    "tensorboard": _export_tensorboard,
+}

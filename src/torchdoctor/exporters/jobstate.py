@@ -1,6 +1,6 @@
 """One recorded job as Prometheus sees it: counters that only go forward, the latest gauges.
 
-Fed with the rows a :class:`~torchdoctor.exporters.tail.RecordingTail` returns, so the
+Fed with the rows a :class:`~torchdoctor.recording.tail.RecordingTail` returns, so the
 per-job endpoint of ``torchdoctor run --prometheus`` and the host-wide exporter compute the
 same numbers from the same file.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.exporters.tail import RecordingTail
+from torchdoctor.recording.tail import RecordingTail
 
 PROCESS_COLUMNS = [
     "t",

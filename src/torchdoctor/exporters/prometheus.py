@@ -29,8 +29,8 @@ from torchdoctor.diagnosis.rediagnosis import BackgroundDiagnosis
 from torchdoctor.errors import UserError
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
-from torchdoctor.exporters.tail import RecordingTail
 from torchdoctor.recording.schema import TABLES, to_row
+from torchdoctor.recording.tail import RecordingTail
 
 DEFAULT_ADDRESS = "127.0.0.1"
 # Clear of the exporters it sits beside: node 9100, dcgm 9400, nvitop 8000, Pushgateway 9091.

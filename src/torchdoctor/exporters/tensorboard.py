@@ -25,8 +25,8 @@ from typing import Any
 
 from torchdoctor.errors import UserError
 from torchdoctor.exporters.jobstate import PROCESS_COLUMNS, STEP_COLUMNS, JobState
-from torchdoctor.exporters.tail import RecordingTail
 from torchdoctor.recording.steps import step_samples, step_wait_s
+from torchdoctor.recording.tail import RecordingTail
 
 FLUSH_EVERY_S = 5.0  # the live writer's cadence: TensorBoard sees new points within this
 _HOST_COLUMNS = ["t", "cpu_iowait", "swap_used", "swap_in_per_s"]

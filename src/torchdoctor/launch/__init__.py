@@ -1,1 +1,2 @@
-"""`torchdoctor launch`: torchrun with every rank recorded (plan.py), its preflight checks and `bench scaling`."""
+"""`torchdoctor launch`: torchrun with every rank recorded: the plan (plan.py), its preflight
+checks (preflight.py), one node's launch (node.py) and `bench scaling` (scaling.py)."""

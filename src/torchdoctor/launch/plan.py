@@ -7,7 +7,6 @@ here. torchrun (``python -m torch.distributed.run``) does rendezvous, restarts a
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,8 @@ from pathlib import Path
 from torchdoctor.errors import UserError
 from torchdoctor.instrument.agent.contract import ENV_FR_DIR, FR_PREFIX
 from torchdoctor.sampling import network
+from torchdoctor.sampling.hostinfo import whole_cpus_here
+from torchdoctor.sampling.roles import is_python
 
 # ENV_FR_DIR is read by the agent's rank part (instrument/agent/ranks.py): where ranks write
 # their flight-recorder dumps when a collective times out or torchrun stops them.
@@ -48,15 +49,6 @@ class LaunchPlan:
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
-
-
-def usable_cpus(env: dict[str, str] | None = None) -> int:
-    """Whole CPUs this node gives the job for threads (the project's one rule,
-    sampling/types.py: affinity capped by a cgroup quota, a partial CPU still runs a thread)."""
-    from torchdoctor.sampling.hostinfo import read_host_info
-    from torchdoctor.sampling.types import cpu_slots
-
-    return cpu_slots(read_host_info().usable_cpus)
 
 
 def resolve_nproc(value: str, gpu_count: int) -> tuple[int, str | None]:
@@ -129,7 +121,7 @@ def plan_launch(
         if why:
             notes.append(f"{name}={value}: {why}")
 
-    cores = usable_cpus(env)
+    cores = whole_cpus_here()
     threads = max(1, cores // nproc)
     put("OMP_NUM_THREADS", str(threads), f"{cores} usable cores / {nproc} local ranks")
     # Post-mortem: the flight recorder keeps the last collectives of each rank; gloo records
@@ -210,7 +202,7 @@ def split_script(argv: list[str]) -> list[str]:
         args = args[1:]
     if not args:
         raise UserError("give the training script after --: torchdoctor launch -- train.py ARGS")
-    if _is_python(args[0]):
+    if is_python(args[0]):
         args = args[1:]
         if not args:
             raise UserError("give the training script after python: launch -- python train.py")
@@ -224,12 +216,6 @@ def split_script(argv: list[str]) -> list[str]:
     if args[0] != "-m" and not Path(args[0]).is_file():
         raise UserError(f"no such script: {args[0]!r}")
     return args
-
-
-def _is_python(arg: str) -> bool:
-    import re
-
-    return bool(re.match(r"^(python|pypy)[0-9.]*$", os.path.basename(arg)))
 
 
 def launch_meta(plan: LaunchPlan, preflight_report, started: float) -> dict:

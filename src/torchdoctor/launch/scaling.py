@@ -12,11 +12,8 @@ rank's own compute (forward, backward, optimizer), which grows when N ranks shar
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from torchdoctor.errors import UserError
 
 KEEP_CHOICES = ("per-rank-batch", "global-batch")
 BATCH_PLACEHOLDER = "{per_rank_batch}"
+STOP_GRACE_S = 3.0  # from TERM to KILL for a trial past its time limit
 WORTH_EFFICIENCY = 0.7  # below this, N ranks give less than 70 % of N times one rank
 
 
@@ -104,7 +102,7 @@ def run_trial(
     """One recorded trial of ``script`` at ``nproc`` ranks, stopped after warm-up + steps."""
     from torchdoctor.instrument.agent import ENV_STOP_AFTER_STEPS
     from torchdoctor.launch.plan import LaunchOptions, plan_launch
-    from torchdoctor.run.process import resolve_command
+    from torchdoctor.run.process import ProcessTree, TreeStopper, resolve_command
     from torchdoctor.run.session import record_command
 
     path = folder / f"scaling-{nproc}.sqlite"
@@ -120,14 +118,12 @@ def run_trial(
         python=python,
     )
     plan.env[ENV_STOP_AFTER_STEPS] = str(warmup + steps)
-    started: dict[str, int] = {}
+    limit: list[TreeStopper] = []
 
     def on_started(pid: int) -> None:
-        started["pid"] = pid
+        limit.append(TreeStopper(ProcessTree(pid), STOP_GRACE_S))
+        limit[0].start(delay_s=limit_s)  # a trial that outlives its time limit is stopped
 
-    timer = threading.Timer(limit_s, lambda: _stop(started.get("pid")))
-    timer.daemon = True
-    timer.start()
     try:
         status = record_command(
             resolve_command(list(plan.argv)),
@@ -143,23 +139,13 @@ def run_trial(
             meta={"bench_scaling": {"nproc": nproc, "steps": steps, "warmup": warmup}},
         )
     finally:
-        timer.cancel()
+        if limit:
+            limit[0].cancel()
     trial = Trial(nproc=nproc, recording=str(path), exit_status=status)
     measure_trial(trial, warmup)
     if not any(fr_dir.iterdir()):
         fr_dir.rmdir()
     return trial
-
-
-def _stop(pid: int | None) -> None:
-    if pid is None:
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-        time.sleep(3.0)
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def measure_trial(trial: Trial, warmup: int) -> None:

@@ -25,9 +25,10 @@ from torchdoctor.queue.model import (
     Job,
 )
 from torchdoctor.queue.paths import QueuePaths, queue_paths
-from torchdoctor.queue.processes import Stopper, is_alive
+from torchdoctor.queue.processes import is_alive
 from torchdoctor.queue.protocol import request
 from torchdoctor.queue.store import QueueStore, end_fields
+from torchdoctor.run.process import ProcessTree, TreeStopper
 from torchdoctor.units import fmt_bytes
 
 SCHEDULER_START_TIMEOUT_S = 30.0
@@ -212,12 +213,12 @@ class Queue:
             os.kill(job.supervisor_pid, signal.SIGTERM)  # it stops the group, then records it
         elif job.job_pid is not None and is_alive(job.job_pid, job.job_start):
             # Its supervisor is gone (killed): stop the group ourselves.
-            stopper = Stopper(job.job_pid, grace_s)
+            stopper = TreeStopper(ProcessTree(job.job_pid), grace_s)
             stopper.start()
             deadline = time.monotonic() + grace_s + 5.0
             while is_alive(job.job_pid, job.job_start) and time.monotonic() < deadline:
                 time.sleep(WAIT_POLL_S)
-            stopper.cancel_timer()
+            stopper.cancel()
             self.store.update(
                 job_id,
                 only_if=ACTIVE,

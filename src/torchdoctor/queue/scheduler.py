@@ -36,14 +36,10 @@ from torchdoctor.queue.model import (
 )
 from torchdoctor.queue.paths import QueuePaths, queue_paths
 from torchdoctor.queue.placement import Usage, order, plan
-from torchdoctor.queue.processes import (
-    boot_id,
-    group_members,
-    is_alive,
-    start_time,
-)
+from torchdoctor.queue.processes import boot_id, is_alive, start_time
 from torchdoctor.queue.protocol import answer, listen, peer_uid, read_message
 from torchdoctor.queue.store import QueueStore, end_fields
+from torchdoctor.run.process import group_members
 from torchdoctor.sampling import procfs
 
 IDLE_EXIT_S = 900.0  # an idle scheduler leaves after this long; the next command restarts it

@@ -22,16 +22,10 @@ from torchdoctor.errors import UserError
 from torchdoctor.queue.environment import job_environment
 from torchdoctor.queue.model import CANCELLED, DONE, FAILED, RUNNING, STARTING, Job
 from torchdoctor.queue.paths import QueuePaths, queue_paths
-from torchdoctor.queue.processes import (
-    Stopper,
-    become_subreaper,
-    group_members,
-    own_children,
-    reap_children,
-    start_time,
-)
+from torchdoctor.queue.processes import become_subreaper, reap_children, start_time
 from torchdoctor.queue.protocol import request
 from torchdoctor.queue.store import QueueStore, end_fields
+from torchdoctor.run.process import ProcessTree, TreeStopper
 
 LEFTOVER_GRACE_S = 2.0  # for processes the job left behind when its main process ended
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -155,10 +149,10 @@ def _run(job: Job, hooks) -> tuple[str, str | None, int | None]:
     if job.assigned_cpus:
         os.sched_setaffinity(0, job.assigned_cpus)
     recording = Path(job.recording)
-    stopper: list[Stopper] = []
+    stopper: list[TreeStopper] = []
 
     def started(pid: int) -> None:
-        stopper.append(Stopper(pid, job.cancel_grace_s))
+        stopper.append(TreeStopper(ProcessTree(pid, orphans=True), job.cancel_grace_s))
         if hooks.running(pid, start_time(pid), str(recording)):
             stopper[0].start()
 
@@ -239,18 +233,18 @@ def _oom_killed(recording: Path) -> str | None:
     return f"OOM-killed: the kernel killed {who}{at} (see torchdoctor diagnose)"
 
 
-def _stop_leftovers(stopper: Stopper) -> None:
+def _stop_leftovers(stopper: TreeStopper) -> None:
     """What the job left running when its main process ended: its group, and orphans that
     were re-parented to us. They were started by the job, so they are the queue's to stop."""
-    if group_members(stopper.pgid) or own_children():
+    if stopper.tree.members():
         if not stopper.started:
             stopper.grace_s = min(stopper.grace_s, LEFTOVER_GRACE_S)
             stopper.start()
         deadline = time.monotonic() + stopper.grace_s + 2.0
-        while (group_members(stopper.pgid) or own_children()) and time.monotonic() < deadline:
+        while stopper.tree.members() and time.monotonic() < deadline:
             reap_children()
             time.sleep(0.05)
-    stopper.cancel_timer()
+    stopper.cancel()
     reap_children()
 
 

@@ -1,8 +1,10 @@
 """Which jobs are being recorded right now, so that ``torchdoctor top`` can find their recordings.
 
-Every recorded job announces itself: `torchdoctor run`, `attach`, a queued job and a
-`launch` (all through :func:`announce` once the job's process has started and :func:`withdraw`
-when it ends), so that `top` and the host exporter find it. Each entry is one small JSON file named after the PID, in a
+Every recorded job announces itself, whichever path records it (`torchdoctor run`, `attach`,
+`launch`, a queued job, tune's and bench scaling's trials, ``torchdoctor.watch()``: all through
+:class:`torchdoctor.run.session.RecordingSession`, which calls :func:`announce` once the job's
+process runs and :func:`withdraw` when it ends), so that `top` and the host exporter find it.
+Each entry is one small JSON file named after the PID, in a
 folder only this user can write: ``$XDG_RUNTIME_DIR/torchdoctor`` or ``/tmp/torchdoctor-$UID``.
 An entry whose process is gone (or whose PID now belongs to another process) is stale: a
 recorder killed with SIGKILL never unregisters, so :func:`active` prunes such entries.
@@ -78,8 +80,16 @@ def unregister(pid: int) -> None:
 
 
 def announce(pid: int, recording_path: str | os.PathLike[str]) -> bool:
-    """:func:`register`, best effort: a job that cannot be announced is still recorded."""
+    """:func:`register`, best effort: a job that cannot be announced is still recorded.
+
+    A process another recorder announced keeps that entry (``watch()`` in a job under
+    `torchdoctor run`): False, and the entry is not this caller's to withdraw."""
     try:
+        folder = _own_folder(create=False)
+        if folder is not None:
+            entry = _load(folder / f"{pid}.json")
+            if entry is not None and _alive(entry):
+                return False
         register(pid, recording_path)
         return True
     except OSError:  # ProcessLookupError included: the job ended before it was announced

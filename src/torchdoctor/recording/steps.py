@@ -42,12 +42,24 @@ from typing import Any
 
 from torchdoctor.sampling import roles
 
+WARMUP_MIN_STEPS = 5  # a process's start-up: first iterations, allocator and caches warming
 
-def warmup_steps(n: int) -> int:
-    """Steps left out at the start of a process that recorded ``n`` steps."""
+
+def warmup_steps(n: int | None = None, *, workers: int = 0) -> int:
+    """Steps left out at the start of a process: its start-up, and the burst of batches its
+    ``workers`` DataLoader workers made while it waited for its first one (one per worker).
+
+    ``n``, the steps the process recorded, when known (a recording read afterwards): a short
+    run keeps most of its steps, at most a tenth of them left out (at least one of two or
+    more). Without ``n`` (tune, deciding before a trial how many steps to ask for): the whole
+    warm-up, ``max(5, workers + 2)``.
+    """
+    full = max(WARMUP_MIN_STEPS, workers + 2)
+    if n is None:
+        return full
     if n <= 1:
         return 0
-    return max(1, min(5, n // 10))
+    return max(1, min(full, n // 10))
 
 
 @dataclass(slots=True)

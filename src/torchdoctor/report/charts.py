@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from torchdoctor.diagnosis.context import sustained_span
+from torchdoctor.diagnosis.series import sustained_span
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.downsample import Point, downsample_minmax

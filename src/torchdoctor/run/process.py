@@ -7,6 +7,9 @@ deliver it twice (a Python job would see a second KeyboardInterrupt in its clean
 wait for signals synchronously with ``sigtimedwait``, which tells a terminal's signal
 (si_code SI_KERNEL) from one sent with kill(2) to us alone (SI_USER/SI_QUEUE), and forward
 only the latter.
+
+A command's whole tree is stopped by :func:`stop_tree` (tune's trials, queued jobs, bench
+scaling's trials): TERM, then KILL for what is left after a grace period.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import errno
 import os
 import shutil
 import signal
+import threading
+import time
 from collections.abc import Callable
 
 from torchdoctor.errors import UserError
+from torchdoctor.sampling import procfs
 
 FORWARDED = (
     signal.SIGINT,
@@ -177,3 +183,135 @@ class ChildProcess:
             if pid == self.pid:
                 self.returncode = exit_status(status)
         return self.returncode
+
+
+# -- stopping a whole tree ---------------------------------------------------------------------
+
+KILL_WAIT_S = 3.0  # after KILL: how long to wait for the kernel to take the processes down
+_POLL_S = 0.05
+
+
+def live_stat(pid: int):
+    """The process's /proc stat, or None when it is gone or a zombie (awaiting its reaper)."""
+    try:
+        stat = procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat"))
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if stat.state in ("Z", "X") else stat
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live processes in process group ``pgid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == pgid and live_stat(int(entry)) is not None:
+                    out.append(int(entry))
+    return out
+
+
+def own_children() -> list[int]:
+    """Our live child processes (for a child subreaper: the orphans of its job too)."""
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = live_stat(int(entry))
+            if stat is not None and stat.ppid == me:
+                out.append(int(entry))
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+class ProcessTree:
+    """Everything a command started: the process group it leads (``root``), the processes it
+    started that left the group (its descendants), and with ``orphans`` (a child subreaper)
+    our own children, which its orphans were re-parented to."""
+
+    def __init__(self, root: int, *, orphans: bool = False) -> None:
+        self.root = root
+        self.pgid = root
+        self.orphans = orphans
+
+    def members(self) -> set[int]:
+        """The live (not zombie) processes of the tree now."""
+        found = set(group_members(self.pgid)) | _descendants(self.root)
+        if self.orphans:
+            found |= set(own_children())
+        return {pid for pid in found if live_stat(pid) is not None}
+
+    def signal(self, signum: int, pids: set[int] | None = None) -> None:
+        """Send ``signum`` to the group and to ``pids`` (default: the members now)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, signum)
+        for pid in self.members() if pids is None else pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+
+def stop_tree(
+    tree: ProcessTree, grace_s: float, *, cancelled: threading.Event | None = None
+) -> None:
+    """TERM to the whole tree, KILL to what is left after ``grace_s``; returns once nothing of
+    it runs (or KILL's own wait ran out), or as soon as ``cancelled`` is set.
+
+    The members are listed before TERM: a process whose parent dies is re-parented and would
+    no longer be found among the root's descendants."""
+    cancelled = cancelled or threading.Event()
+    known = tree.members()
+    tree.signal(signal.SIGTERM, known)
+    if _wait_gone(tree, known, grace_s, cancelled) or cancelled.is_set():
+        return
+    known |= tree.members()
+    tree.signal(signal.SIGKILL, known)
+    _wait_gone(tree, known, KILL_WAIT_S, cancelled)
+
+
+def _wait_gone(
+    tree: ProcessTree, known: set[int], timeout_s: float, cancelled: threading.Event
+) -> bool:
+    end = time.monotonic() + timeout_s
+    while True:
+        if not any(live_stat(pid) is not None for pid in known) and not tree.members():
+            return True
+        if time.monotonic() >= end or cancelled.wait(_POLL_S):
+            return False
+
+
+class TreeStopper:
+    """:func:`stop_tree` in the background: :meth:`start` returns at once (the caller goes on
+    waiting for its child), :meth:`cancel` stops it once the tree has ended by itself."""
+
+    def __init__(self, tree: ProcessTree, grace_s: float) -> None:
+        self.tree = tree
+        self.grace_s = grace_s  # may be changed until start()
+        self.started = False
+        self._cancelled = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, delay_s: float = 0.0) -> None:
+        """Start stopping the tree, after ``delay_s`` (a time limit) unless cancelled first."""
+        if self.started:
+            return
+        self.started = True
+        self._thread = threading.Thread(
+            target=self._run, args=(delay_s,), name="torchdoctor-stop-tree", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, delay_s: float) -> None:
+        if delay_s > 0 and self._cancelled.wait(delay_s):
+            return
+        stop_tree(self.tree, self.grace_s, cancelled=self._cancelled)
+
+    def cancel(self) -> None:
+        self._cancelled.set()

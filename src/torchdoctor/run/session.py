@@ -1,8 +1,21 @@
-"""Recording a command from its start to its end: what `torchdoctor run` and every queued job do.
+"""One recording session, from its file to its end report: what every recording path shares.
 
-The command is started, sampled until it exits, and its recording closed; the caller gets the
-command's own exit status. From the moment the command runs, nothing of ours may stop us from
-waiting for it: each of our steps fails alone, says so once, and the rest goes on.
+`torchdoctor run`, `attach`, `launch`, queued jobs, bench scaling's and tune's trials and
+``torchdoctor.watch()`` all record through :class:`RecordingSession`:
+
+    path = claim_file(out, name)                      # the file, created now, never shared
+    session = RecordingSession(path, mode="run", command=argv, interval=0.5, env=env)
+    env = session.wire_agent(env)                     # the job's agents send to our collector
+    ...start the job...
+    session.start_recorder(pid)                       # sample the host, the job and the GPUs
+    session.announce(pid)                             # `top` and the exporter find the job
+    ...wait for it...
+    session.end(status)                               # stop, withdraw, write the end
+    session.end_report(console, thresholds)           # summary and findings on stderr
+
+:func:`record_command` is the whole sequence for a command we start and wait for. From the
+moment the command runs, nothing of ours may stop us from waiting for it: each of our steps
+fails alone, says so once, and the rest goes on.
 """
 
 from __future__ import annotations
@@ -16,12 +29,219 @@ from typing import Any
 
 from torchdoctor.recording import registry
 from torchdoctor.recording.metadata import run_metadata
+from torchdoctor.recording.paths import claim_recording_file, create_recording_file
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.run.cgroup import MemoryCgroup
 from torchdoctor.run.process import ChildProcess, hold_signals, release_signals
 from torchdoctor.sampling.memcg import MemoryWatch, ended_by
 from torchdoctor.sampling.sampler import Sampler
+
+NO_INSTRUMENT_ENV = "TORCHDOCTOR_NO_INSTRUMENT"
+
+
+def claim_file(
+    out: str | os.PathLike[str] | None,
+    name: str,
+    *,
+    folder: str | os.PathLike[str] | None = None,
+    stamp: bool = True,
+    option: str = "--out",
+) -> Path:
+    """The session's recording file, created now: ``out`` exactly (it must be new), else a
+    fresh unique ``<UTC time>-<name>.sqlite`` in ``folder`` (default: the recordings folder in
+    use, :func:`torchdoctor.recording.paths.runs_dir`; ``<name>.sqlite`` unstamped)."""
+    if out:
+        return claim_recording_file(out, option=option)
+    return create_recording_file(name, folder=folder, stamp=stamp, option=option)
+
+
+def agent_module():
+    """The agent of this process: the bootstrap's copy when ``torchdoctor run`` loaded one."""
+    module = sys.modules.get("_torchdoctor_agent")
+    if module is None:
+        from torchdoctor.instrument import agent as module
+
+        sys.modules.setdefault("_torchdoctor_agent", module)
+    return module
+
+
+class RecordingSession:
+    """The recording of one job: its writer, recorder, agent wiring and registry entry.
+
+    ``gpus`` is a GPU reader shared by several sessions (tune's trials; not closed here);
+    without one the session opens its own, unless ``sample_gpus`` is false. ``writer`` makes
+    the writer from the path and the metadata (tune's trials watch their steps through a
+    subclass). ``host_pid`` is whose affinity and cgroup the host info describes (default: us).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        mode: str,
+        command: list[str],
+        interval: float,
+        env: dict[str, str],
+        instrumented: bool = True,
+        root_pid: int | None = None,
+        host_pid: int | None = None,
+        gpus: Any = None,
+        sample_gpus: bool = True,
+        meta: dict[str, Any] | None = None,
+        writer: Callable[[Path, dict], RecordingWriter] = RecordingWriter,
+    ) -> None:
+        from torchdoctor.sampling.hostinfo import read_host_info
+
+        self.path = path
+        self.interval = interval
+        self.instrumented = instrumented
+        self._own_gpus = gpus is None and sample_gpus
+        if self._own_gpus:
+            from torchdoctor.sampling.gpus import GpuReader
+
+            gpus = GpuReader()
+        self.gpus = gpus
+        full = run_metadata(
+            mode=mode,
+            command=command,
+            root_pid=root_pid,
+            interval_s=interval,
+            env=env,
+            host_info=read_host_info(pid=host_pid),
+            gpu_status=gpus.status if gpus is not None else None,
+            instrumented=instrumented,
+        )
+        full.update(meta or {})
+        self.writer = writer(path, full)
+        self.recorder: Recorder | None = None
+        self.memory: MemoryWatch | None = None
+        self.collector = None
+        self.outputs = None
+        self.announced: int | None = None
+        self._agent = None
+        self._sink = None
+        self._armed_here = False
+        self._ended = False
+
+    # -- the job's agents -------------------------------------------------------------------
+
+    def wire_agent(self, env: dict[str, str], *, warn=None) -> dict[str, str]:
+        """The environment the job starts with: its agents send to our collector when the
+        session is instrumented, the agent stays off otherwise (an outer `torchdoctor run`
+        may have left its bootstrap on PYTHONPATH). ``warn`` is the collector's."""
+        if not self.instrumented:
+            return {**env, NO_INSTRUMENT_ENV: "1"}
+        try:
+            from torchdoctor.instrument.collector import Collector
+        except ImportError:
+            return env
+        self.collector = Collector(self.writer, warn=warn)
+        return self.collector.child_env(env)
+
+    @property
+    def agent_error(self) -> str | None:
+        """Why the job's agents cannot reach us (None when they can or none was wired)."""
+        if self.collector is None or self.collector.listening:
+            return None
+        return self.collector.error or "not listening"
+
+    def wire_agent_here(self) -> None:
+        """Instrument this very process (``watch()``): the agent writes into our writer."""
+        from torchdoctor.instrument.wire import WriterSink
+
+        self._agent = agent_module().AGENT
+        self._sink = WriterSink(self.writer)
+        self._armed_here = self._agent.start_session(self._sink)
+
+    def start_outputs(self, start: Callable[[], Any]) -> None:
+        """Start what serves the recording while it grows (a metrics endpoint, a TensorBoard
+        writer); what ``start()`` returns is closed, after a last flush, at the end."""
+        self.outputs = _safely(start)
+
+    # -- sampling and the registry ----------------------------------------------------------
+
+    def start_recorder(self, pid: int, *, memory_cgroup: MemoryCgroup | None = None) -> None:
+        """Sample the host, the job rooted at ``pid`` and the GPUs until :meth:`end`, and
+        follow the job's memory cgroup (its limit, the OOM killer's kills). ``memory_cgroup``:
+        the job is placed in it first (the queue's ``--mem``)."""
+        from torchdoctor.sampling.host import HostReader
+        from torchdoctor.sampling.job import JobReader
+
+        if memory_cgroup is not None:
+            # posix_spawn has returned after the exec: the job has allocated next to nothing
+            # outside its cgroup yet.
+            _safely(lambda: memory_cgroup.add(pid))
+        self.memory = _safely(lambda: MemoryWatch(pid))
+        self.writer.set_meta({"root_pid": pid})
+        job = JobReader(pid)
+        memory, interval = self.memory, self.interval
+
+        def follow_memory() -> None:
+            memory.refresh()
+            if memory.near_limit and job.slow_budget is not None:
+                # Close to its memory limit, who holds what is the question the end will ask:
+                # each process's private memory is read every half second from now on.
+                job.slow_budget = None
+                job.slow_refresh_s = min(job.slow_refresh_s, max(interval, 0.5))
+
+        sampler = Sampler(HostReader(pid=pid), job, self.gpus)
+        self.recorder = Recorder(sampler, self.writer, interval, follow_memory if memory else None)
+        self.recorder.start()
+
+    def job_alive(self) -> bool:
+        """Whether the recorded job's root process still runs (it is not ours to wait for)."""
+        return self.recorder is not None and self.recorder.sampler.job.root_alive()
+
+    def announce(self, pid: int) -> bool:
+        """Tell `top` and the host exporter that ``pid`` is recorded here, until :meth:`end`."""
+        if registry.announce(pid, self.path):
+            self.announced = pid
+        return self.announced is not None
+
+    def withdraw(self) -> None:
+        if self.announced is not None:
+            registry.withdraw(self.announced)
+            self.announced = None
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def end(self, exit_status: int | None, *, final_sample: bool = False, **fields: Any) -> Path:
+        """Stop sampling, unwire the agents, withdraw, write the end (``exit_status`` and any
+        ``fields``); once. Each step fails alone and says so: the recording ends regardless."""
+        if self._ended:
+            return self.path
+        self._ended = True
+        if self._agent is not None:
+            agent, self._agent = self._agent, None
+            _safely(lambda: agent.end_session(self._sink, self._armed_here))
+        if self.recorder is not None:
+            _safely(lambda: self.recorder.stop(final_sample=final_sample))
+        if self.collector is not None:
+            _safely(lambda: self.collector.close(timeout=2.0))
+        if self.outputs is not None:
+            _safely(self.writer.flush)
+            _safely(self.outputs.close)
+        _safely(self.withdraw)
+        end = {"ended_at": time.time(), "exit_status": exit_status, **fields}
+        if exit_status is not None:
+            end["exit_signal"] = ended_by(exit_status)
+        if self.memory is not None:
+            # How the job ended, with its memory: the OOM killer's kills in its cgroups while
+            # it ran, the last cgroup reading, the kernel's lines naming the victim.
+            finished = _safely(self.memory.finish)
+            if finished is not None:
+                end["memory_end"] = finished.as_dict()
+        _safely(lambda: self.writer.close(end))
+        if self._own_gpus and self.gpus is not None:
+            _safely(self.gpus.close)
+        return self.path
+
+    def end_report(self, console, thresholds_path: str | None) -> None:
+        """The summary, then the findings, on ``console``; never changes the exit status."""
+        from torchdoctor.run.end_report import print_end_report
+
+        print_end_report(self.path, console, thresholds_path)
 
 
 def record_command(
@@ -37,7 +257,6 @@ def record_command(
     new_group: bool = False,
     on_started: Callable[[int], None] | None = None,
     on_signal: Callable[[int, bool], None] | None = None,
-    on_ended: Callable[[int], None] | None = None,
     start_outputs: Callable[[], Any] | None = None,
     meta: dict[str, Any] | None = None,
     memory_cgroup: MemoryCgroup | None = None,
@@ -46,106 +265,43 @@ def record_command(
 
     ``env`` is the command's environment (default: ours). ``log`` and ``new_group`` are
     :func:`torchdoctor.run.process.spawn`'s. ``on_started(pid)`` is told the command's PID once
-    it runs and ``on_ended(pid)`` once it has ended; ``on_signal`` is :meth:`ChildProcess.wait`'s.
-    ``start_outputs()`` starts what serves the recording while it grows (a metrics endpoint,
-    a TensorBoard writer); what it returns is closed, after a last flush, when the command
-    ends. A failing hook is reported and does not stop the recording. ``meta`` is added to
-    the recording's metadata (``launch`` keeps its plan there). ``memory_cgroup``: the
-    command is placed in it as soon as it runs (the queue's ``--mem``).
-
-    How the command ended is recorded with its memory: the kills the OOM killer made in its
-    cgroups while it ran, the last cgroup reading and the kernel's log lines naming the victim
-    (``memory_end`` in the metadata, with ``exit_signal``).
+    it runs; ``on_signal`` is :meth:`ChildProcess.wait`'s. ``start_outputs`` is
+    :meth:`RecordingSession.start_outputs`'. A failing hook is reported and does not stop the
+    recording. ``meta`` is added to the recording's metadata (``launch`` keeps its plan there).
+    ``memory_cgroup``: the command is placed in it as soon as it runs (the queue's ``--mem``).
     """
-    from torchdoctor.sampling.gpus import GpuReader
-    from torchdoctor.sampling.hostinfo import read_host_info
-
     held = hold_signals()  # before any thread starts, so no thread swallows a Ctrl-C
     try:
-        gpus = GpuReader()
         env = dict(os.environ if env is None else env)
-        writer = _create_writer(
-            path, argv, interval, env, read_host_info(), gpus.status, instrument, mode
+        session = RecordingSession(
+            path,
+            mode=mode,
+            command=argv,
+            interval=interval,
+            env=env,
+            instrumented=instrument,
+            meta=meta,
         )
-        if meta:
-            writer.set_meta(meta)
-        collector = _start_collector(writer) if instrument else None
-        if collector is not None:
-            env = collector.child_env(env)
-        elif not instrument:
-            # An outer `torchdoctor run` may have left its bootstrap on PYTHONPATH.
-            env["TORCHDOCTOR_NO_INSTRUMENT"] = "1"
-        served = _safely(start_outputs) if start_outputs is not None else None
+        env = session.wire_agent(env)
+        if start_outputs is not None:
+            session.start_outputs(start_outputs)
         try:
             child = ChildProcess(executable, argv, env, log=log, new_group=new_group)
         except BaseException:
-            if served is not None:
-                _safely(served.close)
-            writer.close({"ended_at": time.time(), "exit_status": None, "start_error": True})
+            session.end(None, start_error=True)
             path.unlink(missing_ok=True)
             raise
         # From here on the job runs: nothing of ours may stop us from waiting for it and
         # returning its status. Each step fails alone, says so once, and the rest goes on.
-        if memory_cgroup is not None:
-            # posix_spawn has returned after the exec: the job has allocated next to nothing
-            # outside its cgroup yet.
-            _safely(lambda: memory_cgroup.add(child.pid))
-        memory = _safely(lambda: MemoryWatch(child.pid))
-        recorder = _safely(lambda: _start_recorder(child.pid, gpus, writer, interval, memory))
-        # `top` and the host exporter find every recorded job, whichever command started it.
-        announced = _safely(lambda: registry.announce(child.pid, path))
+        _safely(lambda: session.start_recorder(child.pid, memory_cgroup=memory_cgroup))
+        _safely(lambda: session.announce(child.pid))
         if on_started is not None:
             _safely(lambda: on_started(child.pid))
         status = child.wait(on_signal)
-        if recorder is not None:
-            _safely(recorder.stop)
-        if collector is not None:
-            _safely(lambda: collector.close(timeout=2.0))
-        if served is not None:
-            _safely(writer.flush)
-            _safely(served.close)
-        if announced:
-            _safely(lambda: registry.withdraw(child.pid))
-        if on_ended is not None:
-            _safely(lambda: on_ended(child.pid))
-        end: dict[str, Any] = {"ended_at": time.time(), "exit_status": status}
-        end["exit_signal"] = ended_by(status)
-        if memory is not None:
-            finished = _safely(memory.finish)
-            if finished is not None:
-                end["memory_end"] = finished.as_dict()
-        _safely(lambda: writer.close(end))
-        _safely(gpus.close)
+        session.end(status)
         return status
     finally:
         release_signals(held)
-
-
-def _start_recorder(
-    pid: int,
-    gpus: Any,
-    writer: RecordingWriter,
-    interval: float,
-    memory: MemoryWatch | None,
-) -> Recorder:
-    from torchdoctor.sampling.host import HostReader
-    from torchdoctor.sampling.job import JobReader
-
-    writer.set_meta({"root_pid": pid})
-    job = JobReader(pid)
-
-    def follow_memory() -> None:
-        memory.refresh()
-        if memory.near_limit and job.slow_budget is not None:
-            # Close to its memory limit, who holds what is the question the end will ask:
-            # each process's private memory is read every half second from now on.
-            job.slow_budget = None
-            job.slow_refresh_s = min(job.slow_refresh_s, max(interval, 0.5))
-
-    sampler = Sampler(HostReader(pid=pid), job, gpus)
-    recorder = Recorder(sampler, writer, interval, follow_memory if memory else None)
-    recorder.start()
-    return recorder
 
 
 def _safely(action: Callable[[], Any]) -> Any:
@@ -158,27 +314,3 @@ def _safely(action: Callable[[], Any]) -> Any:
             file=sys.stderr,
         )
         return None
-
-
-def _create_writer(
-    path, argv, interval, env, host_info, gpu_status, instrument, mode
-) -> RecordingWriter:
-    meta = run_metadata(
-        mode=mode,
-        command=argv,
-        root_pid=None,
-        interval_s=interval,
-        env=env,
-        host_info=host_info,
-        gpu_status=gpu_status,
-        instrumented=instrument,
-    )
-    return RecordingWriter(path, meta)
-
-
-def _start_collector(writer: RecordingWriter):
-    try:
-        from torchdoctor.instrument.collector import Collector
-    except ImportError:
-        return None
-    return Collector(writer)

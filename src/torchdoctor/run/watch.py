@@ -20,20 +20,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from torchdoctor.instrument.wire import WriterSink
 from torchdoctor.recording.paths import SUFFIX, runs_dir, safe_name
+from torchdoctor.run.session import RecordingSession, claim_file
 
 DEFAULT_INTERVAL_S = 0.5
-
-
-def agent_module():
-    """The agent of this process: the bootstrap's copy when ``torchdoctor run`` loaded one."""
-    module = sys.modules.get("_torchdoctor_agent")
-    if module is None:
-        from torchdoctor.instrument import agent as module
-
-        sys.modules.setdefault("_torchdoctor_agent", module)
-    return module
 
 
 def default_name() -> str:
@@ -86,61 +76,37 @@ class Watch:
         self.interval = interval
         self.instrument = instrument
         self.gpus = gpus
-        self._writer = None
-        self._recorder = None
-        self._gpu_reader = None
-        self._sink = None
-        self._armed_here = False
-        self._agent = None
+        self._session: RecordingSession | None = None
 
     @property
     def running(self) -> bool:
-        return self._writer is not None
+        return self._session is not None
 
     def start(self) -> Watch:
-        if self._writer is not None:
+        if self._session is not None:
             return self
-        from torchdoctor.recording import (
-            RecordingWriter,
-            claim_recording_file,
-            create_recording_file,
-        )
-        from torchdoctor.recording.metadata import run_metadata
-        from torchdoctor.recording.recorder import Recorder
-        from torchdoctor.sampling.host import HostReader
-        from torchdoctor.sampling.hostinfo import read_host_info
-        from torchdoctor.sampling.job import JobReader
-        from torchdoctor.sampling.sampler import Sampler
-
         if self._named:
-            claim_recording_file(self.path, option="the out argument")
+            self.path = claim_file(self.path, "", option="the out argument")
         else:
             rank = rank_path(Path("x")).stem[1:]  # ".rankN" in a distributed job, else ""
-            self.path = create_recording_file(self._name + rank, option="the out argument")
-        gpus = None
-        if self.gpus:
-            from torchdoctor.sampling.gpus import GpuReader
-
-            gpus = GpuReader()
-        meta = run_metadata(
+            self.path = claim_file(None, self._name + rank, option="the out argument")
+        session = RecordingSession(
+            self.path,
             mode="watch",
             command=list(sys.argv),
-            root_pid=os.getpid(),
-            interval_s=self.interval,
+            interval=self.interval,
             env=dict(os.environ),
-            host_info=read_host_info(),
-            gpu_status=gpus.status if gpus is not None else None,
             instrumented=self.instrument,
+            root_pid=os.getpid(),
+            sample_gpus=self.gpus,
         )
-        self._writer = RecordingWriter(self.path, meta)
-        self._gpu_reader = gpus
+        self._session = session
         if self.instrument:
-            self._agent = agent_module().AGENT
-            self._sink = WriterSink(self._writer)
-            self._armed_here = self._agent.start_session(self._sink)
-        sampler = Sampler(HostReader(), JobReader(os.getpid()), gpus)
-        self._recorder = Recorder(sampler, self._writer, self.interval)
-        self._recorder.start()
+            session.wire_agent_here()
+        session.start_recorder(os.getpid())
+        # `top` and the host exporter find this job like any recorded one (under `torchdoctor
+        # run` the outer recorder's entry for this process stays).
+        session.announce(os.getpid())
         # A fit that dies without telling its callback (HF Trainer has no on_exception) still
         # leaves a finished recording: exit status unknown.
         atexit.register(self._stop_at_exit)
@@ -151,21 +117,11 @@ class Watch:
 
     def stop(self, exit_status: int | None = 0) -> Path:
         """Finish the recording (idempotent); ``exit_status`` None when training failed."""
-        writer, self._writer = self._writer, None
-        if writer is None:
+        session, self._session = self._session, None
+        if session is None:
             return self.path
         atexit.unregister(self._stop_at_exit)
-        try:
-            if self._agent is not None:
-                self._agent.end_session(self._sink, self._armed_here)
-                self._agent = None
-            if self._recorder is not None:
-                self._recorder.stop(final_sample=True)
-        finally:
-            writer.close({"ended_at": time.time(), "exit_status": exit_status})
-            if self._gpu_reader is not None:
-                self._gpu_reader.close()
-        return self.path
+        return session.end(exit_status, final_sample=True)
 
     def __enter__(self) -> Watch:
         return self.start()

@@ -62,6 +62,15 @@ def read_host_info(pid: int | None = None) -> HostInfo:
     )
 
 
+def whole_cpus_here(pid: int | None = None) -> int:
+    """Whole CPUs this process (or ``pid``) may place threads and workers on: the usable-CPU
+    rule (:func:`~torchdoctor.sampling.types.usable_cpus`) on the live machine, a partial CPU
+    of quota counting as one. The one helper launch, tune and doctor size threads with."""
+    from torchdoctor.sampling.types import cpu_slots
+
+    return cpu_slots(read_host_info(pid).usable_cpus)
+
+
 def available_ram(host: HostInfo | None = None) -> int:
     """Bytes of RAM a new allocation can get now: the kernel's MemAvailable, at most the
     memory limit of this process's cgroup (a container with a 4 GiB limit cannot use the

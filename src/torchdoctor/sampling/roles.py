@@ -20,7 +20,9 @@ OTHER = "other"
 RANK = "rank"
 COMPUTE = (TRAINER, RANK)  # the processes that run the model (not workers, launchers, helpers)
 
-_PYTHON = re.compile(r"^(python|pypy)[0-9.]*[dmu]?$")
+# A Python interpreter's file name: python, python3, python3.12, pypy3.10, with the debug or
+# ABI suffix some builds carry (python3.12d, python3.7m, Debian's python3-dbg).
+_PYTHON = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?(d|m|u|dm|-dbg)?$")
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish", "busybox"})
 # Programs that start the real job as their child(ren).
 _WRAPPERS = frozenset(
@@ -62,8 +64,10 @@ _FORKSERVER_MARKER = "multiprocessing.forkserver"
 _SPAWN_MARKERS = ("multiprocessing.spawn", "--multiprocessing-fork")
 
 
-def is_python(cmdline: list[str]) -> bool:
-    return bool(cmdline) and bool(_PYTHON.match(os.path.basename(cmdline[0])))
+def is_python(executable: str) -> bool:
+    """Whether ``executable`` (a path or a name) is a Python interpreter: the one rule for
+    every part of torchdoctor that asks."""
+    return bool(_PYTHON.match(os.path.basename(executable)))
 
 
 class Traits:
@@ -73,7 +77,7 @@ class Traits:
 
     def __init__(self, cmdline: list[str]) -> None:
         joined = " ".join(cmdline)
-        self.python = is_python(cmdline)
+        self.python = bool(cmdline) and is_python(cmdline[0])
         self.forkserver = _FORKSERVER_MARKER in joined
         self.helper = any(m in joined for m in _HELPER_MARKERS)
         self.spawned = any(m in joined for m in _SPAWN_MARKERS)

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 
 from torchdoctor.errors import UserError
+from torchdoctor.sampling.roles import is_python
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 _LAUNCHERS = ("torchrun", "torchdoctor")
-
-
-def is_python(executable: str) -> bool:
-    return bool(_PYTHON.match(os.path.basename(executable)))
 
 
 def torchrun_invocation(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchdoctor.slurm.command import is_python, torchrun_invocation
+from torchdoctor.sampling.roles import is_python
+from torchdoctor.slurm.command import torchrun_invocation
 from torchdoctor.slurm.notation import format_duration, format_memory
 from torchdoctor.slurm.sizing import JobSize
 from torchdoctor.units import fmt_bytes

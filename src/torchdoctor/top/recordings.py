@@ -2,8 +2,8 @@
 findings.
 
 Each recorded job announces itself in :mod:`torchdoctor.recording.registry`. Step figures come
-from the recent rows of the ``steps`` table (read-only SQLite queries, the recorder keeps
-writing); findings from the diagnosis, re-run within a CPU budget because it reads the whole
+from the recent rows of the ``steps`` table, read through
+:class:`~torchdoctor.recording.tail.RecordingTail` (read-only, the recorder keeps writing); findings from the diagnosis, re-run within a CPU budget because it reads the whole
 recording (:mod:`torchdoctor.diagnosis.rediagnosis`). A recording without steps (no instrumentation) or a diagnosis that fails still
 shows what it can, with the reason for the rest: the live view never stops over them.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
 from torchdoctor.recording.steps import step_stats
+from torchdoctor.recording.tail import RecordingTail
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.model import FindingBrief, RecordingStatus
 
@@ -29,7 +30,7 @@ STALLED_STEPS = 5.0
 # No sample for this many intervals (and at least STALE_MIN_S): the recorder is stuck.
 STALE_INTERVALS = 20
 STALE_MIN_S = 10.0
-_STEP_COLUMNS = (
+_STEP_COLUMNS = [
     "pid",
     "rank",
     "step",
@@ -39,13 +40,13 @@ _STEP_COLUMNS = (
     "data_wait_s",
     "batch_size",
     "samples",
-)
+]
 
 
 @dataclass(slots=True)
 class _Watched:
     path: Path
-    db: sqlite3.Connection | None
+    tail: RecordingTail | None
     error: str | None
 
 
@@ -72,13 +73,13 @@ class RecordingWatcher:
             data_wait_share=None,
             window_s=self.window_s,
         )
-        if w.db is None:
+        if w.tail is None:
             status.unavailable["steps"] = w.error or "recording not readable"
             return status
         with contextlib.suppress(sqlite3.Error):  # the steps below say what cannot be read
-            status.recording_note = _recording_note(w.db, path, now)
+            status.recording_note = _recording_note(w.tail, path, now)
         try:
-            self._steps(w.db, now, status)
+            self._steps(w.tail, now, status)
         except sqlite3.Error as exc:
             status.unavailable["steps"] = f"cannot read the steps of {path}: {exc}"
         latest = self._diagnosis.latest(path, len(self._watched))
@@ -97,8 +98,8 @@ class RecordingWatcher:
         for path in list(self._watched):
             if path not in keep:
                 w = self._watched.pop(path)
-                if w.db is not None:
-                    w.db.close()
+                if w.tail is not None:
+                    w.tail.close()
         self._diagnosis.forget_except(keep)
 
     def close(self) -> None:
@@ -113,29 +114,20 @@ class RecordingWatcher:
         try:
             # Validates that this is a recording this torchdoctor can read.
             open_recording(path).close()
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            tail = RecordingTail(path)
         except (UserError, sqlite3.Error, OSError) as exc:
             return _Watched(path, None, getattr(exc, "message", None) or str(exc))
-        return _Watched(path, db, None)
+        return _Watched(path, tail, None)
 
-    def _steps(self, db: sqlite3.Connection, now: float, status: RecordingStatus) -> None:
-        # Rows are only ever appended: the last rowid is the count, without a table scan.
-        status.steps = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM steps").fetchone()[0]
+    def _steps(self, tail: RecordingTail, now: float, status: RecordingStatus) -> None:
+        status.steps = tail.count("steps")
         if status.steps == 0:
-            status.unavailable["steps"] = _no_steps_reason(db)
+            status.unavailable["steps"] = _no_steps_reason(tail.refresh_meta())
             return
-        columns = ", ".join(_STEP_COLUMNS)
-        cursor = db.execute(
-            f"SELECT {columns} FROM steps WHERE t_end >= ? ORDER BY t_end",
-            (now - self.window_s,),
-        )
-        rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in cursor]
+        rows = tail.recent_rows("steps", _STEP_COLUMNS, by="t_end", since=now - self.window_s)
         if len(rows) < MIN_STEPS:
             # Slow steps (seconds each): the last few steps, however long ago they ended.
-            cursor = db.execute(
-                f"SELECT {columns} FROM steps ORDER BY t_end DESC LIMIT {MIN_STEPS * 2}"
-            )
-            rows = [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in reversed(cursor.fetchall())]
+            rows = tail.recent_rows("steps", _STEP_COLUMNS, by="t_end", last=MIN_STEPS * 2)
         # The same figures as `torchdoctor show` and the diagnosis, over these steps.
         stats = step_stats(rows, [], [])
         since_last = now - max(r["t_end"] for r in rows)
@@ -153,11 +145,9 @@ class RecordingWatcher:
         status.data_wait_share = max(shares) if shares else None
 
 
-def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | None:
+def _recording_note(tail: RecordingTail, path: Path, now: float) -> str | None:
     """A line when the recording is cut short (its recorder died while the job runs on) or has
     had no sample for many intervals; None while it is written as it should be."""
-    import json
-
     from torchdoctor.recording.state import (
         IN_PROGRESS,
         describe_state,
@@ -166,8 +156,8 @@ def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | Non
     )
     from torchdoctor.units import fmt_duration
 
-    meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
-    last = db.execute("SELECT MAX(t) FROM host_samples").fetchone()[0]
+    meta = tail.refresh_meta()
+    last = tail.newest("host_samples", "t")
     state = recording_state(meta, last, journal_is_wal(path), wal_beside=True)
     interval = float(meta.get("interval_s") or 0.5)
     if state.kind == IN_PROGRESS:
@@ -180,12 +170,9 @@ def _recording_note(db: sqlite3.Connection, path: Path, now: float) -> str | Non
     return describe_state(state, path, now)
 
 
-def _no_steps_reason(db: sqlite3.Connection) -> str:
+def _no_steps_reason(meta: dict) -> str:
     """Why a recording has no step yet: an attach that may not look inside says why."""
-    import json
-
-    row = db.execute("SELECT value FROM meta WHERE key = 'steps_source_reason'").fetchone()
-    if row is not None:
-        with contextlib.suppress(ValueError, TypeError):
-            return f"steps not seen: {json.loads(row[0])}"
+    reason = meta.get("steps_source_reason")
+    if reason:
+        return f"steps not seen: {reason}"
     return "no step recorded yet (is the training loop instrumented?)"

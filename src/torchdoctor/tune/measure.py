@@ -10,17 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import decode_json, step_samples, step_wait_s
+from torchdoctor.recording.steps import decode_json, step_samples, step_wait_s, warmup_steps
 from torchdoctor.tune.space import Config
 
 BLOCKS = 4  # the measured window is cut into this many blocks to see the spread within a run
 
 
-def warmup_steps(config: Config | None) -> int:
-    """Steps left out at the start of a trial: worker start-up and the burst of batches the
-    workers made while the trainer waited for its first one (one per worker)."""
-    workers = config.num_workers if config is not None else 0
-    return max(5, workers + 2)
+def trial_warmup(config: Config | None) -> int:
+    """Steps left out at the start of a trial run with ``config`` (the one warm-up rule,
+    :func:`torchdoctor.recording.steps.warmup_steps`, for its DataLoader workers)."""
+    return warmup_steps(workers=config.num_workers if config is not None else 0)
 
 
 @dataclass(slots=True)

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from torchdoctor.errors import UserError, require_torch
-from torchdoctor.tune.measure import warmup_steps
+from torchdoctor.sampling.hostinfo import whole_cpus_here
+from torchdoctor.tune.measure import trial_warmup
 from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
 from torchdoctor.tune.space import Config, Space
-from torchdoctor.tune.tuner import KEEP_FREE, allowed_cpus
+from torchdoctor.tune.tuner import KEEP_FREE
 from torchdoctor.units import parse_duration
 
 MIN_WINDOW_S = 1.0
@@ -99,7 +100,7 @@ def tune_dataloader(
     if first.status == FAILED and measurer.original_error is not None:
         raise measurer.original_error
     space = Space.for_machine(
-        allowed_cpus(),
+        whole_cpus_here(),
         tune_pin_memory=bool(torch.cuda.is_available()),
         tune_persistent=measurer.epochs_per_trial > 1,
         include=original,
@@ -185,7 +186,7 @@ class _InProcess:
 
     def _run(self, m: Measurement, config: Config, deadline: float | None) -> None:
         torch = self.torch
-        warmup = warmup_steps(config)
+        warmup = trial_warmup(config)
         target = self.measured_steps or MAX_STEPS
         threads = torch.get_num_threads()
         guard = _MemoryGuard(self.keep_free)

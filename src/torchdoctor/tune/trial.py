@@ -19,19 +19,16 @@ from pathlib import Path
 
 from torchdoctor.errors import UserError
 from torchdoctor.instrument.agent import ENV_OVERRIDES, ENV_STOP_AFTER_STEPS, STOPPED_EXIT_STATUS
-from torchdoctor.instrument.collector import Collector
-from torchdoctor.recording import RecordingWriter, create_recording_file, open_recording
-from torchdoctor.recording.metadata import run_metadata
-from torchdoctor.recording.recorder import Recorder
-from torchdoctor.run.process import ChildProcess, wait_for_signal
-from torchdoctor.sampling.sampler import Sampler
+from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.run.process import ChildProcess, ProcessTree, stop_tree, wait_for_signal
+from torchdoctor.run.session import RecordingSession, claim_file
 from torchdoctor.tune.measure import (
     ObservedJob,
     memory_peak,
     observed_job,
     snapshot_memory,
     step_window,
-    warmup_steps,
+    trial_warmup,
 )
 from torchdoctor.tune.result import FAILED, INTERRUPTED, OK, REJECTED, Measurement
 from torchdoctor.tune.space import Config
@@ -162,53 +159,45 @@ class TrialRunner:
             env[ENV_OVERRIDES] = json.dumps(config.overrides())
             env["OMP_NUM_THREADS"] = str(config.num_threads)
         steps = self.measured_steps or CALIBRATION_MAX_STEPS
-        env[ENV_STOP_AFTER_STEPS] = str(warmup_steps(config) + steps)
+        env[ENV_STOP_AFTER_STEPS] = str(trial_warmup(config) + steps)
         return env
 
     def _run(self, index: int, config: Config, purpose: str, deadline: float | None):
-        from torchdoctor.sampling.gpus import GpuReader
-        from torchdoctor.sampling.host import HostReader
-        from torchdoctor.sampling.hostinfo import read_host_info
-        from torchdoctor.sampling.job import JobReader
-
         if self._gpus is None:
+            from torchdoctor.sampling.gpus import GpuReader
+
             self._gpus = GpuReader()
         # Two tunes given the same --out folder must not share a trial's file.
-        path = create_recording_file(f"trial-{index:02d}", folder=self.folder, stamp=False)
+        path = claim_file(None, f"trial-{index:02d}", folder=self.folder, stamp=False)
         log = path.with_suffix(".log")
         env = self._env(config, purpose)
-        meta = run_metadata(
+        session = RecordingSession(
+            path,
             mode="tune-trial",
             command=self.argv,
-            root_pid=None,
-            interval_s=self.interval_s,
+            interval=self.interval_s,
             env=env,
-            host_info=read_host_info(),
-            gpu_status=self._gpus.status,
-            instrumented=True,
+            gpus=self._gpus,
+            meta={"tune": {"index": index, "purpose": purpose, "config": config.as_dict()}},
+            writer=lambda p, meta: TrialWriter(p, meta, self.memory_budget),
         )
-        meta["tune"] = {"index": index, "purpose": purpose, "config": config.as_dict()}
-        writer = TrialWriter(path, meta, self.memory_budget)
-        writer.warmup = warmup_steps(config)
-        collector = Collector(writer, warn=lambda message: None)
-        if not collector.listening:
-            writer.close({"ended_at": time.time(), "exit_status": None})
+        writer = session.writer
+        writer.warmup = trial_warmup(config)
+        env = session.wire_agent(env, warn=lambda message: None)
+        if session.agent_error is not None:
+            session.end(None)
             raise UserError(
-                f"cannot listen for the job's instrumentation ({collector.error}); "
+                f"cannot listen for the job's instrumentation ({session.agent_error}); "
                 "tune needs it to count steps: check that TMPDIR or /tmp is writable"
             )
         started = time.monotonic()
         try:
-            child = TrialProcess(self.executable, self.argv, collector.child_env(env), log)
+            child = TrialProcess(self.executable, self.argv, env, log)
         except BaseException:
-            collector.close(timeout=0.1)
-            writer.close({"ended_at": time.time(), "exit_status": None, "start_error": True})
+            session.end(None, start_error=True)
             raise
-        recorder = Recorder(
-            Sampler(HostReader(), JobReader(child.pid), self._gpus), writer, self.interval_s
-        )
-        writer.set_meta({"root_pid": child.pid})
-        recorder.start()
+        session.start_recorder(child.pid)
+        session.announce(child.pid)  # `top` and the exporter show the trial while it runs
         outcome = None
         try:
             outcome = self._watch(child, writer, started, deadline)
@@ -216,9 +205,7 @@ class TrialRunner:
             if outcome is None:  # an exception (KeyboardInterrupt in a notebook) got us here
                 self.interrupted = True
             child.stop()
-            recorder.stop()
-            collector.close(timeout=2.0)
-            writer.close({"ended_at": time.time(), "exit_status": child.returncode})
+            session.end(child.returncode)
         duration = time.monotonic() - started
         return self._measure(
             index, config, purpose, outcome, child, writer, started, path, log, duration
@@ -297,7 +284,7 @@ class TrialRunner:
             self.threads_set_in_script |= observed.threads_set_in_script
         if writer.first_step_at is not None:
             m.first_step_s = writer.first_step_at - started
-        warmup = warmup_steps(config)
+        warmup = trial_warmup(config)
         window = step_window(steps, warmup)
         if window is not None:
             m.throughput = window.steps_per_s
@@ -375,63 +362,11 @@ class TrialProcess(ChildProcess):
 
     def __init__(self, executable: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         super().__init__(executable, argv, env, log=log, new_group=True)
-        self.pgid = self.pid
 
     def stop(self) -> None:
         """End the command and every process it started (those that left its process group
         included), then reap it. Also run after a clean exit: DataLoader workers of a
         crashed trainer would otherwise live on until their watchdog notices."""
-        tree = _descendants(self.pid)
-        self._signal_all(signal.SIGTERM, tree)
-        end = time.monotonic() + KILL_GRACE_S
-        while time.monotonic() < end:
-            self.poll()
-            if self.returncode is not None and not _alive(self.pgid, tree):
-                return
-            time.sleep(0.05)
-        self._signal_all(signal.SIGKILL, tree | _descendants(self.pid))
-        while self.poll() is None:
+        stop_tree(ProcessTree(self.pid), KILL_GRACE_S)
+        while self.poll() is None:  # KILLed: the kernel takes it down now
             time.sleep(0.02)
-        end = time.monotonic() + KILL_GRACE_S
-        while _alive(self.pgid, tree) and time.monotonic() < end:
-            time.sleep(0.02)
-
-    def _signal_all(self, signum: int, tree: set[int]) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signum)
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-
-
-def _descendants(pid: int) -> set[int]:
-    import psutil
-
-    try:
-        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    except psutil.Error:
-        return set()
-
-
-def _alive(pgid: int, pids: set[int]) -> bool:
-    """Whether anything of the trial still runs (zombies awaiting their reaper do not count)."""
-    import psutil
-
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.Error:
-            continue
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # The group still has members: are they all zombies?
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return False

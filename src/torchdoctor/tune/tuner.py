@@ -18,6 +18,7 @@ from pathlib import Path
 from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import runs_dir
 from torchdoctor.run.process import resolve_command
+from torchdoctor.sampling.hostinfo import whole_cpus_here
 from torchdoctor.tune.measure import ObservedJob
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
@@ -28,14 +29,6 @@ DEFAULT_BUDGET_S = 300.0
 MIN_BUDGET_S = 20.0
 KEEP_FREE = 0.5  # share of the RAM available at the start that the job must leave free
 _PLACEHOLDER = Config(num_workers=0, num_threads=1)
-
-
-def allowed_cpus() -> int:
-    """Whole CPUs this process may place threads and workers on (the usable-CPU rule)."""
-    from torchdoctor.sampling.hostinfo import read_host_info
-    from torchdoctor.sampling.types import cpu_slots
-
-    return cpu_slots(read_host_info().usable_cpus)
 
 
 def available_memory() -> int:
@@ -127,7 +120,7 @@ def tune_command(
     if on_folder is not None:
         on_folder(folder)  # the trials record there: said before the first one starts
     memory_budget = int(available_memory() * (1 - keep_free))
-    cpus = allowed_cpus()
+    cpus = whole_cpus_here()
     timeout = trial_timeout_s
     runner = TrialRunner(
         executable=executable,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.diagnosis.context import DiagnosisContext, Span, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence
+from torchdoctor.diagnosis.series import Span, mean
 
 
 def training_loader(ctx: DiagnosisContext) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import math
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import span_evidence, torch_threads
+from torchdoctor.diagnosis.series import mean_in
 
 ID = "cpu-saturated"
 CONTENTION_ID = "cpu-contention"  # the CPUs are saturated by other processes, not the job
@@ -32,7 +33,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     )
     if job_span is None:
         assert host_span is not None
-        job_share = _mean_in(ctx.job_cpu_series, host_span.t_start, host_span.t_end)
+        job_share = mean_in(ctx.job_cpu_series, host_span.t_start, host_span.t_end)
         if job_share is not None and job_share >= ctx.thresholds.cpu_load_best_pct:
             return []  # the job is the main user; below its own limit only by sampling noise
         others = host_span.mean - (job_share or 0.0) * usable / max(ctx.allowed_cpus, 1)
@@ -118,8 +119,3 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             ),
         )
     ]
-
-
-def _mean_in(series: list[tuple[float, float]], t0: float, t1: float) -> float | None:
-    values = [v for t, v in series if t0 <= t <= t1]
-    return sum(values) / len(values) if values else None

@@ -8,8 +8,9 @@ counts shared pages once per worker: the proportional set size (PSS) tells the r
 
 from __future__ import annotations
 
-from torchdoctor.diagnosis.context import DiagnosisContext, linear_fit
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.series import linear_fit
 from torchdoctor.units import fmt_bytes
 
 ID = "dataloader-copy-on-access"

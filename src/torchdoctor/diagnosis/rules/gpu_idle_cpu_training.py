@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.series import mean
 from torchdoctor.units import fmt_bytes
 
 ID = "gpu-idle-cpu-training"

@@ -3,8 +3,9 @@ clock-event reasons), sustained."""
 
 from __future__ import annotations
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.series import mean
 
 ID = "gpu-throttled"
 # NVML clock-event reasons that slow a busy GPU down; gpu_idle, applications clocks, sync

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import bisect
 
-from torchdoctor.diagnosis.context import DiagnosisContext, linear_fit
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.series import linear_fit
 from torchdoctor.units import fmt_bytes, fmt_duration
 
 ID = "host-memory-leak"

@@ -6,8 +6,9 @@ reads says whether the waiting is the job's own I/O or somebody else's.
 
 from __future__ import annotations
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
+from torchdoctor.diagnosis.series import mean
 from torchdoctor.units import fmt_bytes, fmt_rate
 
 ID = "io-wait"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import training_loader
+from torchdoctor.diagnosis.series import mean
 from torchdoctor.units import fmt_bytes, fmt_rate
 
 ID = "swap-thrash"

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 
-from torchdoctor.diagnosis.context import DiagnosisContext, mean
+from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import per_process_mean_cores, span_evidence, torch_threads
+from torchdoctor.diagnosis.series import mean
 
 ID = "thread-oversubscription"
 RUN_QUEUE_FACTOR = 1.25  # runnable tasks above this many per usable CPU: contention

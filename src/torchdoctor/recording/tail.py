@@ -1,8 +1,9 @@
-"""Following a recording while it is written: the rows added since the previous read.
+"""Reading a recording while it is written: the one reader `top` and the exporters share.
 
 Rows are only ever appended to a recording, so each table's largest rowid seen is the whole
 position; a read costs one indexed query per table, however long the recording is. The
 connection is read-only: the recorder keeps writing (WAL mode lets readers in beside it).
+Errors are ``sqlite3.Error``: the caller says what it could not read and goes on.
 """
 
 from __future__ import annotations
@@ -42,10 +43,7 @@ class RecordingTail:
         """
         spec = TABLES[table]
         cols = columns or spec.column_names
-        stored = self._stored.get(table)
-        if not stored:  # empty until the recorder has created its tables
-            stored = self._stored[table] = stored_columns(self._db, table)
-        select = select_list(cols, stored)
+        select = select_list(cols, self._columns(table))
         last = self._last.get(table, 0)
         cursor = self._db.execute(
             f"SELECT rowid, {select} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)
@@ -57,6 +55,38 @@ class RecordingTail:
         if any(c.kind == "json" for c in spec.columns if c.name in cols):
             return [from_row(spec, dict(zip(cols, r[1:], strict=True))) for r in rows]
         return [dict(zip(cols, r[1:], strict=True)) for r in rows]
+
+    def count(self, table: str) -> int:
+        """Rows in ``table`` so far (only ever appended: the last rowid, without a scan)."""
+        return self._db.execute(f"SELECT COALESCE(MAX(rowid), 0) FROM {table}").fetchone()[0]
+
+    def newest(self, table: str, column: str) -> Any:
+        """The largest ``column`` of ``table`` (a time: the latest), None when it is empty."""
+        return self._db.execute(f"SELECT MAX({column}) FROM {table}").fetchone()[0]
+
+    def recent_rows(
+        self,
+        table: str,
+        columns: list[str],
+        *,
+        by: str,
+        since: float | None = None,
+        last: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows of ``table`` in order of ``by``: those with ``by >= since``, else the ``last``."""
+        select = select_list(columns, self._columns(table))
+        if since is not None:
+            query, args = f"SELECT {select} FROM {table} WHERE {by} >= ? ORDER BY {by}", (since,)
+        else:
+            query, args = f"SELECT {select} FROM {table} ORDER BY {by} DESC LIMIT ?", (last,)
+        rows = [dict(zip(columns, r, strict=True)) for r in self._db.execute(query, args)]
+        return rows if since is not None else rows[::-1]
+
+    def _columns(self, table: str) -> set[str]:
+        stored = self._stored.get(table)
+        if not stored:  # empty until the recorder has created its tables
+            stored = self._stored[table] = stored_columns(self._db, table)
+        return stored
 
     def close(self) -> None:
         self._db.close()

@@ -1,10 +1,15 @@
-"""Terminal rendering of a RunSummary (end of `run`, and `show`)."""
+"""The end report of a recording: its summary, then its findings (end of `run`, `attach`,
+`launch`; `show` prints the summary part)."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from torchdoctor.errors import UserError
 from torchdoctor.recording.summary import RunSummary
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 
@@ -90,3 +95,43 @@ def _pct(fraction: float | None) -> float | None:
 
 def _fmt_count(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def print_end_report(
+    path: Path, console: Console | None, thresholds_path: str | None
+) -> tuple[object, list] | None:
+    """The summary, then the findings, on stderr (``console``; None: print nothing); problems
+    here never change the exit status. Returns (summary, findings), None when unreadable
+    (`run --json` and `torchdoctor ls` use them: nothing is computed twice)."""
+    from torchdoctor.recording import open_recording
+    from torchdoctor.recording.summary import summarize
+
+    try:
+        with open_recording(path) as rec:
+            summary = summarize(rec)
+            if console is not None:
+                render_summary(summary, console)
+            findings = _print_findings(rec, console, thresholds_path)
+        return summary, findings
+    except UserError as exc:
+        problem = exc.message
+    except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
+        problem = f"({type(exc).__name__}: {exc})"
+    (console or Console(file=sys.stderr, highlight=False, soft_wrap=True)).print(
+        f"torchdoctor: could not summarize the recording: {problem}"
+    )
+    return None
+
+
+def _print_findings(rec, console: Console | None, thresholds_path: str | None) -> list:
+    try:
+        from torchdoctor.diagnosis.engine import diagnose
+        from torchdoctor.diagnosis.render import render_findings
+    except ImportError:
+        return []
+    from torchdoctor.thresholds import load_thresholds
+
+    findings = diagnose(rec, load_thresholds(thresholds_path))
+    if console is not None:
+        render_findings(findings, console)
+    return findings
