@@ -95,6 +95,9 @@ def _read_int(path: str) -> int | None:
     return value if value < procfs._NO_LIMIT else None
 
 
+_TASK_MEMCG = re.compile(r"task_memcg=([^,\s]+)")
+
+
 def read_cgroup_memory(paths: procfs.CgroupPaths) -> CgroupMemory | None:
     """The memory state of the cgroup ``paths`` names; None without a memory controller."""
     version = paths.memory_version
@@ -223,6 +226,29 @@ class MemoryWatch:
         last = self.last
         return bool(last and last.limit and last.current and last.current > NEAR_LIMIT * last.limit)
 
+    def _cgroup_named_by(self, lines: list[str]) -> procfs.CgroupPaths | None:
+        """The memory cgroup an ``oom-kill:... task_memcg=/PATH`` line names, on the mount the
+        job's first cgroup lives on; None when no line names one or it is gone."""
+        if self._paths is None or not self._paths.memory_dirs:
+            return None
+        mount = self._paths.memory_dirs[-1]
+        for line in reversed(lines):
+            m = _TASK_MEMCG.search(line)
+            if m is None:
+                continue
+            own = os.path.normpath(mount + "/" + m.group(1).strip("/"))
+            if not own.startswith(mount) or not os.path.isdir(own):
+                return None
+            dirs = [own]
+            while dirs[-1] != mount:
+                dirs.append(os.path.dirname(dirs[-1]))
+            named = procfs.CgroupPaths()
+            named.version = self._paths.version
+            named.memory_version = self._paths.memory_version
+            named.memory_dirs = dirs
+            return named
+        return None
+
     def finish(self) -> MemoryEnd:
         """The kills counted while the job ran, its last cgroup reading and the kernel's words."""
         kills: int | None = None
@@ -231,6 +257,14 @@ class MemoryWatch:
             if before is not None and after is not None:
                 kills = (kills or 0) + max(0, after - before)
         lines = self.kernel.read_oom_lines()
+        if self.last is None or self.last.limit is None:
+            # A job that joined a limited cgroup and was killed there between two samples was
+            # never read in it: the kernel's line names that cgroup, which outlives the job.
+            named = self._cgroup_named_by(lines)
+            if named is not None:
+                self.last = read_cgroup_memory(named) or self.last
+                if not kills:  # its counter was never read before: the kernel's lines count
+                    kills = len(parse_victims(lines)) or kills
         end = MemoryEnd(
             oom_kills=kills,
             cgroup=self.last,
