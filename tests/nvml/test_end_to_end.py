@@ -8,8 +8,10 @@ names, in the shared fake machine, so NVML lists the job's real PID with its mem
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,11 +49,38 @@ def td(env, *args, timeout=180):
     )
 
 
-def holder(machine: str, gpu: int, gib: float) -> subprocess.Popen:
-    """Another user's process holding memory on one GPU until its stdin closes."""
-    proc = subprocess.Popen([PY, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    assert fake_nvml.allocate(machine, UUIDS[gpu], int(gib * GIB), pid=proc.pid)
-    return proc
+class Holder:
+    """Another user's process holding memory on one GPU until its stdin closes. It is not a
+    child of this test process: pytest may have imported torch (other test modules do), and
+    `top` rightly shows a torch process with its children as one job."""
+
+    def __init__(self, machine: str, gpu: int, gib: float) -> None:
+        code = (
+            "import os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    sys.stdout.close(); sys.stdin.read(); os._exit(0)\n"
+            "print(pid, flush=True)\n"
+        )
+        parent = subprocess.Popen(
+            [PY, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.pid = int(parent.stdout.readline())
+        parent.wait()  # the holder is re-parented away from us
+        self.stdin = parent.stdin
+        assert fake_nvml.allocate(machine, UUIDS[gpu], int(gib * GIB), pid=self.pid)
+
+    def wait(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
+            with open(f"/proc/{self.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return  # ended; its new parent reaps it
+            time.sleep(0.05)
+
+
+def holder(machine: str, gpu: int, gib: float) -> Holder:
+    return Holder(machine, gpu, gib)
 
 
 def test_run_records_each_process_s_vram_joined_to_the_job_and_diagnoses_the_gpus(
