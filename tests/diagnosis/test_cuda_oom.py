@@ -90,7 +90,17 @@ class _Agent:
 
 
 def recorded_oom(
-    *, step, allocated, reserved, requested, free_blocks, in_backward=False, in_optimizer=False
+    *,
+    step,
+    allocated,
+    reserved,
+    requested,
+    free_blocks,
+    in_backward=False,
+    in_optimizer=False,
+    total=TOTAL,
+    batch=64,
+    free=None,
 ) -> dict:
     """The detail the agent records when the allocator's observer fires."""
     cuda_module = SimpleNamespace(
@@ -100,13 +110,13 @@ def recorded_oom(
             memory_snapshot=lambda include_traces=True: segments(allocated, free_blocks)
         ),
     )
-    agent = _Agent(step, 64, in_backward)
+    agent = _Agent(step, batch, in_backward)
     cuda = CudaMemory(agent, SimpleNamespace(cuda=cuda_module, _C=SimpleNamespace()))
-    free = TOTAL - reserved
+    free = total - reserved if free is None else free  # None: nothing outside PyTorch
     call = "cuda.on_oom(0, requested, TOTAL, free)"
     # The optimizer's step runs in torch/optim/: the observer sees it on the Python stack.
     where = "/venv/lib/torch/optim/adamw.py" if in_optimizer else "train.py"
-    exec(compile(call, where, "exec"), {"cuda": cuda, "requested": requested, "TOTAL": TOTAL,
+    exec(compile(call, where, "exec"), {"cuda": cuda, "requested": requested, "TOTAL": total,
                                         "free": free})  # fmt: skip
     ((kind, detail),) = agent.events
     assert kind == "cuda-oom"
@@ -143,7 +153,9 @@ def test_activations_get_micro_batches_with_accumulation_that_fit(run_rules):
     # It is the largest that fits: twice the micro-batch would not.
     per_sample = (72 * GiB) / 64
     assert 8 * GiB + per_sample * micro * 2 > BUDGET or micro * 2 >= 64
-    assert "estimator cannot rebuild the model" in f.recommendation  # says how it was sized
+    # says how it was sized, and the command that checks it with the estimator
+    assert "per-step CUDA memory the job recorded" in f.recommendation
+    assert re.search(r"torchdoctor estimate --from \S+job\d+\.sqlite SPEC", f.recommendation)
     assert "bf16 autocast" in f.recommendation
 
 
