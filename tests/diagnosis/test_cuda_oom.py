@@ -10,6 +10,8 @@ import json
 import re
 from types import SimpleNamespace
 
+import pytest
+
 from tests.diagnosis.conftest import by_id
 from tests.diagnosis.test_gpu_rules import gpu_job
 from torchdoctor.instrument.agent.cuda import CudaMemory, parse_oom_message, phase_of
@@ -157,6 +159,23 @@ def test_activations_get_micro_batches_with_accumulation_that_fit(run_rules):
     assert "per-step CUDA memory the job recorded" in f.recommendation
     assert re.search(r"torchdoctor estimate --from \S+job\d+\.sqlite SPEC", f.recommendation)
     assert "bf16 autocast" in f.recommendation
+
+
+def test_memory_outside_pytorch_comes_off_the_budget(run_rules):
+    # 40 GiB held outside PyTorch's reservation (the CUDA context, another process): the
+    # observer's free figure says so, and the micro-batch is sized in what is left of 68 GiB.
+    outside = 40 * GiB
+    detail = recorded_oom(step=3, allocated=36 * GiB, reserved=37 * GiB, requested=4 * GiB,
+                          free_blocks=[GiB // 2], in_backward=True,
+                          free=TOTAL - 37 * GiB - outside)  # fmt: skip
+    f = diagnose_oom(run_rules, detail)
+    assert "activations held the memory" in f.title
+    held = [e.value for e in f.evidence if e.label.startswith("outside PyTorch")]
+    assert held == [outside]
+    budget = size(re.search(r"within the ([0-9.]+ \w+) best range", f.recommendation)[1])
+    assert budget == pytest.approx(BUDGET - outside, rel=0.01)
+    peak = size(re.search(r"about ([0-9.]+ \w+), within", f.recommendation)[1])
+    assert peak <= BUDGET - outside
 
 
 def test_optimizer_state_at_the_first_step_gets_a_lighter_state_that_fits(run_rules):

@@ -61,10 +61,14 @@ def oom_recording(path, *, oom: bool = True, gpus: bool = True):
     return job.write(path)
 
 
-def test_the_recorded_batch_does_not_fit_the_recorded_gpu_and_the_fix_does(estimate_cli, tmp_path):
-    rec = oom_recording(tmp_path / "oom.sqlite")
-    code, out, err = estimate_cli("--from", str(rec), GPT, "--tokens", "64")
+def test_the_recorded_batch_does_not_fit_the_recorded_gpu_and_the_fix_does(
+    estimate_cli, tmp_path, monkeypatch
+):
+    oom_recording(tmp_path / "oom.sqlite")
+    monkeypatch.setenv("TORCHDOCTOR_RUNS_DIR", str(tmp_path))  # @last: the newest there
+    code, out, err = estimate_cli("--from", "@last", GPT, "--tokens", "64")
     assert code == 0, err
+    assert f"the recorded loop of {tmp_path / 'oom.sqlite'} re-estimated" in out
     assert f"{GPU_NAME} (640 MiB, sm80), from the recording" in out
     assert "batch 64 (recording), fp32 (recording), adamw (recording), auto implementation" in out
     assert "activations held the memory" in out  # the cuda-oom finding it checks

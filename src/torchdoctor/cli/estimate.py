@@ -63,6 +63,8 @@ Examples:
   torchdoctor estimate models.py:make --input 3x224x224 --batch 64
   torchdoctor estimate models.py:gpt --tokens 1024 --batch 8 --gpu A100-80GB
   torchdoctor estimate models.py:gpt --tokens 1024 --gpu H100-80GB --max-batch
+  torchdoctor estimate --from last models.py:gpt --tokens 1024   (a recorded run, its GPU,
+                           and the cuda-oom fix checked)
 """
 )
 

@@ -79,8 +79,15 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         evidence.append(Evidence(name, value, "B"))
     if total:
         evidence.append(Evidence("GPU memory", total, "B"))
+    # What the device held beyond PyTorch's reservation (the CUDA context, other processes)
+    # stays whatever the batch: it comes off the budget the micro-batch is sized in.
+    free = d.get("free_bytes")
+    outside = max(0, total - free - reserved) if total and free is not None else 0
+    if outside:
+        evidence.append(Evidence("outside PyTorch (CUDA context, other processes)", outside, "B"))
     settings: dict[str, Any] = {}
-    budget = total * ctx.thresholds.gpu_memory_best_high_pct / 100 if total else None
+    best = total * ctx.thresholds.gpu_memory_best_high_pct / 100 if total else None
+    budget = max(0.0, best - outside) if best is not None else None
     fixed = sum(v for k, v in parts.items() if k != "activations")
     if cause == "fragmentation":
         rec, expected = _fragmentation_fix(ctx, fragmentation, requested, settings)
@@ -201,7 +208,7 @@ def _fragmentation_fix(ctx, fragmentation: int, requested: int, settings) -> tup
 def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, str]:
     batch = d.get("batch_size") or _recorded_batch(ctx)
     activations = parts.get("activations", 0) + requested  # at least what the step wanted
-    if not batch or not budget or activations <= 0:
+    if not batch or budget is None or activations <= 0:
         return (
             "Lower the batch size and keep the global batch with gradient accumulation, or use "
             "bf16 autocast / activation checkpointing; the recording lacks the batch size or "
