@@ -10,6 +10,8 @@ import json
 import re
 from types import SimpleNamespace
 
+import pytest
+
 from tests.diagnosis.conftest import by_id
 from tests.diagnosis.test_gpu_rules import gpu_job
 from torchdoctor.instrument.agent.cuda import CudaMemory, parse_oom_message, phase_of
@@ -90,7 +92,17 @@ class _Agent:
 
 
 def recorded_oom(
-    *, step, allocated, reserved, requested, free_blocks, in_backward=False, in_optimizer=False
+    *,
+    step,
+    allocated,
+    reserved,
+    requested,
+    free_blocks,
+    in_backward=False,
+    in_optimizer=False,
+    total=TOTAL,
+    batch=64,
+    free=None,
 ) -> dict:
     """The detail the agent records when the allocator's observer fires."""
     cuda_module = SimpleNamespace(
@@ -100,13 +112,13 @@ def recorded_oom(
             memory_snapshot=lambda include_traces=True: segments(allocated, free_blocks)
         ),
     )
-    agent = _Agent(step, 64, in_backward)
+    agent = _Agent(step, batch, in_backward)
     cuda = CudaMemory(agent, SimpleNamespace(cuda=cuda_module, _C=SimpleNamespace()))
-    free = TOTAL - reserved
+    free = total - reserved if free is None else free  # None: nothing outside PyTorch
     call = "cuda.on_oom(0, requested, TOTAL, free)"
     # The optimizer's step runs in torch/optim/: the observer sees it on the Python stack.
     where = "/venv/lib/torch/optim/adamw.py" if in_optimizer else "train.py"
-    exec(compile(call, where, "exec"), {"cuda": cuda, "requested": requested, "TOTAL": TOTAL,
+    exec(compile(call, where, "exec"), {"cuda": cuda, "requested": requested, "TOTAL": total,
                                         "free": free})  # fmt: skip
     ((kind, detail),) = agent.events
     assert kind == "cuda-oom"
@@ -143,8 +155,27 @@ def test_activations_get_micro_batches_with_accumulation_that_fit(run_rules):
     # It is the largest that fits: twice the micro-batch would not.
     per_sample = (72 * GiB) / 64
     assert 8 * GiB + per_sample * micro * 2 > BUDGET or micro * 2 >= 64
-    assert "estimator cannot rebuild the model" in f.recommendation  # says how it was sized
+    # says how it was sized, and the command that checks it with the estimator
+    assert "per-step CUDA memory the job recorded" in f.recommendation
+    assert re.search(r"torchdoctor estimate --from \S+job\d+\.sqlite SPEC", f.recommendation)
     assert "bf16 autocast" in f.recommendation
+
+
+def test_memory_outside_pytorch_comes_off_the_budget(run_rules):
+    # 40 GiB held outside PyTorch's reservation (the CUDA context, another process): the
+    # observer's free figure says so, and the micro-batch is sized in what is left of 68 GiB.
+    outside = 40 * GiB
+    detail = recorded_oom(step=3, allocated=36 * GiB, reserved=37 * GiB, requested=4 * GiB,
+                          free_blocks=[GiB // 2], in_backward=True,
+                          free=TOTAL - 37 * GiB - outside)  # fmt: skip
+    f = diagnose_oom(run_rules, detail)
+    assert "activations held the memory" in f.title
+    held = [e.value for e in f.evidence if e.label.startswith("outside PyTorch")]
+    assert held == [outside]
+    budget = size(re.search(r"within the ([0-9.]+ \w+) best range", f.recommendation)[1])
+    assert budget == pytest.approx(BUDGET - outside, rel=0.01)
+    peak = size(re.search(r"about ([0-9.]+ \w+), within", f.recommendation)[1])
+    assert peak <= BUDGET - outside
 
 
 def test_optimizer_state_at_the_first_step_gets_a_lighter_state_that_fits(run_rules):

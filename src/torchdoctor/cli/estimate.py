@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from torchdoctor.cli.common import python_option, run_in_job_python
 from torchdoctor.cli.json_output import user_output_to_stderr, versioned
+from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import ParameterError, UserError
 from torchdoctor.estimate.loops import LOOPS
 from torchdoctor.estimate.profiles import PROFILES
@@ -60,6 +63,8 @@ Examples:
   torchdoctor estimate models.py:make --input 3x224x224 --batch 64
   torchdoctor estimate models.py:gpt --tokens 1024 --batch 8 --gpu A100-80GB
   torchdoctor estimate models.py:gpt --tokens 1024 --gpu H100-80GB --max-batch
+  torchdoctor estimate --from last models.py:gpt --tokens 1024   (a recorded run, its GPU,
+                           and the cuda-oom fix checked)
 """
 )
 
@@ -146,6 +151,14 @@ Examples:
     help="Write the step's allocations as a pickle to open at https://pytorch.org/memory_viz.",
 )
 @click.option(
+    "--from",
+    "recording",
+    type=RECORDING,
+    metavar="RECORDING",
+    help="Re-estimate a recorded run (`last`: the newest) on its recorded GPU, with its batch, "
+    "precision and optimizer (options given here win), and the cuda-oom finding's fix.",
+)
+@click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
 )
 @python_option
@@ -156,6 +169,7 @@ def command(
     find_max: bool,
     no_fallback: bool,
     memory_snapshot: str | None,
+    recording: Path | None,
     as_json: bool,
     quiet: bool,
     **options: Any,
@@ -174,14 +188,30 @@ def command(
             raise UserError("--max-batch searches the batch size: leave out --batch")
         if memory_snapshot:
             raise UserError("--memory-snapshot describes one step: use it without --max-batch")
+    if recording is not None and (find_max or memory_snapshot):
+        raise UserError(
+            "--from checks the recorded step and its fix: leave out --max-batch and "
+            "--memory-snapshot"
+        )
     try:
         # Model code runs here (imports, constructors, forwards): under --json its prints
         # go to stderr, so that stdout is the JSON alone.
         with user_output_to_stderr(as_json):
-            text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options, quiet)
+            if recording is not None:
+                options["batch_size"] = batch_size
+                text = _run_from(spec, recording, options, _given(), as_json)
+            else:
+                text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options, quiet)
     except ParameterError as exc:
         raise exc.worded(FLAGS) from None
     click.echo(text)
+
+
+def _given() -> set[str]:
+    """The parameters the user typed (or set in the environment), not left at their default."""
+    ctx = click.get_current_context()
+    defaults = (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+    return {name for name in ctx.params if ctx.get_parameter_source(name) not in defaults}
 
 
 def _run(
@@ -223,6 +253,166 @@ def _run(
     if found_alternatives:
         text += "\n" + render_alternatives(found_alternatives, result)
     return text
+
+
+# Where each figure of a --from estimate came from.
+FROM_RECORDING, FROM_COMMAND_LINE, FROM_DEFAULT = "recording", "command line", "default"
+RECORDED_OPTIONS = ("batch_size", "precision", "optimizer", "optimizer_impl")
+# The cuda-oom fixes the estimator does not model, by the finding's setting that names them.
+NOT_MODELLED = {
+    "optimizer": "an 8-bit optimizer state (bitsandbytes) is not modelled by the estimator",
+    "env.PYTORCH_CUDA_ALLOC_CONF": (
+        "expandable segments change the allocator's layout, which the estimator does not model"
+    ),
+}
+
+
+def _run_from(
+    spec: str, path: Path, options: dict[str, Any], given: set[str], as_json: bool
+) -> str:
+    """Re-estimate the recorded step on the recorded GPU, and the cuda-oom finding's fix."""
+    from torchdoctor.diagnosis.engine import diagnose
+    from torchdoctor.diagnosis.rules import cuda_oom
+    from torchdoctor.estimate import api
+    from torchdoctor.estimate.recorded import read_recorded_step
+    from torchdoctor.recording.reader import open_recording
+    from torchdoctor.thresholds import load_thresholds
+
+    with open_recording(path) as rec:
+        recorded = read_recorded_step(rec)
+        finding = next((f for f in diagnose(rec, load_thresholds()) if f.id == cuda_oom.ID), None)
+    sources: dict[str, str] = {}
+    if given & {"gpu", "gpu_memory"}:
+        sources["gpu"] = FROM_COMMAND_LINE
+    elif recorded.gpu is None:
+        raise UserError(
+            f"{path} has no GPU information (no NVIDIA GPU was visible to the recording): "
+            "give the target with --gpu or --gpu-memory"
+        )
+    else:
+        options["gpu"] = recorded.gpu
+        sources["gpu"] = FROM_RECORDING
+    for name in RECORDED_OPTIONS:
+        value = getattr(recorded, name)
+        if name in given:
+            sources[name] = FROM_COMMAND_LINE
+        elif value is not None:
+            options[name] = value
+            sources[name] = FROM_RECORDING
+        else:
+            sources[name] = FROM_DEFAULT
+    check, setup = api.prepare(spec, **options)
+    checks: list[tuple[str, str, Any]] = [
+        ("recorded", f"the recorded step (batch {setup.batch_size})", setup)
+    ]
+    fix = finding.settings if finding else {}
+    if fix.get("batch_size"):
+        micro, k = int(fix["batch_size"]), int(fix.get("gradient_accumulation_steps") or 1)
+        checks.append(
+            (
+                "fix",
+                f"cuda-oom fix: micro-batches of {micro} accumulated over {k}",
+                setup.with_(batch_size=micro, grad_accumulation=setup.grad_accumulation * k),
+            )
+        )
+    offered = finding is not None and cuda_oom.BF16_ALTERNATIVE in finding.recommendation
+    if offered and setup.precision == "fp32":
+        checks.append(
+            (
+                "alternative",
+                f"cuda-oom alternative: bf16 autocast at batch {setup.batch_size}",
+                setup.with_(precision="bf16-mixed"),
+            )
+        )
+    not_checked = [why for key, why in NOT_MODELLED.items() if key in fix]
+    results = [(kind, label, check.estimate(changed)) for kind, label, changed in checks]
+    notes = list(recorded.notes)
+    first = results[0][2]
+    if recorded.oom is not None and first.fits:
+        notes.append(
+            "the estimator fits the recorded step, yet the job ran out of memory: something "
+            "outside this step held memory (another process, a larger batch or sequence)"
+        )
+    if as_json:
+        return json.dumps(
+            versioned(
+                "estimate-from",
+                _from_document(path, first, sources, finding, results, not_checked, notes),
+            ),
+            indent=2,
+        )
+    return render_from(path, first, sources, finding, results, not_checked, notes)
+
+
+def _from_document(path, first, sources, finding, results, not_checked, notes) -> dict[str, Any]:
+    from torchdoctor.estimate.result import JSON_VERSION
+
+    gpu = first.target.gpu
+    return {
+        "version": JSON_VERSION,
+        "recording": str(path),
+        "model": first.model,
+        "gpu": {
+            "name": gpu.name if gpu else None,
+            "memory_bytes": first.gpu_memory,
+            "compute_capability": ".".join(map(str, gpu.compute_capability)) if gpu else None,
+        },
+        "sources": sources,
+        "cuda_oom": (
+            {"title": finding.title, "settings": dict(finding.settings)} if finding else None
+        ),
+        "sized_by": "estimator",
+        "checks": [
+            {
+                "kind": kind,
+                "change": label,
+                "setup": result.to_dict()["setup"],
+                "fits": result.fits,
+                "total_bytes": result.headline_bytes,
+                "peak_allocated_bytes": result.peak_allocated,
+                "peak_reserved_bytes": result.peak_reserved,
+                "gpu_memory_bytes": result.gpu_memory,
+                "margin": result.margin,
+                "estimate": result.to_dict(),
+            }
+            for kind, label, result in results
+        ],
+        "not_checked": not_checked,
+        "notes": notes,
+    }
+
+
+def render_from(path, first, sources, finding, results, not_checked, notes) -> str:
+    """The recorded step and the cuda-oom fix, re-estimated, as the terminal shows them."""
+    setup = first.setup
+    said = {
+        "batch_size": f"batch {setup.batch_size}",
+        "precision": setup.precision,
+        "optimizer": setup.optimizer,
+        "optimizer_impl": f"{setup.optimizer_impl} implementation",
+    }
+    set_up = ", ".join(f"{said[name]} ({sources[name]})" for name in RECORDED_OPTIONS)
+    lines = [
+        f"{first.model}: the recorded loop of {path} re-estimated",
+        f"  GPU       {_target_line(first)}, from the {sources['gpu']}",
+        f"  set-up    {set_up}",
+        "  cuda-oom  "
+        + (finding.title if finding else "none in this recording: the recorded step only"),
+        "",
+        f"  figures from the estimator ({first.method}), keeping {first.margin:.0%} free:",
+    ]
+    width = max(len(label) for _kind, label, _result in results)
+    for _kind, label, result in results:
+        verdict = "fits" if result.fits else "does NOT fit"
+        lines.append(
+            f"    {label:<{width}}  peak {fmt_bytes(result.headline_bytes):>9} of "
+            f"{fmt_bytes(result.gpu_memory)}  {verdict}"
+        )
+    lines += [f"  not checked: {why}" for why in not_checked]
+    if notes:
+        lines.append("")
+        lines += [f"  note: {note}" for note in notes]
+    return "\n".join(lines)
 
 
 def _count(n: int) -> str:

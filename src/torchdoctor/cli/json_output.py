@@ -23,6 +23,7 @@ SCHEMA_VERSIONS: dict[str, int] = {
     "diagnose": 1,
     "doctor": 1,
     "estimate": 1,
+    "estimate-from": 1,
     "estimate-max-batch": 1,
     "export": 1,
     "ls": 1,

@@ -16,7 +16,7 @@ from torchdoctor.errors import ParameterError, UserError, literal, require_torch
 from torchdoctor.estimate.fitcheck import DEFAULT_MARGIN, FitCheck, alternatives, other_loops
 from torchdoctor.estimate.loops import HAND_WRITTEN, HF_TRAINER
 from torchdoctor.estimate.max_batch import find_max_batch
-from torchdoctor.estimate.profiles import custom_profile, find_profile
+from torchdoctor.estimate.profiles import GpuProfile, custom_profile, find_profile
 from torchdoctor.estimate.result import Estimate, MaxBatch
 from torchdoctor.estimate.setup import Target, TrainingSetup
 from torchdoctor.units import SIZE_HINT, parse_size
@@ -55,7 +55,10 @@ _ARGS: dict[str, str] = {
         'specs, else ``"hand-written"``.'
     ),
     "device": '``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.',
-    "gpu": 'A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...).',
+    "gpu": (
+        'A GPU profile name (``"A100-80GB"``, ``"H100-80GB"``, ``"L4"``, ...) or a\n'
+        "GpuProfile (a recorded GPU: torchdoctor.estimate.recorded)."
+    ),
     "gpu_memory": (
         'The memory to fit instead of a profile (``"24GiB"`` or bytes); with\n'
         '``device="cpu"`` the CPU peak is checked against it.'
@@ -105,7 +108,7 @@ def estimate(
     checkpointing: bool = False,
     loop: str | None = None,
     device: str | None = None,
-    gpu: str | None = None,
+    gpu: str | GpuProfile | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
@@ -150,7 +153,7 @@ def max_batch(
     checkpointing: bool = False,
     loop: str | None = None,
     device: str | None = None,
-    gpu: str | None = None,
+    gpu: str | GpuProfile | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
@@ -196,7 +199,7 @@ def prepare(
     checkpointing: bool = False,
     loop: str | None = None,
     device: str | None = None,
-    gpu: str | None = None,
+    gpu: str | GpuProfile | None = None,
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
@@ -234,7 +237,7 @@ def prepare(
     )
     profile = None
     if gpu is not None:
-        profile = find_profile(gpu)
+        profile = gpu if isinstance(gpu, GpuProfile) else find_profile(gpu)
         if gpu_memory is not None:
             raise ParameterError("give either {} or {}, not both", "gpu", "gpu_memory")
     elif gpu_memory is not None and device == "cuda":

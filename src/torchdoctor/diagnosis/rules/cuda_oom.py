@@ -8,9 +8,11 @@ batch's activations (the rest of what was allocated) and fragmentation (reserved
 allocated: cached blocks too small for the request).
 
 The fix is sized from the allocator state at the OOM and the per-step memory recorded before
-it (the estimator cannot rebuild the model from a recording: the finding says so): the largest
-micro-batch that divides the batch and fits within the best range of the GPU, with the
-gradient accumulation that keeps the same global batch.
+it: the largest micro-batch that divides the batch and fits within the best range of the GPU,
+with the gradient accumulation that keeps the same global batch. A recording does not hold the
+model, so the finding says how the estimator checks the fix where the model can be built
+(``torchdoctor estimate --from RECORDING SPEC`` re-estimates the recorded loop on the
+recorded GPU, for the recorded batch and for this fix).
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ STATE_FACTORS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Ad
 STATE_NOTE = "two moments per parameter"
 BF16_ACTIVATIONS = 0.55  # autocast keeps roughly half the activation bytes (BRIEF section 3)
 SIZED_FROM = (
-    "sized from the allocator's state at the OOM and the per-step CUDA memory the job recorded "
-    "(the estimator cannot rebuild the model from a recording)"
+    "sized from the allocator's state at the OOM and the per-step CUDA memory the job recorded; "
+    "check it with the estimator: torchdoctor estimate --from {recording} SPEC"
 )
+# The bf16 alternative's wording: `estimate --from` re-estimates it when the finding offers it.
+BF16_ALTERNATIVE = "bf16 autocast at batch"
+
+
+def sized_from(ctx: DiagnosisContext) -> str:
+    """How the fix was sized, and the command that checks it on this recording."""
+    path = getattr(ctx.recording, "path", None)
+    return SIZED_FROM.format(recording=path or "RECORDING")
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
@@ -69,8 +79,15 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         evidence.append(Evidence(name, value, "B"))
     if total:
         evidence.append(Evidence("GPU memory", total, "B"))
+    # What the device held beyond PyTorch's reservation (the CUDA context, other processes)
+    # stays whatever the batch: it comes off the budget the micro-batch is sized in.
+    free = d.get("free_bytes")
+    outside = max(0, total - free - reserved) if total and free is not None else 0
+    if outside:
+        evidence.append(Evidence("outside PyTorch (CUDA context, other processes)", outside, "B"))
     settings: dict[str, Any] = {}
-    budget = total * ctx.thresholds.gpu_memory_best_high_pct / 100 if total else None
+    best = total * ctx.thresholds.gpu_memory_best_high_pct / 100 if total else None
+    budget = max(0.0, best - outside) if best is not None else None
     fixed = sum(v for k, v in parts.items() if k != "activations")
     if cause == "fragmentation":
         rec, expected = _fragmentation_fix(ctx, fragmentation, requested, settings)
@@ -93,7 +110,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 if fits
                 else "still too much: shard the state across GPUs (FSDP / ZeRO)"
             )
-            + f" ({SIZED_FROM}). AdamW(fused=True) also avoids foreach's per-parameter "
+            + f" ({sized_from(ctx)}). AdamW(fused=True) also avoids foreach's per-parameter "
             "temporaries during the step; bf16 weights halve parameters and gradients."
         )
         expected = "The first optimizer step completes; memory settles after it."
@@ -191,7 +208,7 @@ def _fragmentation_fix(ctx, fragmentation: int, requested: int, settings) -> tup
 def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, str]:
     batch = d.get("batch_size") or _recorded_batch(ctx)
     activations = parts.get("activations", 0) + requested  # at least what the step wanted
-    if not batch or not budget or activations <= 0:
+    if not batch or budget is None or activations <= 0:
         return (
             "Lower the batch size and keep the global batch with gradient accumulation, or use "
             "bf16 autocast / activation checkpointing; the recording lacks the batch size or "
@@ -226,14 +243,14 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
     bf16_peak = ratio * (fixed + BF16_ACTIVATIONS * activations)
     if not autocast:
         fits = "fits" if bf16_peak <= budget else "does not fit"
-        alternatives.append(
-            f"bf16 autocast at batch {batch}: about {fmt_bytes(bf16_peak)} ({fits})"
-        )
+        alternatives.append(f"{BF16_ALTERNATIVE} {batch}: about {fmt_bytes(bf16_peak)} ({fits})")
     alternatives.append("activation checkpointing trades recomputation for most of the rest")
     if micro is None:
         return (
             f"Even one sample needs about {fmt_bytes(ratio * (fixed + per_sample))} of the "
-            f"{fmt_bytes(budget)} best range; " + "; ".join(alternatives) + f" ({SIZED_FROM}).",
+            f"{fmt_bytes(budget)} best range; "
+            + "; ".join(alternatives)
+            + f" ({sized_from(ctx)}).",
             "The step fits on the GPU.",
         )
     steps = batch // micro
@@ -243,7 +260,7 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
         f"The batch's activations ({fmt_bytes(activations)} at batch {batch}, "
         f"{fmt_bytes(per_sample)} a sample) held the memory. Use micro-batches of {micro} with "
         f"gradient accumulation over {steps} steps (the same global batch of {batch}): "
-        f"about {fmt_bytes(peak)}, within the {fmt_bytes(budget)} best range ({SIZED_FROM}). "
+        f"about {fmt_bytes(peak)}, within the {fmt_bytes(budget)} best range ({sized_from(ctx)}). "
         "Or: " + "; ".join(alternatives) + ".",
         f"Peak CUDA memory about {fmt_bytes(peak)}; same global batch, no OOM.",
     )
