@@ -171,7 +171,7 @@ def _exe_name(pid: int) -> str | None:
 
 def _is_python(pid: int) -> bool:
     exe = _exe_name(pid)
-    if exe is not None and is_python([exe]):
+    if exe is not None and is_python(exe):
         return True
     try:
         maps = read_path(f"/proc/{pid}/maps", 1 << 22)

@@ -97,7 +97,7 @@ def find_job_python(
 
 
 def _command_python(command: Sequence[str], env: Mapping[str, str]) -> str | None:
-    if not command or not is_python(list(command)):
+    if not command or not is_python(command[0]):
         return None
     return _check(_resolve(command[0], env), "the command's interpreter")
 
