@@ -63,3 +63,36 @@ class OtherLoad:
                 continue
             used += ticks - seen[2]
         return used / CLK_TCK / max(elapsed, 1e-6)
+
+
+def _busy_s() -> float:
+    """CPU seconds the whole machine spent busy since boot (every field of /proc/stat's cpu
+    line but idle and iowait; guest time is already inside user and nice)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / CLK_TCK
+
+
+def _own_s() -> float:
+    """CPU seconds this process and its waited-for descendants used."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class MachineLoad:
+    """CPUs' worth of work done by everything but this process and the children it ran to
+    completion, since this object was made: ``cpus()`` after those children were waited for.
+
+    Unlike :class:`OtherLoad` it counts processes that start and end between the two reads (a
+    test run beside this one starts a process for each command), since it reads the machine's
+    total from /proc/stat and subtracts what the test itself used."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self._busy = _busy_s()
+        self._own = _own_s()
+
+    def cpus(self) -> float:
+        elapsed = time.monotonic() - self._t0
+        others = (_busy_s() - self._busy) - (_own_s() - self._own)
+        return max(others, 0.0) / max(elapsed, 1e-6)
