@@ -88,7 +88,10 @@ class SharedMachine:
         os.chmod(self.gates, 0o755)
         self.users: list[User] = []
         self.scheduler: subprocess.Popen | None = None
-        self.pythonpath = os.pathsep.join([str(HELPERS / "fake_pynvml"), str(SRC)])
+        self.pythonpath = str(SRC)
+        # Every process of the machine, root's and the users', loads the fake libnvidia-ml
+        # (the real nvidia-ml-py binding runs) reading this machine's GPUs.
+        self.nvml_env = {k: v for k, v in fake_nvml.machine_env(self.machine, {}).items()}
 
     # -- users ------------------------------------------------------------------------------
 
@@ -114,7 +117,7 @@ class SharedMachine:
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "PYTHONPATH": self.pythonpath,
             "TORCHDOCTOR_SYSTEM_DIR": str(self.system_dir),
-            fake_nvml.STATE_ENV: self.machine,
+            **self.nvml_env,
             "LANG": "C.UTF-8",
             SECRET_VAR: f"{SECRET_VALUE}-{user.name}",  # must never reach a metric
         }
@@ -205,7 +208,7 @@ class SharedMachine:
             ),
             "TORCHDOCTOR_SYSTEM_DIR": str(self.system_dir),
             "TORCHDOCTOR_QUEUE_CONFIG": str(self.config),
-            fake_nvml.STATE_ENV: self.machine,
+            **self.nvml_env,
         }
 
     def start_scheduler(self) -> subprocess.Popen:
