@@ -96,3 +96,27 @@ class MachineLoad:
         elapsed = time.monotonic() - self._t0
         others = (_busy_s() - self._busy) - (_own_s() - self._own)
         return max(others, 0.0) / max(elapsed, 1e-6)
+
+
+class LoadBesides(MachineLoad):
+    """:class:`MachineLoad` less the CPU of ``root``'s process tree, which still runs: what
+    the rest of the machine (short-lived processes included) took beside the job since this
+    object was made. A tree member that ended between two reads is counted as the machine's,
+    which errs towards "the machine was busy" (the lenient side for a contention verdict)."""
+
+    def __init__(self, root: int) -> None:
+        super().__init__()
+        self.root = root
+        self._before = _processes()
+
+    def cpus(self) -> float:
+        now = _processes()
+        elapsed = time.monotonic() - self._t0
+        tree = 0
+        for pid in _tree(now, self.root):
+            if pid not in now:
+                continue
+            _, start, ticks = now[pid]
+            seen = self._before.get(pid)
+            tree += ticks - (seen[2] if seen is not None and seen[1] == start else 0)
+        return max(super().cpus() - tree / CLK_TCK / max(elapsed, 1e-6), 0.0)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, TORCHDOCTOR
-from tests.helpers.cpu_load import OtherLoad
+from tests.helpers.cpu_load import LoadBesides, OtherLoad
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.recordings import RecordingWatcher
 
@@ -51,6 +51,7 @@ def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     others = OtherLoad(job.pid)
+    machine = LoadBesides(job.pid)  # also sees short-lived processes (a test run beside)
     seen: list[list[str]] = []
     try:
         deadline = time.monotonic() + 240
@@ -68,7 +69,7 @@ def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
                 watcher.close()
             assert "findings" not in status.unavailable, status.unavailable
             seen.append([f.id for f in status.findings if f.severity in ("warning", "critical")])
-            load = others.cpus()
+            load = max(others.cpus(), machine.cpus())
             false = VERDICTS - ({"cpu-contention"} if load >= CONTENDED_CPUS else set())
             assert not false & set(seen[-1]), (at, f"others used {load:.2f} CPUs", status.findings)
     finally:
