@@ -108,12 +108,22 @@ def job_report(job_id: str, recordings: Path | None) -> JobReport:
         raise UserError(f"{job_id!r} is not a Slurm job id (a number, as sbatch printed it)")
     notes: list[str] = []
     has_slurm = shutil.which("scontrol") is not None
-    fields = client.show_job(job_id) if has_slurm else None
+    fields = None
+    if has_slurm:
+        try:
+            fields = client.show_job(job_id)
+        except UserError as exc:
+            # Slurm's client without a reachable controller (a login image with the client
+            # only, a node whose slurmctld is down): the job's own folder still tells.
+            has_slurm = False
+            notes.append(
+                f"Slurm cannot be asked ({exc.message}): what follows comes from the job's own folder"
+            )
     state = _from_scontrol(job_id, fields) if fields else None
     if recordings is None:
         recordings = (_recordings_from_script(job_id) if fields else None) or runs_dir()
     folder = job_folder(recordings.resolve(), job_id)
-    if not has_slurm:
+    if not has_slurm and not notes:
         notes.append("`scontrol` is not on PATH: what follows comes from the job's own folder")
     elif state is None:
         state = _from_accounting(job_id)
