@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def command(folder: str | None, limit: int | None, as_json: bool) -> None:
         worst = f"{x.worst_severity} {x.worst_finding}" if x.worst_finding else "-"
         table.add_row(
             when,
-            one_line(x.command, 60) if x.command else x.name,
+            _short(x.command) if x.command else x.name,
             fmt_duration(x.duration_s, "-"),
             x.status,
             f"{x.steps_per_s:.2f}" if x.steps_per_s is not None else "-",
@@ -63,3 +64,9 @@ def command(folder: str | None, limit: int | None, as_json: bool) -> None:
     width = None if sys.stdout.isatty() else 160
     Console(file=sys.stdout, highlight=False, width=width).print(table)
     click.echo(f"in {Path(where)}; newest is `last`", err=True)
+
+
+def _short(command: list[str]) -> str:
+    """The command as a listing shows it: the program by its name, not its path (a venv's
+    python under a long folder would push the script out of the column)."""
+    return one_line([os.path.basename(command[0]), *command[1:]], 60)
