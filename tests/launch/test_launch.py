@@ -33,7 +33,7 @@ def launch(out: Path, *job_args: str, env_extra: dict | None = None, timeout: fl
     env.pop("OMP_NUM_THREADS", None)
     env.update(env_extra or {})
     res = run_td(
-        "launch", "--nproc-per-node", "2", "--out", str(out), "--", JOB, *job_args,
+        "launch", "--nproc-per-node", "2", "--out-dir", str(out), "--", JOB, *job_args,
         env=env, timeout=timeout,
     )  # fmt: skip
     recordings = sorted(out.glob("*.sqlite"))
@@ -222,10 +222,10 @@ def test_hang_ends_with_the_users_timeout_and_names_the_missing_rank(tmp_path: P
 
 
 def test_bad_options_are_one_clear_line(tmp_path: Path) -> None:
-    res = run_td("launch", "--nnodes", "2", "--out", str(tmp_path), "--", JOB)
+    res = run_td("launch", "--nnodes", "2", "--out-dir", str(tmp_path), "--", JOB)
     assert res.returncode == 2
     assert res.stderr.startswith("torchdoctor: error: --nnodes 2 needs --master-addr")
-    res = run_td("launch", "--out", str(tmp_path), "--", "nope.py")
+    res = run_td("launch", "--out-dir", str(tmp_path), "--", "nope.py")
     assert res.stderr == "torchdoctor: error: no such script: 'nope.py'\n"
     assert not list(tmp_path.iterdir())
 
@@ -237,7 +237,7 @@ def test_preflight_error_refuses_to_start(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         res = run_td(
             "launch", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
-            str(port), "--out", str(tmp_path), "--", JOB,
+            str(port), "--out-dir", str(tmp_path), "--", JOB,
         )  # fmt: skip
     assert res.returncode == 2
     assert "preflight error: network.rendezvous: 127.0.0.1:" in res.stderr

@@ -28,7 +28,7 @@ def test_recorded_rank_timings_line_up_with_what_the_ranks_measured(tmp_path):
     env.pop("OMP_NUM_THREADS", None)
     out = tmp_path / "out"
     res = run_td(
-        "launch", "--nproc-per-node", "2", "--out", str(out), "--", JOB, str(measured_dir),
+        "launch", "--nproc-per-node", "2", "--out-dir", str(out), "--", JOB, str(measured_dir),
         env=env, timeout=240,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -40,7 +40,7 @@ def test_two_namespaces_one_recording_each_read_as_one_job(tmp_path: Path) -> No
                     str(PORT),
                     "--nproc-per-node",
                     "1",
-                    "--out",
+                    "--out-dir",
                     str(out),
                     "--",
                     JOB,

@@ -143,7 +143,7 @@ def test_bench_allreduce_runs_its_ranks_in_the_training_env(envs):
 def test_launch_keeps_the_interpreter_typed_and_names_it(envs, tmp_path):
     out = tmp_path / "runs"
     done = envs.td(
-        "launch", "--nproc-per-node", "2", "--out", str(out), "--",
+        "launch", "--nproc-per-node", "2", "--out-dir", str(out), "--",
         str(envs.train), str(DDP_JOB), "--samples", "2048",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -158,7 +158,7 @@ def test_launch_keeps_the_interpreter_typed_and_names_it(envs, tmp_path):
 
 def test_bench_scaling_runs_every_trial_in_the_training_env(envs, tmp_path):
     done = envs.td(
-        "bench", "scaling", "--nproc", "1", "--steps", "3", "--out", str(tmp_path / "s"),
+        "bench", "scaling", "--nproc", "1", "--steps", "3", "--out-dir", str(tmp_path / "s"),
         "--json", "--", str(envs.train), str(DDP_JOB),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -184,7 +184,7 @@ def test_tune_names_the_interpreter_of_its_trials(envs, tmp_path):
     job = tmp_path / "job.py"
     job.write_text("print('ran')\n")
     done = envs.td(
-        "tune", "--budget", "5", "--out", str(tmp_path / "t"), "--", str(envs.train), str(job)
+        "tune", "--budget", "5", "--out-dir", str(tmp_path / "t"), "--", str(envs.train), str(job)
     )
     # The job has no DataLoader to tune: what matters here is which Python ran it.
     assert f"every trial runs with {envs.train} (the command line)" in done.stderr
