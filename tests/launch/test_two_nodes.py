@@ -61,7 +61,8 @@ def test_two_namespaces_one_recording_each_read_as_one_job(tmp_path: Path) -> No
         assert (
             f"GLOO_SOCKET_IFNAME={end.ifname}: the interface that reaches {pair.a.address}" in err
         )
-    recordings = sorted(out.glob("*.sqlite"))
+    # Named <UTC start>-<script>-node<rank>: the nodes start in either order.
+    recordings = sorted(out.glob("*.sqlite"), key=lambda r: r.name.split("-")[-1])
     assert [r.name.split("-")[-1] for r in recordings] == ["node0.sqlite", "node1.sqlite"]
     for node, path in enumerate(recordings):
         with open_recording(path) as r:
