@@ -48,6 +48,9 @@ def recorded_span(path) -> float:
     return (row[1] - row[0]) if row and row[0] is not None else 0.0
 
 
+LOADED_MACHINE = ("cpu-contention", "dataloader-bound")
+
+
 def test_complete_four_second_run_gets_no_warning(tmp_path):
     out = tmp_path / "short.sqlite"
     run = run_td(
@@ -65,8 +68,9 @@ def test_complete_four_second_run_gets_no_warning(tmp_path):
         assert note["severity"] == "info"
         assert "CPU contention" in note["title"] and "CPU saturation" in note["title"]
     else:
-        # A loaded machine stretched the steps: other programs' CPU may then be reported.
-        assert [i for i in serious(findings) if i != "cpu-contention"] == []
+        # A loaded machine stretched the steps: other programs' CPU may then be reported, and
+        # a loader starved of CPU by them is truly waited for (both measured, not guessed).
+        assert [i for i in serious(findings) if i not in LOADED_MACHINE] == []
 
 
 def test_recording_cut_short_after_one_second_gets_no_warning(tmp_path):
