@@ -181,9 +181,10 @@ class RecordingSession:
             memory.refresh()
             if memory.near_limit and job.slow_budget is not None:
                 # Close to its memory limit, who holds what is the question the end will ask:
-                # each process's private memory is read every half second from now on.
+                # each process's private memory is read at every sample from now on (a
+                # worker's copy-on-access can fill the rest of the limit in a second).
                 job.slow_budget = None
-                job.slow_refresh_s = min(job.slow_refresh_s, max(interval, 0.5))
+                job.slow_refresh_s = min(job.slow_refresh_s, interval)
 
         sampler = Sampler(HostReader(pid=pid), job, self.gpus)
         self.recorder = Recorder(sampler, self.writer, interval, follow_memory if memory else None)

@@ -22,7 +22,7 @@ from typing import Any
 from torchdoctor.sampling import procfs
 
 KMSG = "/dev/kmsg"
-NEAR_LIMIT = 0.7  # share of the limit from which each process's PSS is read at every chance
+NEAR_LIMIT = 0.5  # share of the limit from which each process's PSS is read at every sample
 MAX_KERNEL_LINES = 40  # an OOM report is ~30 lines per kill; keep the ones that say who and why
 _KMSG_KEEP = re.compile(
     rb"oom|Killed process|Memory cgroup out of memory|out of memory", re.IGNORECASE
