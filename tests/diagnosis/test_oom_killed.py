@@ -62,8 +62,15 @@ def test_dataloader_workers_copying_a_list_dataset_are_named_not_the_trainer(
     assert status != 0, err
     finding, findings = _finding(rec)
     assert finding is not None, [f.id for f in findings]
-    assert "DataLoader workers copied" in finding.title, finding.title
     grew = {e.label: e.value for e in finding.evidence}
+    assert "trainer's own memory grew" not in finding.title, finding.title  # never the trainer
+    if "not read growing" in finding.title:
+        # The kill came before any process was sampled growing (seen on a busy CI machine):
+        # the finding says it does not know, and names both causes and the larger limit.
+        assert not grew.get("DataLoader workers' private memory grew")
+        assert "DataLoader workers" in finding.recommendation and "--mem" in finding.recommendation
+        return
+    assert "DataLoader workers copied" in finding.title, finding.title
     assert grew["DataLoader workers' private memory grew"] > grew["trainer's private memory grew"]
     assert "num_workers=" in finding.recommendation
     assert finding.settings["num_workers"] < 2

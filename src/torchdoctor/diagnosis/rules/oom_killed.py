@@ -79,6 +79,18 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             f"or {limit_text}."
         )
         expected = "Workers' memory stays shared with the trainer; the job stays under its limit."
+    elif worker_growth == 0 and trainer_growth < UNSEEN_GROWTH_B:
+        # The kill came before any process was read growing (a fast fill on a busy machine):
+        # naming the trainer's leak, or the workers, would be a guess.
+        cause = "what filled the limit was not read growing before the kill"
+        recommendation = (
+            "No process was sampled growing before the kill, so which one filled the limit is "
+            "not known: record again with a shorter --interval, then look at the processes "
+            "that held the most at the last samples (above). DataLoader workers that read a "
+            "data set of Python objects copy it (keep samples in NumPy arrays or tensors); a "
+            f"trainer that keeps each step's tensors leaks; {limit_text}."
+        )
+        expected = "The next recording shows which process grows; the job stays under its limit."
     else:
         rate = trainer_growth / max(ctx.duration, 1e-9)
         steps = len(ctx.steps)
@@ -118,6 +130,10 @@ def _held(ctx: DiagnosisContext) -> dict[int, int]:
             if value is not None:
                 out[pid] = int(value)
     return out
+
+
+# Below this much private growth, nothing was seen growing (a sample's noise).
+UNSEEN_GROWTH_B = 1 << 20
 
 
 def _growth(ctx: DiagnosisContext) -> dict[int, int]:
