@@ -43,7 +43,10 @@ class Gates:
             assert alive(), "the job ended before reaching its gate"
             assert time.monotonic() < deadline, "the job never reached its gate"
             if poller.poll(500):
-                self._buffer += os.read(self._ready, 64)
+                try:
+                    self._buffer += os.read(self._ready, 64)
+                except BlockingIOError:
+                    continue  # woken with nothing to read yet (the writer only just opened)
         line, self._buffer = self._buffer.split(b"\n", 1)
         return int(line)
 
