@@ -2,7 +2,8 @@
 
 Every scenario accepts the knobs torchdoctor's recommendations turn (``--num-workers``,
 ``--threads``, ``--persistent-workers``...), runs about 10-20 s by default, and ``--steps N``
-makes a short run for tests. The last line printed is the throughput.
+makes a short run for tests. ``--seconds S`` trains for S seconds instead, whatever the machine's
+speed: what a verdict over time needs (a fast machine runs a fixed step count in too little). The last line printed is the throughput.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from torch import nn
 def parser(description: str, *, steps: int, batch_size: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=steps, help="optimizer steps in all")
+    p.add_argument(
+        "--seconds", type=float, default=None, help="train for this long instead of --steps"
+    )
     p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader num_workers")
     p.add_argument("--prefetch-factor", type=int, default=None)
@@ -50,20 +54,31 @@ def mlp(inputs: int, hidden: int, outputs: int = 10, layers: int = 3) -> nn.Modu
     return nn.Sequential(*mods)
 
 
+def finished(steps: int, seconds: float | None) -> Callable[[int], bool]:
+    """When a run is over, given the steps made: after ``steps``, or ``seconds`` from now."""
+    if seconds is None:
+        return lambda step: step >= steps
+    deadline = time.perf_counter() + seconds
+    return lambda step: time.perf_counter() >= deadline
+
+
 def train(
     model: nn.Module,
     batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
     steps: int,
     *,
+    seconds: float | None = None,
     on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> None:
-    """Train for ``steps`` optimizer steps, re-iterating ``batches()`` per epoch; print the rate."""
+    """Train for ``steps`` optimizer steps (or, given ``seconds``, until that much time has
+    passed), re-iterating ``batches()`` per epoch; print the rate."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     samples = 0
     start = time.perf_counter()
-    while step < steps:
+    done = finished(steps, seconds)
+    while not done(step):
         for x, y in batches():
             opt.zero_grad(set_to_none=True)
             out = model(x)
@@ -74,7 +89,7 @@ def train(
                 on_step(out, loss)
             step += 1
             samples += len(x)
-            if step >= steps:
+            if done(step):
                 break
     elapsed = time.perf_counter() - start
     print(f"done: {step} steps in {elapsed:.1f} s ({samples / elapsed:.0f} samples/s)", flush=True)

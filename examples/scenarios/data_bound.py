@@ -40,7 +40,7 @@ def main() -> None:
     torch.manual_seed(0)
     data = RemoteSamples(n=4096)
     loader = DataLoader(data, **loader_kwargs(args))
-    train(mlp(256, 512), lambda: loader, args.steps)
+    train(mlp(256, 512), lambda: loader, args.steps, seconds=args.seconds)
 
 
 if __name__ == "__main__":

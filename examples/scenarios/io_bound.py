@@ -82,7 +82,7 @@ def main() -> None:
     path = args.data_dir / f"records-{args.records}.bin"
     make_data_file(path, args.records)
     loader = DataLoader(DiskRecords(path, args.records), **loader_kwargs(args))
-    train(mlp(FEATURES, 128, layers=2), lambda: loader, args.steps)
+    train(mlp(FEATURES, 128, layers=2), lambda: loader, args.steps, seconds=args.seconds)
 
 
 if __name__ == "__main__":

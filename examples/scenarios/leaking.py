@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 import torch
-from _common import apply_threads, loader_kwargs, parser
+from _common import apply_threads, finished, loader_kwargs, parser
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -37,7 +37,8 @@ def main() -> None:
     embeddings: list[torch.Tensor | float] = []
     step = 0
     start = time.perf_counter()
-    while step < args.steps:
+    done = finished(args.steps, args.seconds)
+    while not done(step):
         for xb, yb in loader:
             opt.zero_grad(set_to_none=True)
             h = body(xb)
@@ -46,7 +47,7 @@ def main() -> None:
             opt.step()
             embeddings.append(h.detach().mean().item() if args.fixed else h)  # the bug: h
             step += 1
-            if step >= args.steps:
+            if done(step):
                 break
     elapsed = time.perf_counter() - start
     rate = step * args.batch_size / elapsed

@@ -25,7 +25,7 @@ def main() -> None:
     x = torch.randn(4096, 256)
     y = torch.randint(0, 10, (4096,))
     loader = DataLoader(TensorDataset(x, y), **loader_kwargs(args))
-    train(mlp(256, 256), lambda: loader, args.steps)
+    train(mlp(256, 256), lambda: loader, args.steps, seconds=args.seconds)
 
 
 if __name__ == "__main__":
