@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.context import MIN_EVIDENCE_S, DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules._common import (
     mean_cpu_cores,
@@ -42,6 +42,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         return []
     share = summary.data_wait_fraction
     if share * 100 < ctx.thresholds.data_wait_alert_pct:
+        return []
+    if not _waits_are_typical(ctx, share):
         return []
     loader = training_loader(ctx)
     wait = summary.mean_data_wait_s
@@ -257,6 +259,29 @@ def _expected(step: float, predicted: float) -> str:
         f"About {speedup:.1f}x more steps per second ({fmt_duration(step)} -> about "
         f"{fmt_duration(predicted)} per step) while the loader keeps ahead of the model."
     )
+
+
+def _waits_are_typical(ctx: DiagnosisContext, share: float) -> bool:
+    """Whether the data wait is the steps' pattern rather than a few stalls.
+
+    Over MIN_EVIDENCE_S of steady steps the mean share stands. A shorter stretch has so few
+    steps that a handful of long waits (a preempted load on a busy machine, an epoch's first
+    batch) carry the mean: there the median step must wait beyond the alert share too, or the
+    verdict is left for a longer recording and said so.
+    """
+    summary = ctx.step_summary
+    t0, t1 = ctx.steady_window
+    if t1 - t0 >= MIN_EVIDENCE_S:
+        return True
+    typical = (summary.median_data_wait_s or 0.0) / max(summary.median_step_s or 0.0, 1e-9)
+    if typical * 100 >= ctx.thresholds.data_wait_alert_pct:
+        return True
+    ctx.not_judged["data loading"] = (
+        f"{fmt_duration(max(t1 - t0, 0.0))} of steady steps waited {share:.0%} of their time "
+        f"on data, but the median step only {typical:.0%} (a few long waits; a verdict from "
+        f"so few steps needs the typical step to wait)"
+    )
+    return False
 
 
 def _idle_cpus(ctx: DiagnosisContext, t0: float, t1: float) -> float | None:
