@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor.exporters import history
 from torchdoctor.recording.tail import RecordingTail
 
 PROCESS_COLUMNS = [
@@ -138,12 +139,15 @@ class JobState:
         self._last: dict[tuple[int, float], tuple[Any, ...]] = {}
         self._pss: dict[tuple[int, float], tuple[int | None, int | None]] = {}
         self._gpu_t: float | None = None
+        self._caught_up = False
 
     @property
     def meta(self) -> dict[str, Any]:
         return self.tail.meta
 
     def update(self) -> None:
+        if not self._caught_up:
+            self._catch_up()
         self.add_process_rows(self.tail.new_rows("process_samples", PROCESS_COLUMNS))
         self._steps(self.tail.new_rows("steps", STEP_COLUMNS))
         for row in self.tail.new_rows("events", ["kind"]):
@@ -161,6 +165,48 @@ class JobState:
             self.tail.refresh_meta()
 
     # -- internals ------------------------------------------------------------------------
+
+    def _catch_up(self) -> None:
+        """Start from the history summed in SQL (see :mod:`.history`); the rows of the latest
+        samples, which the gauges are read from, are left to the row-by-row path."""
+        self._caught_up = True
+        tail = self.tail
+        latest = history.first_row_of_latest_sample(tail, "process_samples")
+        if latest > 1:
+            past = history.process_history(tail, latest)
+            for role, counters in past.credited.items():
+                self.totals[role] = RoleTotals(
+                    cpu_user_s=counters["cpu_user_s"],
+                    cpu_system_s=counters["cpu_system_s"],
+                    read_bytes=counters["read_bytes"],
+                    write_bytes=counters["write_bytes"],
+                    io_known=role in past.io_known,
+                )
+            self._last = past.last
+            self._pss = past.pss
+            tail.seek("process_samples", latest - 1)
+        upto = tail.count("steps")
+        for rank in history.step_history(tail, upto):
+            s = self.steps["" if rank.rank is None else str(rank.rank)] = RankSteps(
+                steps=rank.steps,
+                wall_s=rank.wall_s,
+                data_wait_s=rank.data_wait_s,
+                samples=rank.samples,
+                samples_known=rank.samples_known,
+                last_t_end=rank.last_t_end,
+                cuda_alloc_retries=rank.cuda_alloc_retries,
+                cuda_ooms=rank.cuda_ooms,
+            )
+            if rank.cuda is not None:
+                s.cuda_allocated, s.cuda_reserved, s.cuda_max_allocated = rank.cuda
+        tail.seek("steps", upto)
+        upto = tail.count("events")
+        self.events = history.event_counts(tail, upto)
+        tail.seek("events", upto)
+        # Of the host and the GPUs only the latest sample is kept: read from there.
+        tail.seek("host_samples", max(tail.count("host_samples") - 1, 0))
+        for table in ("gpu_samples", "gpu_process_samples"):
+            tail.seek(table, max(history.first_row_of_latest_sample(tail, table) - 1, 0))
 
     def add_process_rows(self, rows: list[dict[str, Any]]) -> None:
         """Credit the counters; the gauges become those of the latest sample in ``rows``."""

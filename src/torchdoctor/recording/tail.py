@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.recording.schema import TABLES, from_row, select_list, stored_columns
+from torchdoctor.recording.schema import TABLES, from_row, quote, select_list, stored_columns
 
 
 class RecordingTail:
@@ -55,6 +55,23 @@ class RecordingTail:
         if any(c.kind == "json" for c in spec.columns if c.name in cols):
             return [from_row(spec, dict(zip(cols, r[1:], strict=True))) for r in rows]
         return [dict(zip(cols, r[1:], strict=True)) for r in rows]
+
+    def position(self, table: str) -> int:
+        """The last rowid of ``table`` read so far (0 before any)."""
+        return self._last.get(table, 0)
+
+    def seek(self, table: str, rowid: int) -> None:
+        """Go on from ``rowid``: the next :meth:`new_rows` returns the rows after it (a reader
+        that summed the history itself, in SQL, starts there)."""
+        self._last[table] = rowid
+
+    def column(self, table: str, column: str) -> str:
+        """``column`` for a SELECT over ``table``: NULL where the recording lacks it."""
+        return quote(column) if column in self._columns(table) else "NULL"
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        """A read-only aggregate over the recording (the connection is read-only)."""
+        return self._db.execute(sql, params).fetchall()
 
     def count(self, table: str) -> int:
         """Rows in ``table`` so far (only ever appended: the last rowid, without a scan)."""
