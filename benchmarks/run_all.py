@@ -10,16 +10,20 @@ estimate_cuda_check.py) run on a GPU machine by hand and are skipped here.
     python benchmarks/run_all.py [NAME...] [--markdown] [--save]
 
 --save writes the figures to benchmarks/results/latest.jsonl (one JSON line per figure, as the
-scorecard wrote them), which the manual's benchmark page renders with ``table`` below.
+scorecard wrote them), which the manual's benchmark page renders with ``table`` below. The
+figures of the benchmarks this run ran replace their saved ones; the others' saved figures
+stay, each with the time and load it was measured at.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from scorecard import RESULTS_ENV, Figure, read_results
@@ -64,7 +68,11 @@ def main(argv: list[str]) -> int:
         figures = read_results(results)
         if "--save" in argv:
             SAVED.parent.mkdir(exist_ok=True)
-            SAVED.write_text(Path(results).read_text(encoding="utf-8") if figures else "")
+            ran = {f.benchmark for f in figures}
+            kept = [f for f in read_results(str(SAVED)) if f.benchmark not in ran]
+            by_order = {Path(n).stem: i for i, n in enumerate(ORDER)}
+            merged = sorted([*kept, *figures], key=lambda f: by_order.get(f.benchmark, len(ORDER)))
+            SAVED.write_text("".join(json.dumps(asdict(f)) + "\n" for f in merged))
             print(f"figures saved to {SAVED.relative_to(HERE.parent)}")
     print()
     print(table(figures, markdown))
@@ -81,10 +89,13 @@ def main(argv: list[str]) -> int:
 
 
 def table(figures: list[Figure], markdown: bool) -> str:
-    header = ("benchmark", "figure", "value", "target", "load", "")
-    rows = [(f.benchmark, f.figure, f.value, f.target or "-", _load(f), f.verdict) for f in figures]
+    header = ("benchmark", "figure", "value", "target", "load", "measured (UTC)", "")
+    rows = [
+        (f.benchmark, f.figure, f.value, f.target or "-", _load(f), f.at or "?", f.verdict)
+        for f in figures
+    ]
     if markdown:
-        lines = ["| " + " | ".join(header[:-1]) + " | met |", "|---|---|---|---|---|---|"]
+        lines = ["| " + " | ".join(header[:-1]) + " | met |", "|---|---|---|---|---|---|---|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, replace
 
 RESULTS_ENV = "TORCHDOCTOR_BENCH_RESULTS"
@@ -28,6 +29,8 @@ class Figure:
     # The 1-minute load average when the figure was measured: a figure read on a busy machine
     # (other work on the cores) is noisier and may miss a target it meets on a quiet one.
     load: float | None = None
+    # When it was measured (UTC, to the minute): a saved table gathers runs of different days.
+    at: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -67,7 +70,11 @@ class Scorecard:
         self._add(Figure(self.benchmark, figure, text, "", None))
 
     def _add(self, fig: Figure) -> None:
-        fig = replace(fig, load=round(os.getloadavg()[0], 2))
+        fig = replace(
+            fig,
+            load=round(os.getloadavg()[0], 2),
+            at=time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        )
         self.figures.append(fig)
         tail = f"  target {fig.target}  {fig.verdict}" if fig.target else ""
         print(
