@@ -17,11 +17,12 @@ from torchdoctor import open_recording
 pytest.importorskip("torch")
 JOB = str(Path(__file__).resolve().parent / "jobs" / "timed_ranks_job.py")
 # Both sides time the same calls (DDP's forward, autograd's backward, optimizer.step()); the
-# planned times of two fields differ by 3 ms or more. On a busy machine a call can be
-# preempted between our clock read and the job's, so the slack grows with the time measured.
+# planned times of two fields differ by 6 ms or more, so a slack of half that still tells a
+# figure in the wrong column. On a busy machine a call can be preempted between our clock
+# read and the job's, and the first optimizer.step() does one-off work outside the hooks
+# (2.1 ms on a loaded CI machine).
 FIELDS = ("forward", "backward", "optimizer")
-SLACK_S = 0.0015
-SLACK_SHARE = 0.15
+SLACK_S = 0.003
 
 
 def test_recorded_rank_timings_line_up_with_what_the_ranks_measured(tmp_path):
@@ -45,5 +46,4 @@ def test_recorded_rank_timings_line_up_with_what_the_ranks_measured(tmp_path):
         for step, own in zip(mine, measured, strict=True):
             where = f"rank {rank} step {step['step']}: recorded {step}, measured {own}"
             for field in FIELDS:
-                slack = max(SLACK_S, SLACK_SHARE * own[field])
-                assert step[f"{field}_s"] == pytest.approx(own[field], abs=slack), where
+                assert step[f"{field}_s"] == pytest.approx(own[field], abs=SLACK_S), where

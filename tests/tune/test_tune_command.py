@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -96,7 +97,11 @@ def test_data_bound_job_gets_verified_faster_settings_despite_failing_trials(tmp
          t.get("steps_per_s"), (t.get("reason") or "")[:80])
         for t in trials
     ]  # fmt: skip
-    why = (others_cpus, result["stopped"], result["notes"], result["verification"], tried)
+    # A string, so that pytest shows all of it (a tuple's repr is cut in the middle).
+    why = json.dumps(
+        {"others_cpus": others_cpus, "stopped": result["stopped"], "notes": result["notes"],
+         "verification": result["verification"], "trials": tried}
+    )  # fmt: skip
     if result["changed"]:
         # Faster on this machine, as tune's own interleaved A/B runs measured it.
         assert result["recommended"]["num_workers"] in (1, 2), why  # never the crashing 3 or 4

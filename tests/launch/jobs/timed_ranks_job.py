@@ -1,6 +1,6 @@
 """A DDP job (gloo, CPU) whose forward, backward and optimizer steps take planned, different
-times, measured by each rank itself: forward 2-3 ms, backward 6-8 ms, optimizer 11-12 ms, so
-that a figure recorded in another's column cannot pass for it. Each rank writes what it
+times, measured by each rank itself: forward 2-3 ms, backward 9-11 ms, optimizer 17-18 ms, so
+that a figure recorded in another's column (6 ms or more away) cannot pass for it. Each rank writes what it
 measured of every step to OUT_DIR/rank<R>.json.
 
     timed_ranks_job.py OUT_DIR
@@ -59,7 +59,7 @@ def main():
     opt.register_step_pre_hook(lambda o, a, k: wait_ms(plan["optimizer"]))
     measured = []
     for step in range(STEPS):
-        plan = {"forward": 2 + rank, "backward": 6 + step % 3, "optimizer": 11 + rank}
+        plan = {"forward": 2 + rank, "backward": 9 + step % 3, "optimizer": 17 + rank}
         model.forward_ms = plan["forward"]
         SlowBackward.ms = plan["backward"]
         x = torch.ones(4)
