@@ -1,13 +1,13 @@
-"""A job's history summed by SQLite: where a :class:`JobState` starts from.
+"""A job's step and event history summed by SQLite: where a :class:`JobState` starts from.
 
-The first scrape of a job that has run for an hour (or a week) must not bring every row it
-ever recorded into Python: one minute of a 20-process job at 100 steps/s is 8,000 rows, and
-the host exporter reads every job on the machine. These aggregates give what
-:class:`~torchdoctor.exporters.jobstate.JobState` credits row by row, by the same rules
-(each process's counters followed per (PID, start time), the first reading bringing all it
-used so far, a lower reading adding nothing, an unread one keeping the previous value; each
-increase credited to the role the process had in the row that shows it), as SQL run over the
-rows in C. The JobState then reads on from where the sums end, row by row.
+The first scrape of a job that has run for an hour (or a week) must not bring every step it
+ever recorded into Python: a minute at 100 steps/s is 6,000 rows, and the host exporter reads
+every job on the machine. These aggregates are the sums
+:class:`~torchdoctor.exporters.jobstate.JobState` makes step by step (count, wall time, data
+wait capped at the wall time, samples or else the batch size, the latest end and CUDA
+figures), per rank, as SQL run over the rows in C; the JobState reads on from where they end.
+(Process rows are fewer, and their crediting per process and role is order-dependent: they
+are read on the row-by-row path, as tuples.)
 """
 
 from __future__ import annotations
@@ -15,21 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torchdoctor.recording.tail import RecordingTail
-
-COUNTERS = ("cpu_user_s", "cpu_system_s", "read_bytes", "write_bytes")
-IO_COUNTERS = ("read_bytes", "write_bytes")
-
-ProcessKey = tuple[int, float]  # (pid, create_time)
-
-
-@dataclass(slots=True)
-class ProcessHistory:
-    """The process rows up to a rowid, summed."""
-
-    credited: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> counter -> sum
-    io_known: set[str] = field(default_factory=set)  # roles with a readable /proc/<pid>/io
-    last: dict[ProcessKey, tuple] = field(default_factory=dict)  # latest reading per counter
-    pss: dict[ProcessKey, tuple[int, int | None]] = field(default_factory=dict)  # latest PSS
 
 
 @dataclass(slots=True)
@@ -58,73 +43,6 @@ def first_row_of_latest_sample(tail: RecordingTail, table: str) -> int:
     return row[0] or 0
 
 
-def process_history(tail: RecordingTail, before: int) -> ProcessHistory:
-    """The process rows with a rowid below ``before``, credited as JobState credits them."""
-    history = ProcessHistory()
-    for (role,) in tail.query(
-        "SELECT DISTINCT role FROM process_samples WHERE rowid < ?", [before]
-    ):
-        history.credited[role] = dict.fromkeys(COUNTERS, 0.0)
-    cols = {c: tail.column("process_samples", c) for c in COUNTERS}
-    present = [c for c in COUNTERS if cols[c] != "NULL"]  # older recordings lack some
-    unread = tail.query(
-        "SELECT " + ", ".join(f"COUNT(*) - COUNT({cols[c]})" for c in present)
-        + " FROM process_samples WHERE rowid < ?",
-        [before],
-    )[0] if present else ()  # fmt: skip
-    # Counters all read in every row (the usual case) are credited in one pass; one that was
-    # unread now and then is credited over the rows that have it, alone.
-    groups = [[c] for c in present] if any(unread) else [present] if present else []
-    for group in groups:
-        _credit(tail, history, [cols[c] for c in group], group, before)
-    pss, uss = tail.column("process_samples", "pss"), tail.column("process_samples", "uss")
-    if pss != "NULL":
-        for pid, create_time, _, p, u in tail.query(
-            f"""SELECT pid, create_time, MAX(rowid), {pss}, {uss} FROM process_samples
-                WHERE rowid < ? AND {pss} IS NOT NULL GROUP BY pid, create_time""",
-            [before],
-        ):
-            history.pss[(pid, create_time)] = (p, u)
-    return history
-
-
-def _credit(
-    tail: RecordingTail, history: ProcessHistory, cols: list[str], names: list[str], before: int
-) -> None:
-    """Credit the counters ``names`` (SELECT expressions ``cols``) over the rows that read
-    them all, and note each process's latest reading of them."""
-    read = " AND ".join(f"{c} IS NOT NULL" for c in cols)
-    # Over only the rows that read the counter, LAG is the previous reading, whatever unread
-    # samples lie between (an unread counter keeps its previous value).
-    lags = ", ".join(f"{c} AS v{i}, LAG({c}) OVER k AS p{i}" for i, c in enumerate(cols))
-    sums = ", ".join(
-        f"SUM(CASE WHEN p{i} IS NULL THEN v{i} WHEN v{i} > p{i} THEN v{i} - p{i} ELSE 0 END)"
-        for i in range(len(cols))
-    )
-    for role, *totals in tail.query(
-        f"""SELECT role, {sums} FROM (
-              SELECT role, {lags} FROM process_samples WHERE rowid < ? AND {read}
-              WINDOW k AS (PARTITION BY pid, create_time ORDER BY rowid))
-            GROUP BY role""",
-        [before],
-    ):
-        for name, total in zip(names, totals, strict=True):
-            history.credited[role][name] = total
-            if name in IO_COUNTERS:
-                history.io_known.add(role)
-    # SQLite gives bare columns the values of the row that holds the MAX(): each process's
-    # latest row that read these counters.
-    for pid, create_time, _, *values in tail.query(
-        f"""SELECT pid, create_time, MAX(rowid), {", ".join(cols)} FROM process_samples
-            WHERE rowid < ? AND {read} GROUP BY pid, create_time""",
-        [before],
-    ):
-        key = (pid, create_time)
-        last = dict(zip(COUNTERS, history.last.get(key) or (None,) * len(COUNTERS), strict=True))
-        last.update(zip(names, values, strict=True))
-        history.last[key] = tuple(last[c] for c in COUNTERS)
-
-
 def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
     """The step rows up to rowid ``upto``, per rank, summed as JobState sums them."""
 
@@ -133,16 +51,31 @@ def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
 
     wall, wait = f"COALESCE({col('wall_s')}, 0.0)", f"COALESCE({col('data_wait_s')}, 0.0)"
     samples = f"COALESCE({col('samples')}, {col('batch_size')})"
-    ranks: dict[int | None, RankHistory] = {}
-    for rank, n, wall_s, wait_s, count, known, t_end in tail.query(
-        f"""SELECT rank, COUNT(*), SUM({wall}), SUM(MIN({wait}, {wall})),
-                   COALESCE(SUM({samples}), 0), COUNT({samples}), COALESCE(MAX(t_end), 0.0)
-            FROM steps WHERE rowid <= ? GROUP BY rank""",
+    sums = (
+        f"COUNT(*), SUM({wall}), SUM(MIN({wait}, {wall})), COALESCE(SUM({samples}), 0), "
+        f"COUNT({samples}), COALESCE(MAX(t_end), 0.0)"
+    )
+    cuda = ("cuda_allocated", "cuda_alloc_retries", "cuda_ooms")
+    # One pass first, as if there were one rank: grouping sorts every row, and most jobs
+    # have one rank (or none) a recording; it also says whether any CUDA figure is there.
+    (whole,) = tail.query(
+        f"SELECT MIN(rank), MAX(rank), COUNT(rank), {sums}, "
+        + ", ".join(f"COUNT({col(c)})" for c in cuda)
+        + " FROM steps WHERE rowid <= ?",
         [upto],
-    ):
-        ranks[rank] = RankHistory(rank, n, wall_s, wait_s, count, known > 0, t_end)
+    )
+    low, high, ranked, n = whole[:4]
+    has_cuda = dict(zip(cuda, whole[-len(cuda) :], strict=True))
+    ranks: dict[int | None, RankHistory] = {}
+    if n and low == high and ranked in (0, n):
+        rows = [(low, *whole[3 : 3 + 6])]
+    else:
+        rows = tail.query(f"SELECT rank, {sums} FROM steps WHERE rowid <= ? GROUP BY rank", [upto])
+    for rank, count, wall_s, wait_s, total, known, t_end in rows:
+        if count:
+            ranks[rank] = RankHistory(rank, count, wall_s, wait_s, total, known > 0, t_end)
     allocated = col("cuda_allocated")
-    if allocated != "NULL":
+    if has_cuda["cuda_allocated"]:
         for rank, _, a, r, m in tail.query(
             f"""SELECT rank, MAX(rowid), {allocated}, {col("cuda_reserved")},
                        {col("cuda_max_allocated")}
@@ -151,7 +84,7 @@ def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
         ):
             ranks[rank].cuda = (a, r, m)
     for name in ("cuda_alloc_retries", "cuda_ooms"):
-        if col(name) == "NULL":
+        if not has_cuda[name]:
             continue
         for rank, pid, _, value in tail.query(
             f"""SELECT rank, pid, MAX(rowid), {col(name)} FROM steps

@@ -19,12 +19,12 @@ from typing import Any
 from torchdoctor.exporters import history
 from torchdoctor.recording.tail import RecordingTail
 
+# Read as tuples in this order (JobState unpacks them by position: reorder both together).
 PROCESS_COLUMNS = [
     "t",
     "pid",
     "create_time",
     "role",
-    "rank",
     "cpu_user_s",
     "cpu_system_s",
     "rss",
@@ -49,6 +49,8 @@ STEP_COLUMNS = [
     "cuda_alloc_retries",
     "cuda_ooms",
 ]
+# Process rows read at once at most: a week of a 20-process job is 24 million.
+PROCESS_PART = 50_000
 GPU_PROCESS_COLUMNS = ["t", "gpu_index", "used_memory", "in_job"]
 # The host figures the series are made of: scalars only (the per-core JSON is not decoded).
 HOST_COLUMNS = [
@@ -148,8 +150,10 @@ class JobState:
     def update(self) -> None:
         if not self._caught_up:
             self._catch_up()
-        self.add_process_rows(self.tail.new_rows("process_samples", PROCESS_COLUMNS))
-        self._steps(self.tail.new_rows("steps", STEP_COLUMNS))
+        # In parts of a bounded size: the first update of a long job reads all its history.
+        while rows := self.tail.new_tuples("process_samples", PROCESS_COLUMNS, PROCESS_PART):
+            self.add_process_rows(rows)
+        self._steps(self.tail.new_tuples("steps", STEP_COLUMNS))
         for row in self.tail.new_rows("events", ["kind"]):
             self.events[row["kind"]] = self.events.get(row["kind"], 0) + 1
         hosts = self.tail.new_rows("host_samples", HOST_COLUMNS)
@@ -167,24 +171,11 @@ class JobState:
     # -- internals ------------------------------------------------------------------------
 
     def _catch_up(self) -> None:
-        """Start from the history summed in SQL (see :mod:`.history`); the rows of the latest
-        samples, which the gauges are read from, are left to the row-by-row path."""
+        """Start from the step and event history summed in SQL (see :mod:`.history`): a
+        long job has far more of them than anything else. The process rows, credited per
+        process and role, are read on by :meth:`update` as every later scrape reads them."""
         self._caught_up = True
         tail = self.tail
-        latest = history.first_row_of_latest_sample(tail, "process_samples")
-        if latest > 1:
-            past = history.process_history(tail, latest)
-            for role, counters in past.credited.items():
-                self.totals[role] = RoleTotals(
-                    cpu_user_s=counters["cpu_user_s"],
-                    cpu_system_s=counters["cpu_system_s"],
-                    read_bytes=counters["read_bytes"],
-                    write_bytes=counters["write_bytes"],
-                    io_known=role in past.io_known,
-                )
-            self._last = past.last
-            self._pss = past.pss
-            tail.seek("process_samples", latest - 1)
         upto = tail.count("steps")
         for rank in history.step_history(tail, upto):
             s = self.steps["" if rank.rank is None else str(rank.rank)] = RankSteps(
@@ -208,27 +199,37 @@ class JobState:
         for table in ("gpu_samples", "gpu_process_samples"):
             tail.seek(table, max(history.first_row_of_latest_sample(tail, table) - 1, 0))
 
-    def add_process_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Credit the counters; the gauges become those of the latest sample in ``rows``."""
+    def add_process_rows(self, rows: list[tuple]) -> None:
+        """Credit the counters; the gauges become those of the latest sample in ``rows``
+        (tuples of PROCESS_COLUMNS, as :meth:`RecordingTail.new_tuples` reads them)."""
         if not rows:
             return
         last = self._last
         totals = self.totals
         pss_of = self._pss
-        # Written out field by field: the first scrape credits the whole history so far
-        # (thousands of rows a minute of a 20-process job), and every scrape must stay cheap.
-        for row in rows:
-            key = (row["pid"], row["create_time"])
-            role = row["role"]
+        # Written out field by field, on tuples (in the order of PROCESS_COLUMNS, whose first
+        # is t: tensorboard.py cuts samples by it): the first scrape credits the whole history
+        # so far (thousands of rows a minute of a 20-process job), and every scrape must stay
+        # cheap.
+        for (
+            _t,
+            pid,
+            create_time,
+            role,
+            user,
+            system,
+            _rss,
+            pss,
+            uss,
+            _swap,
+            _thr,
+            read,
+            write,
+        ) in rows:
+            key = (pid, create_time)
             tot = totals.get(role)
             if tot is None:
                 tot = totals[role] = RoleTotals()
-            user, system, read, write = (
-                row["cpu_user_s"],
-                row["cpu_system_s"],
-                row["read_bytes"],
-                row["write_bytes"],
-            )
             before = last.get(key)
             if before is None:
                 # The first sample of a process brings everything it used so far.
@@ -276,24 +277,24 @@ class JobState:
                     elif write > b_write:
                         tot.write_bytes += write - b_write
                 last[key] = (user, system, read, write)
-            pss = row["pss"]
             if pss is not None:
-                pss_of[key] = (pss, row["uss"])
+                pss_of[key] = (pss, uss)
         # The gauges describe the latest sample: the rows sharing the largest time.
-        t = rows[-1]["t"]
-        latest = [r for r in rows if r["t"] == t]
+        t = rows[-1][0]
         now: dict[str, RoleNow] = {}
         alive = set()
-        for row in latest:
-            key = (row["pid"], row["create_time"])
+        for _t, pid, create_time, role, _u, _s, rss, _p, _u2, swap, threads, *_ in (
+            r for r in rows if r[0] == t
+        ):
+            key = (pid, create_time)
             alive.add(key)
-            g = now.get(row["role"])
+            g = now.get(role)
             if g is None:
-                g = now[row["role"]] = RoleNow()
+                g = now[role] = RoleNow()
             g.processes += 1
-            g.threads += row["threads"] or 0
-            g.rss += row["rss"] or 0
-            g.swap += row["swap"] or 0
+            g.threads += threads or 0
+            g.rss += rss or 0
+            g.swap += swap or 0
             # PSS is refreshed on a slower tier: a process between two readings counts with
             # its last one rather than as zero.
             pss, uss = self._pss.get(key, (None, None))
@@ -310,36 +311,38 @@ class JobState:
             for key in [k for k in last if k not in alive]:
                 del last[key]
 
-    def _steps(self, rows: list[dict[str, Any]]) -> None:
+    def _steps(self, rows: list[tuple]) -> None:
+        """Add step rows (tuples of STEP_COLUMNS) to their ranks' sums."""
         steps = self.steps
-        for row in rows:
-            rank = "" if row["rank"] is None else str(row["rank"])
-            s = steps.get(rank)
+        for (
+            pid, rank, t_end, wall, wait, batch_size, n, allocated, reserved, max_allocated,
+            retries, ooms,
+        ) in rows:  # fmt: skip
+            key = "" if rank is None else str(rank)
+            s = steps.get(key)
             if s is None:
-                s = steps[rank] = RankSteps()
+                s = steps[key] = RankSteps()
             s.steps += 1
-            wall = row["wall_s"] or 0.0
+            wall = wall or 0.0
             s.wall_s += wall
             # step_wait_s and step_samples, written out (see add_process_rows).
-            wait = row["data_wait_s"] or 0.0
+            wait = wait or 0.0
             s.data_wait_s += wait if wait < wall else wall
-            n = row["samples"]
             if n is None:
-                n = row["batch_size"]
+                n = batch_size
             if n is not None:
                 s.samples += n
                 s.samples_known = True
-            t_end = row["t_end"]
             if t_end > s.last_t_end:
                 s.last_t_end = t_end
-            if row["cuda_allocated"] is not None:
-                s.cuda_allocated = row["cuda_allocated"]
-                s.cuda_reserved = row["cuda_reserved"]
-                s.cuda_max_allocated = row["cuda_max_allocated"]
-            if row["cuda_alloc_retries"] is not None:
-                s.cuda_alloc_retries[row["pid"]] = row["cuda_alloc_retries"]
-            if row["cuda_ooms"] is not None:
-                s.cuda_ooms[row["pid"]] = row["cuda_ooms"]
+            if allocated is not None:
+                s.cuda_allocated = allocated
+                s.cuda_reserved = reserved
+                s.cuda_max_allocated = max_allocated
+            if retries is not None:
+                s.cuda_alloc_retries[pid] = retries
+            if ooms is not None:
+                s.cuda_ooms[pid] = ooms
 
     def _gpu_processes(self, rows: list[dict[str, Any]]) -> None:
         t = rows[-1]["t"] if rows else None

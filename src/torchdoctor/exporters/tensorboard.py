@@ -95,7 +95,7 @@ class ScalarWriter:
         before = self.points
         tail = self._tail
         self._steps(tail.new_rows("steps", STEP_COLUMNS))
-        self._processes(tail.new_rows("process_samples", PROCESS_COLUMNS))
+        self._processes(tail.new_tuples("process_samples", PROCESS_COLUMNS))
         for row in tail.new_rows("gpu_samples", _GPU_COLUMNS):
             i, t = row["index"], row["t"]
             util = row["utilization_gpu"]
@@ -145,11 +145,11 @@ class ScalarWriter:
                 if samples is not None:
                     self._add(f"{prefix}/samples_per_second", samples / wall, t, n)
 
-    def _processes(self, rows: list[dict[str, Any]]) -> None:
+    def _processes(self, rows: list[tuple]) -> None:
         state = self._state
         start = 0
         for i in range(1, len(rows) + 1):
-            if i < len(rows) and rows[i]["t"] == rows[start]["t"]:
+            if i < len(rows) and rows[i][0] == rows[start][0]:  # t, PROCESS_COLUMNS' first
                 continue
             # One sample of the job (its rows share a time): the same aggregates as the
             # Prometheus series, then its points.

@@ -43,18 +43,28 @@ class RecordingTail:
         """
         spec = TABLES[table]
         cols = columns or spec.column_names
-        select = select_list(cols, self._columns(table))
-        last = self._last.get(table, 0)
-        cursor = self._db.execute(
-            f"SELECT rowid, {select} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)
-        )
-        rows = cursor.fetchall()
-        if not rows:
-            return []
-        self._last[table] = rows[-1][0]
+        rows = self.new_tuples(table, cols)
         if any(c.kind == "json" for c in spec.columns if c.name in cols):
-            return [from_row(spec, dict(zip(cols, r[1:], strict=True))) for r in rows]
-        return [dict(zip(cols, r[1:], strict=True)) for r in rows]
+            return [from_row(spec, dict(zip(cols, r, strict=True))) for r in rows]
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def new_tuples(self, table: str, columns: list[str], limit: int | None = None) -> list[tuple]:
+        """As :meth:`new_rows`, as tuples of ``columns`` in that order and JSON left as text:
+        for readers of many rows (a dict per row costs more than the rest of their work).
+        With ``limit``, at most that many: a reader of a long history takes it in parts."""
+        select = select_list(columns, self._columns(table))
+        last = self._last.get(table, 0)
+        end = self.count(table)
+        if limit is not None:
+            end = min(end, last + limit)  # rowids of rows only ever appended follow each other
+        if end <= last:
+            return []
+        rows = self._db.execute(
+            f"SELECT {select} FROM {table} WHERE rowid > ? AND rowid <= ? ORDER BY rowid",
+            (last, end),
+        ).fetchall()
+        self._last[table] = end
+        return rows
 
     def position(self, table: str) -> int:
         """The last rowid of ``table`` read so far (0 before any)."""
