@@ -18,18 +18,20 @@ from torchdoctor.recording.tail import RecordingTail
 
 
 @dataclass(slots=True)
-class RankHistory:
-    """The step rows of one rank (None: not distributed), summed."""
+class RankSteps:
+    """Steps of one rank ("" when the job is not distributed), from its step records."""
 
-    rank: int | None
-    steps: int
-    wall_s: float
-    data_wait_s: float
-    samples: int
-    samples_known: bool
-    last_t_end: float
-    cuda: tuple[int, int | None, int | None] | None = None  # latest allocated, reserved, max
-    cuda_alloc_retries: dict[int, int] = field(default_factory=dict)  # pid -> latest
+    steps: int = 0
+    wall_s: float = 0.0
+    data_wait_s: float = 0.0
+    samples: int = 0
+    samples_known: bool = False
+    last_t_end: float = 0.0
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+    cuda_max_allocated: int | None = None
+    # cumulative per process (torch counts per process): summed over the rank's processes
+    cuda_alloc_retries: dict[int, int] = field(default_factory=dict)
     cuda_ooms: dict[int, int] = field(default_factory=dict)
 
 
@@ -43,17 +45,20 @@ def first_row_of_latest_sample(tail: RecordingTail, table: str) -> int:
     return row[0] or 0
 
 
-def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
-    """The step rows up to rowid ``upto``, per rank, summed as JobState sums them."""
+def step_history(tail: RecordingTail, upto: int) -> dict[str, RankSteps]:
+    """The step rows up to rowid ``upto``, summed per rank ("" when not distributed) as
+    JobState sums them."""
 
     def col(name: str) -> str:
         return tail.column("steps", name)
 
-    wall, wait = f"COALESCE({col('wall_s')}, 0.0)", f"COALESCE({col('data_wait_s')}, 0.0)"
+    # A NULL in a sum adds nothing, as a missing wall or wait adds nothing step by step (and
+    # MIN of a NULL is NULL): written bare, each aggregate costs SQLite the least.
+    wall, wait = col("wall_s"), col("data_wait_s")
     samples = f"COALESCE({col('samples')}, {col('batch_size')})"
     sums = (
-        f"COUNT(*), SUM({wall}), SUM(MIN({wait}, {wall})), COALESCE(SUM({samples}), 0), "
-        f"COUNT({samples}), COALESCE(MAX(t_end), 0.0)"
+        f"COUNT(*), COALESCE(SUM({wall}), 0.0), COALESCE(SUM(MIN({wait}, {wall})), 0.0), "
+        f"COALESCE(SUM({samples}), 0), COUNT({samples}), COALESCE(MAX(t_end), 0.0)"
     )
     cuda = ("cuda_allocated", "cuda_alloc_retries", "cuda_ooms")
     # One pass first, as if there were one rank: grouping sorts every row, and most jobs
@@ -66,14 +71,14 @@ def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
     )
     low, high, ranked, n = whole[:4]
     has_cuda = dict(zip(cuda, whole[-len(cuda) :], strict=True))
-    ranks: dict[int | None, RankHistory] = {}
+    ranks: dict[int | None, RankSteps] = {}
     if n and low == high and ranked in (0, n):
         rows = [(low, *whole[3 : 3 + 6])]
     else:
         rows = tail.query(f"SELECT rank, {sums} FROM steps WHERE rowid <= ? GROUP BY rank", [upto])
     for rank, count, wall_s, wait_s, total, known, t_end in rows:
         if count:
-            ranks[rank] = RankHistory(rank, count, wall_s, wait_s, total, known > 0, t_end)
+            ranks[rank] = RankSteps(count, wall_s, wait_s, total, known > 0, t_end)
     allocated = col("cuda_allocated")
     if has_cuda["cuda_allocated"]:
         for rank, _, a, r, m in tail.query(
@@ -82,7 +87,8 @@ def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
                 FROM steps WHERE rowid <= ? AND {allocated} IS NOT NULL GROUP BY rank""",
             [upto],
         ):
-            ranks[rank].cuda = (a, r, m)
+            s = ranks[rank]
+            s.cuda_allocated, s.cuda_reserved, s.cuda_max_allocated = a, r, m
     for name in ("cuda_alloc_retries", "cuda_ooms"):
         if not has_cuda[name]:
             continue
@@ -92,7 +98,7 @@ def step_history(tail: RecordingTail, upto: int) -> list[RankHistory]:
             [upto],
         ):
             getattr(ranks[rank], name)[pid] = value
-    return list(ranks.values())
+    return {"" if rank is None else str(rank): s for rank, s in ranks.items()}
 
 
 def event_counts(tail: RecordingTail, upto: int) -> dict[str, int]:

@@ -13,10 +13,11 @@ changes role (classified again once its children appear) moves no past usage bet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor.exporters import history
+from torchdoctor.exporters.history import RankSteps
 from torchdoctor.recording.tail import RecordingTail
 
 # Read as tuples in this order (JobState unpacks them by position: reorder both together).
@@ -106,24 +107,6 @@ class RoleNow:
     pss_known: bool = False
 
 
-@dataclass(slots=True)
-class RankSteps:
-    """Steps of one rank ("" when the job is not distributed), from its step records."""
-
-    steps: int = 0
-    wall_s: float = 0.0
-    data_wait_s: float = 0.0
-    samples: int = 0
-    samples_known: bool = False
-    last_t_end: float = 0.0
-    cuda_allocated: int | None = None
-    cuda_reserved: int | None = None
-    cuda_max_allocated: int | None = None
-    # cumulative per process (torch counts per process): summed over the rank's processes
-    cuda_alloc_retries: dict[int, int] = field(default_factory=dict)
-    cuda_ooms: dict[int, int] = field(default_factory=dict)
-
-
 class JobState:
     """The aggregates of one recording, brought up to date by :meth:`update`."""
 
@@ -177,19 +160,7 @@ class JobState:
         self._caught_up = True
         tail = self.tail
         upto = tail.count("steps")
-        for rank in history.step_history(tail, upto):
-            s = self.steps["" if rank.rank is None else str(rank.rank)] = RankSteps(
-                steps=rank.steps,
-                wall_s=rank.wall_s,
-                data_wait_s=rank.data_wait_s,
-                samples=rank.samples,
-                samples_known=rank.samples_known,
-                last_t_end=rank.last_t_end,
-                cuda_alloc_retries=rank.cuda_alloc_retries,
-                cuda_ooms=rank.cuda_ooms,
-            )
-            if rank.cuda is not None:
-                s.cuda_allocated, s.cuda_reserved, s.cuda_max_allocated = rank.cuda
+        self.steps = history.step_history(tail, upto)
         tail.seek("steps", upto)
         upto = tail.count("events")
         self.events = history.event_counts(tail, upto)
