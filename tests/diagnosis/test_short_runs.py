@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, TORCHDOCTOR, run_td
+from tests.helpers.live_recording import recorded_span
 from torchdoctor.diagnosis.context import MIN_EVIDENCE_S, DiagnosisContext
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.thresholds import Thresholds
@@ -32,20 +33,6 @@ def diagnose_json(path) -> list[dict]:
     run = run_td("diagnose", "--json", str(path))
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)["findings"]
-
-
-def recorded_span(path) -> float:
-    """Seconds from the job's start to the recording's last host sample (0 before any)."""
-    if not path.exists():
-        return 0.0
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        row = db.execute("SELECT MIN(t), MAX(t) FROM host_samples").fetchone()
-    except sqlite3.Error:  # the writer has not created its tables yet
-        return 0.0
-    finally:
-        db.close()
-    return (row[1] - row[0]) if row and row[0] is not None else 0.0
 
 
 LOADED_MACHINE = ("cpu-contention", "dataloader-bound")

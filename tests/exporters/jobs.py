@@ -3,6 +3,10 @@ test decides how long Prometheus watches it instead of guessing a duration."""
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
 TRAIN = r"""
 import os, sys
 import torch
@@ -23,3 +27,34 @@ while not os.path.exists(stop) and epoch < 10000:
     epoch += 1
 print("epochs", epoch, flush=True)
 """
+
+
+@dataclass
+class StoppableJob:
+    """TRAIN under `torchdoctor run`: its recording, TensorBoard folder and stop file."""
+
+    proc: subprocess.Popen
+    recording: Path
+    tensorboard: Path
+    stop_file: Path
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    def finish(self) -> None:
+        """Ask the job to stop and wait for it (once); its output is kept."""
+        if self.returncode is None:
+            self.stop_file.touch()
+            self.stdout, self.stderr = self.proc.communicate(timeout=180)
+            self.returncode = self.proc.returncode
+
+    def ensure_stopped(self) -> None:
+        """A fixture's teardown: a job that a failed test left running is stopped, and
+        killed if it does not stop."""
+        if self.returncode is None and self.proc.poll() is None:
+            self.stop_file.touch()
+            try:
+                self.proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()

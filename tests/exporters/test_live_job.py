@@ -14,13 +14,12 @@ import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import TORCHDOCTOR
-from tests.exporters.jobs import TRAIN
+from tests.exporters.jobs import TRAIN, StoppableJob
 from tests.exporters.prom import PROMETHEUS, PROMTOOL, Prometheus, free_port, prometheus, wait_for
 from tests.helpers.engines import engine
 from tests.sampling.gpu_fixtures import fake_nvml
@@ -32,22 +31,11 @@ pytestmark = engine(
 
 
 @dataclass
-class LiveJob:
-    prom: Prometheus
-    proc: subprocess.Popen
-    port: int
-    recording: Path
-    tensorboard: Path
-    stop_file: Path
-    returncode: int | None = None
-    stdout: str = ""
-    stderr: str = ""
+class LiveJob(StoppableJob):
+    """The job and the Prometheus server scraping its endpoint on ``port``."""
 
-    def finish(self) -> None:
-        if self.returncode is None:
-            self.stop_file.touch()
-            self.stdout, self.stderr = self.proc.communicate(timeout=180)
-            self.returncode = self.proc.returncode
+    prom: Prometheus | None = None
+    port: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +60,11 @@ def live(tmp_path_factory) -> LiveJob:
             text=True,
             env={**fake_nvml.subprocess_env(scenario), "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
-        job = LiveJob(prom, proc, port, tmp / "job.sqlite", tmp / "tb", tmp / "stop")
+        job = LiveJob(proc, tmp / "job.sqlite", tmp / "tb", tmp / "stop", prom=prom, port=port)
         try:
             yield job
         finally:
-            if job.returncode is None and proc.poll() is None:
-                job.stop_file.touch()
-                try:
-                    proc.communicate(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.communicate()
+            job.ensure_stopped()
 
 
 def _scraped(live: LiveJob) -> bool:

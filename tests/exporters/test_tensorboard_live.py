@@ -7,31 +7,12 @@ import os
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import TORCHDOCTOR
-from tests.exporters.jobs import TRAIN
+from tests.exporters.jobs import TRAIN, StoppableJob
 from tests.exporters.prom import wait_for
-
-
-@dataclass
-class TensorBoardJob:
-    proc: subprocess.Popen
-    recording: Path
-    tensorboard: Path
-    stop_file: Path
-    returncode: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-
-    def finish(self) -> None:
-        if self.returncode is None:
-            self.stop_file.touch()
-            self.stdout, self.stderr = self.proc.communicate(timeout=180)
-            self.returncode = self.proc.returncode
 
 
 @pytest.fixture
@@ -45,20 +26,14 @@ def live(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
-    job = TensorBoardJob(proc, tmp_path / "job.sqlite", tmp_path / "tb", tmp_path / "stop")
+    job = StoppableJob(proc, tmp_path / "job.sqlite", tmp_path / "tb", tmp_path / "stop")
     try:
         yield job
     finally:
-        if job.returncode is None and proc.poll() is None:
-            job.stop_file.touch()
-            try:
-                proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+        job.ensure_stopped()
 
 
-def test_tensorboard_scalars_match_the_recording(live: TensorBoardJob) -> None:
+def test_tensorboard_scalars_match_the_recording(live: StoppableJob) -> None:
     import numpy as np
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -10,7 +10,6 @@ test holds on a busy machine too.
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from tests.conftest import REPO, TORCHDOCTOR
 from tests.helpers.cpu_load import LoadBesides, OtherLoad
+from tests.helpers.live_recording import recorded_span
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.recordings import RecordingWatcher
 
@@ -28,19 +28,6 @@ VERDICTS = {"host-memory-leak", "cpu-saturated", "cpu-contention", "thread-overs
 # Other programs using this much CPU (in CPUs, on average) make "cpu-contention" a true finding:
 # half a CPU taken from a job that wants them all.
 CONTENDED_CPUS = 0.5
-
-
-def recorded_span(path) -> float:
-    if not path.exists():
-        return 0.0
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        row = db.execute("SELECT MIN(t), MAX(t) FROM host_samples").fetchone()
-    except sqlite3.Error:  # the writer has not created its tables yet
-        return 0.0
-    finally:
-        db.close()
-    return (row[1] - row[0]) if row and row[0] is not None else 0.0
 
 
 def test_no_leak_headline_in_a_jobs_first_seconds(tmp_path):
