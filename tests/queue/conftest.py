@@ -114,18 +114,23 @@ class QueueEnv:
             self.until(lambda: self.scheduler_pid() is None, timeout=30)
         if not self.paths.db.exists():
             return
-        store = self.store()
-        try:
-            for job in store.jobs(ACTIVE):
-                for who, start in (
-                    (job.supervisor_pid, job.supervisor_start),
-                    (job.job_pid, job.job_start),
-                ):
-                    if is_alive(who, start):
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(who, signal.SIGKILL)
-        finally:
-            store.close()
+        kill_jobs_left(self.store())
+
+
+def kill_jobs_left(store: QueueStore) -> None:
+    """Kill, by PID and start time, the supervisor and job of every job a test's queue
+    left running; the store is closed."""
+    try:
+        for job in store.jobs(ACTIVE):
+            for who, start in (
+                (job.supervisor_pid, job.supervisor_start),
+                (job.job_pid, job.job_start),
+            ):
+                if is_alive(who, start):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(who, signal.SIGKILL)
+    finally:
+        store.close()
 
 
 @pytest.fixture

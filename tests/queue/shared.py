@@ -30,9 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_nvml
-from tests.queue.conftest import HELPERS
-from torchdoctor.queue.model import ACTIVE
-from torchdoctor.queue.processes import is_alive
+from tests.queue.conftest import HELPERS, kill_jobs_left
 from torchdoctor.queue.store import QueueStore
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -271,18 +269,7 @@ class SharedMachine:
             if self.scheduler.poll() is None:
                 self.scheduler.kill()
         if (self.system_dir / "queue.sqlite").exists():
-            store = self.store()
-            try:
-                for job in store.jobs(ACTIVE):
-                    for who, start in (
-                        (job.supervisor_pid, job.supervisor_start),
-                        (job.job_pid, job.job_start),
-                    ):
-                        if is_alive(who, start):
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(who, signal.SIGKILL)
-            finally:
-                store.close()
+            kill_jobs_left(self.store())
         for user in self.users:
             subprocess.run(["userdel", "--force", "--remove", user.name], capture_output=True)
             # The registry folder its recorded jobs announced themselves in.
