@@ -243,15 +243,17 @@ def _gpu(reader: SeriesReader, readings: Readings, index: int, th: Thresholds) -
     readings.gpu_memory[index] = got["memory"]
     # The job's processes summed per instant, as a share of the device's total at that instant.
     _, job = _sum("used_memory")
+    # The device's total at the same instant, found by the index on t (the unary + keeps
+    # SQLite from choosing the index on "index", which holds every row of a one-GPU job).
     device_total = (
-        f'(SELECT {total} FROM gpu_samples AS g WHERE g."index" = ? AND g.t = p.t'
+        f'(SELECT {total} FROM gpu_samples AS g WHERE +g."index" = ? AND g.t = p.t'
         " ORDER BY g.rowid DESC LIMIT 1)"
     )
     readings.gpu_job_memory[index] = reader.read(
-        f"SELECT t, 1 AS p0, CASE WHEN v IS NOT NULL AND {device_total}"
-        f" THEN 100.0 * v / {device_total} END AS v0 FROM (SELECT t, {job} AS v"
-        " FROM gpu_process_samples WHERE gpu_index = ? AND in_job GROUP BY t) AS p ORDER BY t",
-        [index, index, index],
+        "SELECT t, 1 AS p0, CASE WHEN v IS NOT NULL AND total THEN 100.0 * v / total END AS v0"
+        f" FROM (SELECT p.t AS t, p.v AS v, {device_total} AS total FROM (SELECT t, {job} AS v"
+        " FROM gpu_process_samples WHERE gpu_index = ? AND in_job GROUP BY t) AS p) ORDER BY t",
+        [index, index],
         ["job"],
     )["job"]
 
