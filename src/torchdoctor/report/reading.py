@@ -6,7 +6,8 @@ keeps: the points to draw (min/max per bucket, :class:`~torchdoctor.report.downs
 MinMaxStream`), the count, mean and peak of the measured values, and for each limit asked the
 longest sustained span beyond it (:class:`~torchdoctor.report.sustained.SustainedStream`).
 Each is what the report computed from the whole list before, in the same order and the same
-arithmetic, so the figures are the same ones.
+arithmetic, so the figures are the same ones (the mean is a plain running sum, as ``sum()``
+was before Python 3.12 compensated it: on 3.12 the two can differ in the last digit).
 """
 
 from __future__ import annotations

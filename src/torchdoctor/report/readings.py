@@ -7,9 +7,11 @@ over the table's index on ``t``, which streams) and each instant's values pass o
 The memory is the chart's resolution (MAX_POINTS per series) whatever the recording's length.
 
 Nothing is approximated: an instant's sum is None when any process's value is unknown (a sum
-over part of the job would understate it), exactly as the report summed rows before; SQLite
-adds in the index's order, the order the rows were read in. Means are over every measured
-instant, peaks are the true maxima, and sustained spans are judged on every sample.
+over part of the job would understate it), exactly as the report summed rows before. SQLite
+adds in the index's order, the order the rows were read in, so with SQLite before 3.43 (plain
+double sums, like Python's) the sums are the same to the last bit; later versions sum reals
+with compensation, which can differ in the last digit. Means are over every measured instant
+and peaks are the true maxima; sustained spans are judged on every sample, not on buckets.
 
 A series' SQL yields ``t`` and, per series, a presence flag ``pK`` (this instant is a point
 of series K: a role's series has points only where that role has processes) and a value
