@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,22 @@ class Recording:
             raise UserError("Recording.query runs SELECT statements only")
         return [dict(r) for r in self._fetch(sql, params)]
 
+    def iter_query(self, sql: str, params: tuple | list = ()) -> Iterator[tuple]:
+        """Rows of a read-only SQL query as tuples, streamed: aggregates over long recordings
+        (a report's time buckets) without a Python object per row of the table."""
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            raise UserError("Recording.iter_query runs SELECT statements only")
+        # A subquery, so that the read can resume with LIMIT/OFFSET after salvaging.
+        return self._iter_tuples(f"SELECT * FROM ({sql})", params)
+
+    def stored_columns(self, table: str) -> set[str]:
+        """The columns ``table`` has in this file: one added to the schema after it was
+        written is missing (:meth:`rows` reads it as NULL; raw SQL must too)."""
+        stored = self._stored.get(self._check(table))
+        if stored is None:
+            stored = self._stored[table] = stored_columns(self._db, table)
+        return stored
+
     # -- convenience -------------------------------------------------------------------
     def processes(self) -> list[dict[str, Any]]:
         """Every process seen in the job, once, with its role and command line.
@@ -261,8 +278,12 @@ class Recording:
 
     def _iter_plain(self, sql: str, params: tuple | list = ()):
         """The first value of each row of ``sql``, streamed: a column of millions of rows
-        never sits in memory as one Python object per value. A damaged file met on the way
-        is salvaged once and the read resumes after the values already given."""
+        never sits in memory as one Python object per value."""
+        return (row[0] for row in self._iter_tuples(sql, params))
+
+    def _iter_tuples(self, sql: str, params: tuple | list = ()) -> Iterator[tuple]:
+        """The rows of ``sql`` as tuples, streamed. A damaged file met on the way is salvaged
+        once and the read resumes after the rows already given."""
         done = 0
         while True:
             try:
@@ -272,7 +293,7 @@ class Recording:
                 while rows := cur.fetchmany(4096):
                     for row in rows:
                         done += 1
-                        yield row[0]
+                        yield row
                 return
             except sqlite3.DatabaseError as exc:
                 if not self._salvage_after(exc):
@@ -300,10 +321,7 @@ class Recording:
         self.close()
 
     def _select_list(self, table: str, columns: list[str]) -> str:
-        stored = self._stored.get(table)
-        if stored is None:
-            stored = self._stored[table] = stored_columns(self._db, table)
-        return select_list(columns, stored)
+        return select_list(columns, self.stored_columns(table))
 
     def _check(self, table: str) -> str:
         if table not in TABLES:

@@ -1,4 +1,4 @@
-"""The timelines of a report: drawable series for each chart, from the rows of a recording.
+"""The timelines of a report: drawable series for each chart, from a recording's readings.
 
 Series are downsampled (min/max per bucket) so peaks survive; values stay in base units
 (percent, bytes, bytes/s, seconds) and times become seconds since the start of the run.
@@ -6,13 +6,12 @@ Series are downsampled (min/max per bucket) so peaks survive; values stay in bas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
 
-from torchdoctor.diagnosis.series import sustained_span
+from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import decode_json
-from torchdoctor.report.downsample import Point, downsample_minmax
+from torchdoctor.report.downsample import Point
 from torchdoctor.report.model import (
     AlertSpan,
     Band,
@@ -22,6 +21,8 @@ from torchdoctor.report.model import (
     RefLine,
     Series,
 )
+from torchdoctor.report.reading import Extent, Reading, read_points
+from torchdoctor.report.readings import SWAP_TRAFFIC, Readings
 from torchdoctor.report.scales import (
     BYTES,
     BYTES_PER_S,
@@ -57,63 +58,35 @@ class ChartContext:
         self.thresholds = thresholds
 
 
-def make_series(
-    label: str, points: Iterable[Point], ctx: ChartContext, *, dashed: bool = False
-) -> Series | None:
-    """A drawable series from (UNIX time, value) points; None when nothing was measured."""
-    shifted = sorted(((t - ctx.t0, v) for t, v in points), key=lambda p: p[0])
-    values = [v for _, v in shifted if v is not None]
-    if not values:
+def series_of(label: str, reading: Reading, *, dashed: bool = False) -> Series | None:
+    """The drawable series of a reading; None when nothing was measured."""
+    if not reading.measured:
         return None
     return Series(
         label=label,
-        points=downsample_minmax(shifted, ctx.max_points),
-        samples=len(values),
-        mean=sum(values) / len(values),
-        peak=max(values),
+        points=reading.points,
+        samples=reading.samples,
+        mean=reading.mean,
+        peak=reading.peak,
         dashed=dashed,
     )
 
 
-def column(rows: list[dict[str, Any]], key: str) -> list[Point]:
-    return [(r["t"], r[key]) for r in rows]
-
-
-def sum_by_time(
-    rows: list[dict[str, Any]], key: str, keep: Callable[[dict[str, Any]], bool] = lambda r: True
-) -> list[Point]:
-    """Per sampling instant, the sum of ``key`` over the rows kept; None if any is unknown."""
-    totals: dict[float, float | None] = {}
-    for r in rows:
-        if not keep(r):
-            continue
-        value = r[key]
-        if r["t"] not in totals:
-            totals[r["t"]] = value
-        elif totals[r["t"]] is None or value is None:
-            # A sum over part of the job would understate it: unknown, not smaller.
-            totals[r["t"]] = None
-        else:
-            totals[r["t"]] += value
-    return sorted(totals.items())
-
-
-def sustained_level(points: list[Point], best: float, alert: float, th: Thresholds) -> str:
+def sustained_level(reading: Reading, best: float, alert: float) -> str:
     """'alert' or 'warn' when the reading stays beyond that limit (as the diagnosis counts
     sustained), else 'ok': a single spike does not colour the summary."""
-    measured = [(t, v) for t, v in points if v is not None]
-    if sustained_span(measured, alert, th):
+    if reading.spans.get(alert):
         return "alert"
-    if sustained_span(measured, best, th):
+    if reading.spans.get(best):
         return "warn"
     return "ok"
 
 
 def alert_spans(
-    points: list[Point], limit: float, what: str, unit: str, ctx: ChartContext
+    reading: Reading, limit: float, what: str, unit: str, ctx: ChartContext
 ) -> list[AlertSpan]:
     """The longest sustained stretch beyond ``limit``, in elapsed time, to shade on a chart."""
-    span = sustained_span([(t, v) for t, v in points if v is not None], limit, ctx.thresholds)
+    span = reading.spans.get(limit)
     if span is None:
         return []
     return [
@@ -126,25 +99,6 @@ def alert_spans(
     ]
 
 
-def swap_traffic(host: list[dict]) -> list[Point]:
-    """Swap in + out per sample, bytes/s: the threshold table's "swap traffic"."""
-    out: list[Point] = []
-    for r in host:
-        a, b = r["swap_in_per_s"], r["swap_out_per_s"]
-        out.append((r["t"], None if a is None and b is None else (a or 0.0) + (b or 0.0)))
-    return out
-
-
-def _unavailable_reason(rows: list[dict[str, Any]], *fields: str) -> str | None:
-    """The reason a reader gave for a field it could not read, if it gave one."""
-    for r in rows:
-        missing = r.get("unavailable") or {}
-        for name in fields:
-            if name in missing:
-                return f"{name}: {missing[name]}"
-    return None
-
-
 def _nothing(chart: Chart, reason: str) -> Chart:
     chart.series = []
     chart.unavailable = reason
@@ -155,7 +109,7 @@ def _present(series: Iterable[Series | None]) -> list[Series]:
     return [s for s in series if s is not None]
 
 
-def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: ChartContext) -> Chart:
+def cpu_chart(readings: Readings, cpus: float | None, ctx: ChartContext) -> Chart:
     th = ctx.thresholds
     allowed = f"{fmt_value(cpus, '')} allowed CPUs" if cpus else "all CPUs"
     chart = Chart(
@@ -183,17 +137,14 @@ def cpu_chart(host: list[dict], procs: list[dict], cpus: float | None, ctx: Char
         ],
         y_max=100.0,
     )
-    busy = column(host, "cpu_busy")
+    busy = readings.host["cpu_busy"]
     chart.alerts = alert_spans(busy, th.cpu_load_alert_pct, "CPU load", PERCENT, ctx)
-    series: list[Series | None] = [make_series("machine busy", busy, ctx)]
-    if cpus:
-        for role in _roles_in(procs):
-            points = sum_by_time(procs, "cpu_percent", lambda r, role=role: r["role"] == role)
-            scaled = [(t, None if v is None else v / cpus) for t, v in points]
-            series.append(make_series(f"job: {ROLE_LABELS.get(role, role)}", scaled, ctx))
+    series: list[Series | None] = [series_of("machine busy", busy)]
+    for role, reading in readings.cpu_by_role.items():  # per role, as a share of the CPUs
+        series.append(series_of(f"job: {ROLE_LABELS.get(role, role)}", reading))
     chart.series = _present(series)
     if not chart.series:
-        return _nothing(chart, _no_host(host) or "no CPU figures were recorded")
+        return _nothing(chart, _no_host(readings) or "no CPU figures were recorded")
     return chart
 
 
@@ -217,27 +168,37 @@ def core_heatmap(rec: Recording, meta: dict, ctx: ChartContext) -> Heatmap:
             "waiting for I/O). Pale rows while the job runs are CPUs it leaves unused."
         ),
     )
-    columns = ["t", "per_core"] + (
-        ["per_core_ids"] if "per_core_ids" in rec.columns("host_samples") else []
+    # Streamed twice: a week of 0.5 s samples of a 64-CPU host is 77 million CPU splits.
+    valid = "json_valid(per_core) AND json_array_length(per_core) > 0"
+    if "per_core" not in rec.stored_columns("host_samples"):
+        valid = "0"
+    (count, t_first, t_last, ncores), *_ = rec.iter_query(
+        f"SELECT COUNT(*), MIN(t), MAX(t), MAX(json_array_length(per_core)) FROM host_samples"
+        f" WHERE {valid}"
     )
-    rows = [r for r in rec.rows("host_samples", columns=columns) if r.get("per_core")]
-    if not rows:
+    if not count:
         heatmap.unavailable = "no per-CPU figures were recorded"
         return heatmap
-    ncores = max(len(r["per_core"]) for r in rows)
-    ids = rows[-1].get("per_core_ids") or (meta.get("host") or {}).get("allowed_cpus")
+    ids = None
+    if "per_core_ids" in rec.stored_columns("host_samples"):
+        for (text,) in rec.iter_query(
+            f"SELECT per_core_ids FROM host_samples WHERE {valid} ORDER BY t DESC, rowid DESC"
+            " LIMIT 1"
+        ):
+            ids = decode_json(text)
+    ids = ids or (meta.get("host") or {}).get("allowed_cpus")
     if not ids or len(ids) != ncores:
         ids = list(range(ncores))
     heatmap.rows = [f"CPU {i}" for i in ids]
-    ncols = max(1, min(MAX_HEATMAP_COLUMNS, MAX_HEATMAP_CELLS // ncores, len(rows)))
-    t_first = rows[0]["t"] - ctx.t0
-    t_last = rows[-1]["t"] - ctx.t0
+    ncols = max(1, min(MAX_HEATMAP_COLUMNS, MAX_HEATMAP_CELLS // ncores, count))
+    t_first -= ctx.t0
+    t_last -= ctx.t0
     width = (t_last - t_first) / ncols if t_last > t_first else 1.0
     sums = [[0.0] * ncols for _ in range(ncores)]
     counts = [[0] * ncols for _ in range(ncores)]
-    for r in rows:
-        col = min(ncols - 1, int((r["t"] - ctx.t0 - t_first) / width))
-        for core, split in enumerate(r["per_core"][:ncores]):
+    for t, text in rec.iter_query(f"SELECT t, per_core FROM host_samples WHERE {valid} ORDER BY t"):
+        col = min(ncols - 1, int((t - ctx.t0 - t_first) / width))
+        for core, split in enumerate((decode_json(text) or [])[:ncores]):
             sums[core][col] += _busy(split)
             counts[core][col] += 1
     heatmap.cells = [
@@ -256,13 +217,13 @@ def _busy(split: list[float] | dict[str, float]) -> float:
     return max(0.0, 100.0 - split[3] - split[4])
 
 
-def iowait_chart(host: list[dict], ctx: ChartContext) -> Chart:
+def iowait_chart(readings: Readings, ctx: ChartContext) -> Chart:
     th = ctx.thresholds
     chart = Chart(
         id="iowait",
         title="I/O wait",
         unit=PERCENT,
-        series=_present([make_series("I/O wait", column(host, "cpu_iowait"), ctx)]),
+        series=_present([series_of("I/O wait", readings.host["cpu_iowait"])]),
         note="Share of CPU time spent idle while waiting for storage (all allowed CPUs).",
         bands=[
             Band(
@@ -279,54 +240,49 @@ def iowait_chart(host: list[dict], ctx: ChartContext) -> Chart:
         y_min_top=th.iowait_alert_pct * 2,
     )
     if not chart.series:
-        return _nothing(chart, _no_host(host) or _unavailable_reason(host, "cpu") or "not recorded")
-    iowait = column(host, "cpu_iowait")
+        reason = readings.unavailable("host_samples", "cpu")
+        return _nothing(chart, _no_host(readings) or reason or "not recorded")
+    iowait = readings.host["cpu_iowait"]
     chart.alerts = alert_spans(iowait, th.iowait_alert_pct, "I/O wait", PERCENT, ctx)
     return chart
 
 
-def disk_chart(host: list[dict], procs: list[dict], ctx: ChartContext) -> Chart:
+def disk_chart(readings: Readings, ctx: ChartContext) -> Chart:
     chart = Chart(
         id="disk",
         title="Disk throughput",
         unit=BYTES_PER_S,
         series=_present(
             [
-                make_series("machine reads", column(host, "disk_read_per_s"), ctx),
-                make_series("machine writes", column(host, "disk_write_per_s"), ctx),
-                make_series("job reads", sum_by_time(procs, "read_bytes_per_s"), ctx, dashed=True),
+                series_of("machine reads", readings.host["disk_read_per_s"]),
+                series_of("machine writes", readings.host["disk_write_per_s"]),
+                series_of("job reads", readings.job["read_bytes_per_s"], dashed=True),
             ]
         ),
         note="Bytes per second over whole disks, and what the job's processes read themselves.",
     )
     if not chart.series:
-        reason = _unavailable_reason(host, "disk_read_per_s") or "not recorded"
-        return _nothing(chart, _no_host(host) or reason)
+        reason = readings.unavailable("host_samples", "disk_read_per_s") or "not recorded"
+        return _nothing(chart, _no_host(readings) or reason)
     return chart
 
 
-def memory_chart(host: list[dict], procs: list[dict], meta: dict, ctx: ChartContext) -> Chart:
+def memory_chart(readings: Readings, meta: dict, ctx: ChartContext) -> Chart:
     info = meta.get("host") or {}
     refs = []
-    total = info.get("mem_total") or next((r["mem_total"] for r in host if r["mem_total"]), None)
+    total = info.get("mem_total") or readings.mem_total
     if total:
         refs.append(RefLine(float(total), f"RAM {fmt_value(total, BYTES)}"))
     if info.get("cgroup_memory_limit"):
         limit = info["cgroup_memory_limit"]
         refs.append(RefLine(float(limit), f"cgroup limit {fmt_value(limit, BYTES)}"))
     series: list[Series | None] = [
-        make_series("machine used", column(host, "mem_used"), ctx),
-        make_series("job PSS (shared pages split)", sum_by_time(procs, "pss"), ctx),
-        make_series(
-            "job RSS (shared pages counted per process)",
-            sum_by_time(procs, "rss"),
-            ctx,
-            dashed=True,
-        ),
+        series_of("machine used", readings.host["mem_used"]),
+        series_of("job PSS (shared pages split)", readings.job["pss"]),
+        series_of("job RSS (shared pages counted per process)", readings.job["rss"], dashed=True),
     ]
-    if len({r["role"] for r in procs}) > 1:
-        trainer = sum_by_time(procs, "rss", lambda r: r["role"] in roles.COMPUTE)
-        series.append(make_series("trainer RSS", trainer, ctx))
+    if len(readings.roles) > 1:
+        series.append(series_of("trainer RSS", readings.compute_rss))
     chart = Chart(
         id="memory",
         title="Memory (RAM)",
@@ -339,11 +295,11 @@ def memory_chart(host: list[dict], procs: list[dict], meta: dict, ctx: ChartCont
         ),
     )
     if not chart.series:
-        return _nothing(chart, _no_host(host) or "no memory figures were recorded")
+        return _nothing(chart, _no_host(readings) or "no memory figures were recorded")
     return chart
 
 
-def swap_chart(host: list[dict], ctx: ChartContext) -> Chart:
+def swap_chart(readings: Readings, ctx: ChartContext) -> Chart:
     th = ctx.thresholds
     chart = Chart(
         id="swap",
@@ -351,8 +307,8 @@ def swap_chart(host: list[dict], ctx: ChartContext) -> Chart:
         unit=BYTES_PER_S,
         series=_present(
             [
-                make_series("swap in", column(host, "swap_in_per_s"), ctx),
-                make_series("swap out", column(host, "swap_out_per_s"), ctx),
+                series_of("swap in", readings.host["swap_in_per_s"]),
+                series_of("swap out", readings.host["swap_out_per_s"]),
             ]
         ),
         note="Pages moved between RAM and swap, per second. Any sustained traffic slows the job.",
@@ -373,17 +329,16 @@ def swap_chart(host: list[dict], ctx: ChartContext) -> Chart:
         y_min_top=th.swap_alert_bytes_per_s * 1.6,
     )
     if not chart.series:
-        reason = _unavailable_reason(host, "swap_in_per_s") or "not recorded"
-        return _nothing(chart, _no_host(host) or reason)
-    used = [r["swap_used"] for r in host if r["swap_used"] is not None]
-    if used:
-        chart.note += f" Swap in use peaked at {fmt_value(max(used), BYTES)}."
-    traffic = swap_traffic(host)
+        reason = readings.unavailable("host_samples", "swap_in_per_s") or "not recorded"
+        return _nothing(chart, _no_host(readings) or reason)
+    if readings.swap_used_peak is not None:
+        chart.note += f" Swap in use peaked at {fmt_value(readings.swap_used_peak, BYTES)}."
+    traffic = readings.host[SWAP_TRAFFIC]
     chart.alerts = alert_spans(traffic, th.swap_alert_bytes_per_s, "swap traffic", BYTES_PER_S, ctx)
     return chart
 
 
-def gpu_util_chart(gpus: list[dict], meta: dict, ctx: ChartContext) -> Chart:
+def gpu_util_chart(readings: Readings, meta: dict, ctx: ChartContext) -> Chart:
     chart = Chart(
         id="gpu-util",
         title="GPU utilization",
@@ -395,25 +350,22 @@ def gpu_util_chart(gpus: list[dict], meta: dict, ctx: ChartContext) -> Chart:
         ),
         y_max=100.0,
     )
-    reason = gpu_unavailable_reason(meta, gpus)
+    reason = gpu_unavailable_reason(meta, readings.gpu_sampled)
     if reason:
         return _nothing(chart, reason)
     names = _gpu_names(meta)
-    for index in sorted({r["index"] for r in gpus}):
-        rows = [r for r in gpus if r["index"] == index]
-        chart.series += _present(
-            [make_series(_gpu_label(index, names), column(rows, "utilization_gpu"), ctx)]
-        )
+    for index, reading in readings.gpu_util.items():
+        chart.series += _present([series_of(_gpu_label(index, names), reading)])
     if not chart.series:
         return _nothing(
             chart,
             "NVML reported no utilization for any GPU: "
-            + (_unavailable_reason(gpus, "utilization_gpu") or "no reason given"),
+            + (readings.unavailable("gpu_samples", "utilization_gpu") or "no reason given"),
         )
     return chart
 
 
-def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: ChartContext) -> Chart:
+def vram_chart(readings: Readings, meta: dict, ctx: ChartContext) -> Chart:
     th = ctx.thresholds
     chart = Chart(
         id="vram",
@@ -437,36 +389,33 @@ def vram_chart(gpus: list[dict], gpu_procs: list[dict], meta: dict, ctx: ChartCo
         ],
         y_max=100.0,
     )
-    reason = gpu_unavailable_reason(meta, gpus)
+    reason = gpu_unavailable_reason(meta, readings.gpu_sampled)
     if reason:
         return _nothing(chart, reason)
     names = _gpu_names(meta)
-    indices = sorted({r["index"] for r in gpus})
+    indices = list(readings.gpu_memory)
     # Two lines per GPU stay readable up to four GPUs; beyond, the job's share is left out.
     with_job = len(indices) <= MAX_GPUS_WITH_JOB_LINE
     if not with_job:
         chart.note = "Memory in use on each GPU as NVML reports it."
     for index in indices:
-        rows = [r for r in gpus if r["index"] == index]
-        totals = {r["t"]: r["memory_total"] for r in rows}
-        used = [(t, share(v, totals.get(t))) for t, v in column(rows, "memory_used")]
+        used = readings.gpu_memory[index]
         label = _gpu_label(index, names)
         chart.alerts += alert_spans(used, th.gpu_memory_alert_pct, f"{label} memory", PERCENT, ctx)
-        chart.series += _present([make_series(f"{label}: all processes", used, ctx)])
+        chart.series += _present([series_of(f"{label}: all processes", used)])
         if with_job:
-            job_rows = [r for r in gpu_procs if r["gpu_index"] == index and r["in_job"]]
-            job = [(t, share(v, totals.get(t))) for t, v in sum_by_time(job_rows, "used_memory")]
-            chart.series += _present([make_series(f"{label}: this job", job, ctx, dashed=True)])
+            job = readings.gpu_job_memory[index]
+            chart.series += _present([series_of(f"{label}: this job", job, dashed=True)])
     if not chart.series:
         return _nothing(
             chart,
             "NVML reported no memory figures for any GPU: "
-            + (_unavailable_reason(gpus, "memory_used") or "no reason given"),
+            + (readings.unavailable("gpu_samples", "memory_used") or "no reason given"),
         )
     return chart
 
 
-def step_chart(steps: list[dict], markers: list[Marker], ctx: ChartContext) -> Chart:
+def step_chart(steps: SampleFrame, markers: list[Marker], ctx: ChartContext) -> Chart:
     chart = Chart(
         id="steps",
         title="Step time and data wait",
@@ -478,27 +427,27 @@ def step_chart(steps: list[dict], markers: list[Marker], ctx: ChartContext) -> C
             "A data wait close to the step time means the GPU or CPU waits for input."
         ),
     )
-    if not steps:
+    if not len(steps):
         return _nothing(
             chart,
             "no training steps were recorded: the job ran without instrumentation "
             "or never called optimizer.step()",
         )
     owners = sorted(
-        {(s["pid"], s["rank"]) for s in steps}, key=lambda o: (o[1] is None, o[1], o[0])
+        set(zip(steps.values("pid"), steps.values("rank"), strict=True)),
+        key=lambda o: (o[1] is None, o[1], o[0]),
     )
     per_owner = len(owners) <= 4
-    groups = owners if per_owner else [None]
-    for owner in groups:
-        mine = steps if owner is None else [s for s in steps if (s["pid"], s["rank"]) == owner]
+    by_pid = steps.group_by("pid") if per_owner else {}
+    for owner in owners if per_owner else [None]:
+        mine = steps if owner is None else by_pid[owner[0]]
         suffix = "" if owner is None or len(owners) == 1 else f" ({who(*owner)})"
         chart.series += _present(
             [
-                make_series(f"step time{suffix}", [(s["t_end"], s["wall_s"]) for s in mine], ctx),
-                make_series(
+                series_of(f"step time{suffix}", _step_reading(mine, owner, "wall_s", ctx)),
+                series_of(
                     f"data wait{suffix}",
-                    [(s["t_end"], s["data_wait_s"]) for s in mine],
-                    ctx,
+                    _step_reading(mine, owner, "data_wait_s", ctx),
                     dashed=True,
                 ),
             ]
@@ -506,6 +455,27 @@ def step_chart(steps: list[dict], markers: list[Marker], ctx: ChartContext) -> C
     if not per_owner:
         chart.note += f" All {len(owners)} processes' steps are drawn together."
     return chart
+
+
+def _step_reading(
+    steps: SampleFrame, owner: tuple[int, int | None] | None, key: str, ctx: ChartContext
+) -> Reading:
+    """(t_end, ``key``) of the steps of ``owner`` (all when None), read from the frame's
+    arrays twice: once for the first and last times, once into the reading."""
+
+    def points() -> Iterator[Point]:
+        for rank, t, v in zip(
+            steps.values("rank"), steps.values("t_end"), steps.values(key), strict=True
+        ):
+            if owner is None or rank == owner[1]:
+                yield t, v
+
+    first = last = None
+    for t, _ in points():
+        first = t if first is None else first
+        last = t
+    extent = Extent(t_first=first, t_last=last)
+    return read_points(points(), extent, ctx.t0, ctx.max_points, ctx.thresholds)
 
 
 def event_markers(events: list[dict], ctx: ChartContext) -> list[Marker]:
@@ -526,14 +496,19 @@ def event_markers(events: list[dict], ctx: ChartContext) -> list[Marker]:
     return out
 
 
-def gpu_unavailable_reason(meta: dict, gpus: list[dict]) -> str | None:
+def gpu_unavailable_reason(meta: dict, sampled: bool) -> str | None:
     """Why there is no GPU chart, in words, or None when there is GPU data."""
     status = meta.get("gpus")
     if isinstance(status, dict) and not status.get("available", True):
         return f"no GPU / NVML unavailable: {status.get('reason') or 'no reason given'}"
-    if isinstance(status, dict) and status.get("available") and not status.get("gpus") and not gpus:
+    if (
+        isinstance(status, dict)
+        and status.get("available")
+        and not status.get("gpus")
+        and not sampled
+    ):
         return "no GPU / NVML unavailable: NVML works but found no GPU"
-    if not gpus:
+    if not sampled:
         return "no GPU / NVML unavailable: no GPU samples were recorded"
     return None
 
@@ -548,17 +523,5 @@ def _gpu_label(index: int, names: dict[int, str]) -> str:
     return f"GPU {index} ({name})" if name else f"GPU {index}"
 
 
-def share(value: float | None, total: float | None) -> float | None:
-    if value is None or not total:
-        return None
-    return 100.0 * value / total
-
-
-def _no_host(host: list[dict]) -> str | None:
-    return None if host else "the machine was not sampled in this recording"
-
-
-def _roles_in(procs: list[dict]) -> list[str]:
-    order = list(ROLE_LABELS)
-    roles = {r["role"] for r in procs}
-    return sorted(roles, key=lambda r: (order.index(r) if r in order else len(order), r))
+def _no_host(readings: Readings) -> str | None:
+    return None if readings.host_sampled else "the machine was not sampled in this recording"

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
+from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.report.charts import (
     MAX_POINTS,
     ChartContext,
-    column,
     core_heatmap,
     cpu_chart,
     disk_chart,
@@ -26,18 +26,16 @@ from torchdoctor.report.charts import (
     gpu_util_chart,
     iowait_chart,
     memory_chart,
-    share,
     step_chart,
-    sum_by_time,
     sustained_level,
     swap_chart,
-    swap_traffic,
     vram_chart,
 )
 from torchdoctor.report.model import (
     Figure,
     ReportData,
 )
+from torchdoctor.report.readings import SWAP_TRAFFIC, Readings, read_readings
 from torchdoctor.report.scales import (
     BYTES,
     BYTES_PER_S,
@@ -51,32 +49,14 @@ from torchdoctor.report.tables import (
     exit_text,
     meta_sections,
     precision_rows,
-    process_tree,
+    process_tree_of,
+    read_process_stats,
     settings_rows,
     threshold_rows,
 )
 from torchdoctor.sampling.types import usable_cpus_of
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.units import fmt_duration
-
-# Only the columns drawn: a recording of hours holds hundreds of thousands of rows.
-HOST_COLUMNS = [
-    "t",
-    "cpu_busy",
-    "cpu_iowait",
-    "mem_total",
-    "mem_used",
-    "swap_used",
-    "swap_in_per_s",
-    "swap_out_per_s",
-    "disk_read_per_s",
-    "disk_write_per_s",
-    "unavailable",
-]
-
-
-GPU_COLUMNS = ["t", "index", "utilization_gpu", "memory_used", "memory_total", "unavailable"]
-
 
 # The timeline that shows each finding's evidence best (finding id -> chart id).
 FINDING_CHARTS = {
@@ -111,46 +91,43 @@ def build_report_data(
     diagnose: Diagnose | None = None,
     max_points: int = MAX_POINTS,
 ) -> ReportData:
-    """Read ``rec`` once and compute everything the report shows.
+    """Read ``rec`` and compute everything the report shows.
 
+    The samples are summed up in SQL and streamed (:mod:`torchdoctor.report.readings`) and
+    the steps read as column arrays (``Recording.frame``): no Python object is held per
+    sample or step, so a week-long recording reports in the memory of an hour-long one.
     ``diagnose`` defaults to the diagnosis engine; a failure there is shown in the report
     instead of costing the user the rest of it.
     """
     meta = rec.meta
-    host = rec.rows("host_samples", columns=HOST_COLUMNS)
-    procs = rec.rows(
-        "process_samples",
-        columns=["t", "pid", "create_time", "role", "cpu_percent", "rss", "pss", "swap"]
-        + ["threads", "read_bytes_per_s"],
-    )
-    gpus = rec.rows("gpu_samples", columns=GPU_COLUMNS)
-    gpu_procs = rec.rows("gpu_process_samples", columns=["t", "gpu_index", "used_memory", "in_job"])
-    steps = rec.rows("steps")
+    steps = rec.frame("steps")
     events = rec.rows("events")
     settings = rec.rows("settings")
     loaders = rec.rows("dataloaders")
 
-    t0 = _origin(meta, host, procs, steps)
+    t0 = _origin(meta, rec)
     end = rec.ended_at
     span = max(0.0, (end - t0) if end is not None else 0.0)
     cpus = usable_cpus_of(meta.get("host"))
     ctx = ChartContext(t0=t0, max_points=max_points, thresholds=thresholds)
+    readings = read_readings(rec, t0, max_points, thresholds, cpus)
 
     findings, note = _run_diagnosis(rec, thresholds, diagnose)
     markers = event_markers(events, ctx)
     charts = [
-        cpu_chart(host, procs, cpus, ctx),
-        iowait_chart(host, ctx),
-        disk_chart(host, procs, ctx),
-        memory_chart(host, procs, meta, ctx),
-        swap_chart(host, ctx),
-        gpu_util_chart(gpus, meta, ctx),
-        vram_chart(gpus, gpu_procs, meta, ctx),
+        cpu_chart(readings, cpus, ctx),
+        iowait_chart(readings, ctx),
+        disk_chart(readings, ctx),
+        memory_chart(readings, meta, ctx),
+        swap_chart(readings, ctx),
+        gpu_util_chart(readings, meta, ctx),
+        vram_chart(readings, meta, ctx),
         step_chart(steps, markers, ctx),
     ]
-    process_rows, process_count = process_tree(rec.processes(), procs, t0)
+    infos = rec.processes()
+    process_rows, process_count = process_tree_of(infos, read_process_stats(rec), t0)
     summary, verdict, level = _summary(
-        meta, host, procs, gpus, steps, loaders, settings, findings, note, span, cpus, thresholds
+        meta, readings, steps, loaders, settings, findings, note, span, cpus, thresholds
     )
     return ReportData(
         title=_command(meta) or rec.path.name,
@@ -167,7 +144,7 @@ def build_report_data(
         cores=core_heatmap(rec, meta, ctx),
         processes=process_rows,
         process_count=process_count,
-        settings=settings_rows(settings, {p["pid"]: p["role"] for p in rec.processes()}),
+        settings=settings_rows(settings, {p["pid"]: p["role"] for p in infos}),
         dataloaders=dataloader_rows(loaders),
         precision=precision_rows(steps),
         findings=findings,
@@ -198,10 +175,8 @@ def _run_diagnosis(
 
 def _summary(
     meta: dict,
-    host: list[dict],
-    procs: list[dict],
-    gpus: list[dict],
-    steps: list[dict],
+    readings: Readings,
+    steps: SampleFrame,
     loaders: list[dict],
     settings: list[dict],
     findings: list[Finding],
@@ -210,9 +185,10 @@ def _summary(
     cpus: float | None,
     th: Thresholds,
 ) -> tuple[list[Figure], str, str]:
+    # Means and peaks are the readings' own: over every measured sample, not the buckets.
     duration = fmt_duration(span) if meta.get("started_at") is not None and span > 0 else "n/a"
     figures = [Figure("Duration", duration, exit_text(meta.get("exit_status")), "none")]
-    if steps:
+    if len(steps):
         stats = step_stats(steps, loaders, settings)
         rate = (
             f", {fmt_value(stats.samples_per_s, '')} samples/s"
@@ -236,86 +212,76 @@ def _summary(
                     "none",
                 )
             )
-    busy = [r["cpu_busy"] for r in host if r["cpu_busy"] is not None]
-    if busy:
-        mean = sum(busy) / len(busy)
+    busy = readings.host["cpu_busy"]
+    if busy.measured:
         where = f"of {fmt_value(cpus, '')} allowed CPUs" if cpus else "of all CPUs"
-        level = sustained_level(
-            column(host, "cpu_busy"), th.cpu_load_best_pct, th.cpu_load_alert_pct, th
-        )
-        peak = fmt_value(max(busy), PERCENT)
+        level = sustained_level(busy, th.cpu_load_best_pct, th.cpu_load_alert_pct)
+        peak = fmt_value(busy.peak, PERCENT)
         figures.append(
-            Figure("CPU busy (mean)", fmt_value(mean, PERCENT), f"{where}, peak {peak}", level)
+            Figure("CPU busy (mean)", fmt_value(busy.mean, PERCENT), f"{where}, peak {peak}", level)
         )
-    iowait = [r["cpu_iowait"] for r in host if r["cpu_iowait"] is not None]
-    if iowait:
-        mean = sum(iowait) / len(iowait)
-        level = sustained_level(
-            column(host, "cpu_iowait"), th.iowait_best_pct, th.iowait_alert_pct, th
+    iowait = readings.host["cpu_iowait"]
+    if iowait.measured:
+        level = sustained_level(iowait, th.iowait_best_pct, th.iowait_alert_pct)
+        peak = fmt_value(iowait.peak, PERCENT)
+        figures.append(
+            Figure("I/O wait (mean)", fmt_value(iowait.mean, PERCENT), f"peak {peak}", level)
         )
-        peak = fmt_value(max(iowait), PERCENT)
-        figures.append(Figure("I/O wait (mean)", fmt_value(mean, PERCENT), f"peak {peak}", level))
-    job_cpu = [v for _, v in sum_by_time(procs, "cpu_percent") if v is not None]
-    if job_cpu:
+    job_cpu = readings.job["cpu_percent"]
+    if job_cpu.measured:
         of = f" of {fmt_value(cpus, '')} allowed" if cpus else ""
         figures.append(
             Figure(
                 "Job CPU (mean)",
-                f"{fmt_value(sum(job_cpu) / len(job_cpu) / 100, '')} cores",
-                f"all its processes{of}, peak {fmt_value(max(job_cpu) / 100, '')} cores",
+                f"{fmt_value(job_cpu.mean / 100, '')} cores",  # type: ignore[operator]
+                f"all its processes{of}, peak {fmt_value(job_cpu.peak / 100, '')} cores",  # type: ignore[operator]
                 "none",
             )
         )
-    pss = [v for _, v in sum_by_time(procs, "pss") if v is not None]
-    rss = [v for _, v in sum_by_time(procs, "rss") if v is not None]
-    if pss or rss:
-        label, values = ("Job memory (peak PSS)", pss) if pss else ("Job memory (peak RSS)", rss)
+    pss, rss = readings.job["pss"], readings.job["rss"]
+    if pss.measured or rss.measured:
+        label, values = (
+            ("Job memory (peak PSS)", pss) if pss.measured else ("Job memory (peak RSS)", rss)
+        )
         total = (meta.get("host") or {}).get("mem_total")
         detail = f"of {fmt_value(total, BYTES)} RAM" if total else ""
-        figures.append(Figure(label, fmt_value(max(values), BYTES), detail, "none"))
-    traffic = swap_traffic(host)
-    measured = [v for _, v in traffic if v is not None]
-    if measured:
-        level = sustained_level(traffic, th.swap_best_bytes_per_s, th.swap_alert_bytes_per_s, th)
+        figures.append(Figure(label, fmt_value(values.peak, BYTES), detail, "none"))
+    traffic = readings.host[SWAP_TRAFFIC]
+    if traffic.measured:
+        level = sustained_level(traffic, th.swap_best_bytes_per_s, th.swap_alert_bytes_per_s)
         figures.append(
             Figure(
                 "Swap traffic (mean)",
-                fmt_value(sum(measured) / len(measured), BYTES_PER_S),
-                f"in + out, peak {fmt_value(max(measured), BYTES_PER_S)}",
+                fmt_value(traffic.mean, BYTES_PER_S),
+                f"in + out, peak {fmt_value(traffic.peak, BYTES_PER_S)}",
                 level,
             )
         )
-    util = [r["utilization_gpu"] for r in gpus if r["utilization_gpu"] is not None]
-    if util:
+    if readings.gpu_util_mean is not None:
         figures.append(
             Figure(
                 "GPU utilization (mean)",
-                fmt_value(sum(util) / len(util), PERCENT),
+                fmt_value(readings.gpu_util_mean, PERCENT),
                 "share of time a kernel was running",
                 "none",
             )
         )
-    vram = [(r["t"], share(r["memory_used"], r["memory_total"])) for r in gpus]
-    peak_vram = max((v for _, v in vram if v is not None), default=None)
-    if peak_vram is not None:
+    vram = [r for r in readings.gpu_memory.values() if r.measured]
+    if vram:
         levels = [
-            sustained_level(
-                [p for p, r in zip(vram, gpus, strict=True) if r["index"] == index],
-                th.gpu_memory_best_high_pct,
-                th.gpu_memory_alert_pct,
-                th,
-            )
-            for index in {r["index"] for r in gpus}
+            sustained_level(r, th.gpu_memory_best_high_pct, th.gpu_memory_alert_pct) for r in vram
         ]
         level = "alert" if "alert" in levels else "warn" if "warn" in levels else "ok"
+        peak_vram = max(r.peak for r in vram)  # type: ignore[type-var]
         figures.append(
             Figure("VRAM (peak)", fmt_value(peak_vram, PERCENT), "of GPU memory in use", level)
         )
-    elif not gpus:
-        figures.append(Figure("GPU", "none", gpu_unavailable_reason(meta, gpus) or "", "none"))
+    elif not readings.gpu_sampled:
+        reason = gpu_unavailable_reason(meta, readings.gpu_sampled)
+        figures.append(Figure("GPU", "none", reason or "", "none"))
 
     counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
-    if not (host or procs or steps):
+    if not (readings.host_sampled or readings.roles or len(steps)):
         verdict, level = (
             "Nothing to judge: this recording holds no samples (the job ended before the "
             "first one was taken).",
@@ -342,12 +308,18 @@ def _summary(
     return figures, verdict, level
 
 
-def _origin(meta: dict, *tables: list[dict]) -> float:
+def _origin(meta: dict, rec: Recording) -> float:
     started = meta.get("started_at")
     if isinstance(started, (int, float)):
         return float(started)
-    firsts = [rows[0].get("t", rows[0].get("t_end")) for rows in tables if rows]
-    firsts = [t for t in firsts if t is not None]
+    firsts = [
+        t
+        for (t,) in rec.iter_query(
+            "SELECT MIN(t) FROM host_samples UNION ALL SELECT MIN(t) FROM process_samples"
+            " UNION ALL SELECT MIN(t_end) FROM steps"
+        )
+        if t is not None
+    ]
     return min(firsts) if firsts else time.time()
 
 

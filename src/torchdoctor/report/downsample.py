@@ -8,6 +8,8 @@ maximum, in time order, so the drawn envelope is exactly the envelope of the dat
 
 from __future__ import annotations
 
+import math
+
 Point = tuple[float, float | None]  # (time, value); a None value is a gap in the line
 
 
@@ -21,25 +23,104 @@ def downsample_minmax(points: list[Point], max_points: int) -> list[Point]:
         raise ValueError("max_points must be at least 2")
     if len(points) <= max_points:
         return list(points)
-    buckets = max_points // 2
-    t0 = points[0][0]
-    span = points[-1][0] - t0
+    span = points[-1][0] - points[0][0]
     if span <= 0:
-        return _by_count(points, buckets)
-    width = span / buckets
-    out: list[Point] = []
-    current: list[Point] = []
-    current_index = 0
-    for point in points:
-        index = min(buckets - 1, int((point[0] - t0) / width))
-        if index != current_index and current:
-            out.extend(_reduce(current))
-            current = []
-        current_index = index
-        current.append(point)
-    if current:
-        out.extend(_reduce(current))
-    return out
+        return _by_count(points, max_points // 2)
+    stream = MinMaxStream(points[0][0], points[-1][0], max_points)
+    for t, v in points:
+        stream.add(t, v)
+    return stream.points()
+
+
+class MinMaxStream:
+    """:func:`downsample_minmax` fed one point at a time, for series too long to hold.
+
+    Given the series' first and last times up front (a SQL MIN/MAX), it keeps the points
+    until there are more than ``max_points``, then only the bucket being filled: its first
+    time and the first minimum and first maximum seen, which is what ``_reduce`` keeps. Fed
+    the same points it returns the same list, so a long recording's chart has exactly the
+    envelope its samples have.
+    """
+
+    __slots__ = (
+        "max_points",
+        "buckets",
+        "t0",
+        "width",
+        "held",
+        "out",
+        "index",
+        "first",
+        "low",
+        "high",
+        "seen",
+    )
+
+    def __init__(self, t_first: float, t_last: float, max_points: int) -> None:
+        if max_points < 2:
+            raise ValueError("max_points must be at least 2")
+        self.max_points = max_points
+        self.buckets = max_points // 2
+        self.t0 = t_first
+        span = t_last - t_first
+        # All points at one time (never in a per-instant series): one bucket holds them.
+        self.width = span / self.buckets if span > 0 else math.inf
+        self.held: list[Point] | None = []  # None once bucketing
+        self.out: list[Point] = []
+        self.index = 0
+        self.first: Point | None = None  # the current bucket's first point
+        self.low: tuple[int, Point] | None = None  # (position in the bucket, point)
+        self.high: tuple[int, Point] | None = None
+        self.seen = 0  # points in the current bucket
+
+    def add(self, t: float, v: float | None) -> None:
+        held = self.held
+        if held is not None:
+            held.append((t, v))
+            if len(held) <= self.max_points:
+                return
+            self.held = None
+            for point in held:
+                self._bucket(point)
+            return
+        self._bucket((t, v))
+
+    def _bucket(self, point: Point) -> None:
+        index = min(self.buckets - 1, int((point[0] - self.t0) / self.width))
+        if index != self.index and self.first is not None:
+            self._flush()
+        self.index = index
+        if self.first is None:
+            self.first = point
+        v = point[1]
+        if v is not None:
+            # Strict comparisons keep the first minimum and maximum, as min() and max() do.
+            if self.low is None or v < self.low[1][1]:  # type: ignore[operator]
+                self.low = (self.seen, point)
+            if self.high is None or v > self.high[1][1]:  # type: ignore[operator]
+                self.high = (self.seen, point)
+        self.seen += 1
+
+    def _flush(self) -> None:
+        low, high = self.low, self.high
+        if low is None or high is None:
+            assert self.first is not None
+            self.out.append((self.first[0], None))
+        elif low[0] == high[0]:
+            self.out.append(low[1])
+        else:
+            first, second = (low, high) if low[0] < high[0] else (high, low)
+            self.out += [first[1], second[1]]
+        self.first = self.low = self.high = None
+        self.seen = 0
+
+    def points(self) -> list[Point]:
+        """The points to draw: every point fed while there were at most ``max_points``."""
+        if self.held is not None:
+            return list(self.held)
+        if self.first is not None:
+            self._flush()
+        return self.out
 
 
 def _by_count(points: list[Point], buckets: int) -> list[Point]:

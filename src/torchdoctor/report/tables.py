@@ -6,7 +6,8 @@ import json
 import shlex
 import signal
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
@@ -39,20 +40,78 @@ def who(pid: int, rank: int | None) -> str:
     return f"rank {rank}, pid {pid}" if rank is not None else f"pid {pid}"
 
 
-def process_tree(infos: list[dict], samples: list[dict], t0: float) -> tuple[list[ProcessRow], int]:
+@dataclass(slots=True)
+class ProcessStats:
+    """One process' samples summed up: the figures of its row in the process tree."""
+
+    first_t: float | None
+    last_t: float | None
+    cpu_sum: float  # of the measured cpu_percent values, for their mean
+    cpu_count: int
+    peak_cpu: float | None
+    peak_rss: int | None
+    peak_pss: int | None
+    peak_threads: int | None
+    peak_swap: int | None
+
+
+ProcessKey = tuple[int, float]  # (pid, create_time): a pid is reused, this pair is not
+
+
+def process_stats(samples: Iterable[Mapping[str, Any]]) -> dict[ProcessKey, ProcessStats]:
+    """The stats of each process from its sample rows (in time order)."""
+    by_key: dict[ProcessKey, list[Mapping[str, Any]]] = defaultdict(list)
+    for s in samples:
+        by_key[(s["pid"], s["create_time"])].append(s)
+    out = {}
+    for key, mine in by_key.items():
+        cpu = [s["cpu_percent"] for s in mine if s["cpu_percent"] is not None]
+        out[key] = ProcessStats(
+            first_t=mine[0]["t"],
+            last_t=mine[-1]["t"],
+            cpu_sum=sum(cpu),
+            cpu_count=len(cpu),
+            peak_cpu=max(cpu) if cpu else None,
+            peak_rss=peak(s["rss"] for s in mine),
+            peak_pss=peak(s["pss"] for s in mine),
+            peak_threads=peak(s["threads"] for s in mine),
+            peak_swap=peak(s["swap"] for s in mine),
+        )
+    return out
+
+
+def read_process_stats(rec: Recording) -> dict[ProcessKey, ProcessStats]:
+    """The stats of each process summed up in SQL: one row per process, however many
+    samples (a week of 20 processes is 24 million rows)."""
+    cols = rec.stored_columns("process_samples")
+    q = {c: (f'"{c}"' if c in cols else "NULL") for c in ("cpu_percent", "pss", "swap")}
+    sql = (
+        f"SELECT pid, create_time, MIN(t), MAX(t), TOTAL({q['cpu_percent']}),"
+        f" COUNT({q['cpu_percent']}), MAX({q['cpu_percent']}), MAX(rss), MAX({q['pss']}),"
+        f" MAX(threads), MAX({q['swap']}) FROM process_samples GROUP BY pid, create_time"
+    )
+    return {(row[0], row[1]): ProcessStats(*row[2:]) for row in rec.iter_query(sql)}
+
+
+def process_tree(
+    infos: list[dict], samples: Iterable[Mapping[str, Any]], t0: float
+) -> tuple[list[ProcessRow], int]:
+    """The process tree of ``samples`` rows (see :func:`process_tree_of`)."""
+    return process_tree_of(infos, process_stats(samples), t0)
+
+
+def process_tree_of(
+    infos: list[dict], stats: dict[ProcessKey, ProcessStats], t0: float
+) -> tuple[list[ProcessRow], int]:
     """The job's processes as a tree (depth-first, oldest first), with their peaks.
 
     Large groups of siblings of one role (DataLoader workers re-created every epoch) are
     folded into one row carrying the peaks over the group, so the tree stays readable.
     """
-    by_key: dict[tuple[int, float], list[dict]] = defaultdict(list)
-    for s in samples:
-        by_key[(s["pid"], s["create_time"])].append(s)
-    rows: dict[tuple[int, float], ProcessRow] = {}
+    rows: dict[ProcessKey, ProcessRow] = {}
     for info in infos:
         key = (info["pid"], info["create_time"])
-        mine = by_key.get(key, [])
-        cpu = [s["cpu_percent"] for s in mine if s["cpu_percent"] is not None]
+        mine = stats.get(key)
         rows[key] = ProcessRow(
             depth=0,
             pid=info["pid"],
@@ -61,14 +120,14 @@ def process_tree(infos: list[dict], samples: list[dict], t0: float) -> tuple[lis
             rank=info.get("rank"),
             name=info["name"],
             cmdline=list(info.get("cmdline") or []),
-            first_seen=(mine[0]["t"] - t0) if mine else None,
-            last_seen=(mine[-1]["t"] - t0) if mine else None,
-            mean_cpu=(sum(cpu) / len(cpu)) if cpu else None,
-            peak_cpu=max(cpu) if cpu else None,
-            peak_rss=peak(s["rss"] for s in mine),
-            peak_pss=peak(s["pss"] for s in mine),
-            peak_threads=peak(s["threads"] for s in mine),
-            peak_swap=peak(s["swap"] for s in mine),
+            first_seen=(mine.first_t - t0) if mine and mine.first_t is not None else None,
+            last_seen=(mine.last_t - t0) if mine and mine.last_t is not None else None,
+            mean_cpu=(mine.cpu_sum / mine.cpu_count) if mine and mine.cpu_count else None,
+            peak_cpu=mine.peak_cpu if mine else None,
+            peak_rss=mine.peak_rss if mine else None,
+            peak_pss=mine.peak_pss if mine else None,
+            peak_threads=mine.peak_threads if mine else None,
+            peak_swap=mine.peak_swap if mine else None,
         )
     ordered = sorted(rows.items(), key=lambda kv: kv[0][1])
     children: dict[int, list[ProcessRow]] = defaultdict(list)
