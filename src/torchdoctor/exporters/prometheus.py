@@ -192,12 +192,15 @@ class HostCollector:
                 self._sources[path] = _JobSource(path, self._findings)
         for path in [p for p in self._sources if p not in set(paths)]:
             self._sources.pop(path).close()
-        if self._findings is not None:
-            self._findings.follow(paths)
         for src in self._sources.values():
             job = src.update()
             if job is not None:
                 add_job(f, job, src.findings(), user=src.user or "")
+        if self._findings is not None:
+            # After the jobs are read: a new job's first diagnosis, in its thread, would
+            # otherwise run beside its first read and double that scrape's time (20 jobs with
+            # a minute of history: 446 ms of CPU and 877 ms of wall, against 207 ms).
+            self._findings.follow(paths)
         _jobs_up(f, self._sources.values())
         f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
         f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},

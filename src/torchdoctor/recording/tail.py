@@ -30,10 +30,18 @@ class RecordingTail:
         self._last: dict[str, int] = {}
         self._stored: dict[str, set[str]] = {}
         self.meta: dict[str, Any] = {}
+        self._raw_meta: dict[str, str] = {}  # meta's values as stored (JSON text)
         self.refresh_meta()
 
     def refresh_meta(self) -> dict[str, Any]:
-        self.meta = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        """Re-read ``meta``. Values are decoded only where their text changed: a live job's
+        meta is re-read at every scrape, and decoding its host description each time cost
+        about 1 ms a job."""
+        raw = dict(self._db.execute("SELECT key, value FROM meta"))
+        if raw != self._raw_meta:
+            old, known = self.meta, self._raw_meta
+            self.meta = {k: old[k] if known.get(k) == v else json.loads(v) for k, v in raw.items()}
+            self._raw_meta = raw
         return self.meta
 
     def new_rows(self, table: str, columns: list[str] | None = None) -> list[dict[str, Any]]:
