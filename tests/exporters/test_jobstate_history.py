@@ -1,5 +1,6 @@
-"""The first scrape sums the history in SQL: the same counters, gauges and step figures as
-reading every row one by one, on a recording that has every case the crediting rules name
+"""The first scrape starts from the totals the writer saved beside the rows (or, in a
+recording from before them, from the history summed in SQL): the same counters, gauges and
+step figures as reading every row one by one, on a recording that has every case the crediting rules name
 (processes that exit and start, change role, counters unread or read lower, PSS refreshed
 now and then, two ranks with CUDA figures, GPUs, events), and on from there row by row."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -102,8 +104,9 @@ def _figures(state: JobState) -> dict:
 # Steps of two ranks are summed per rank; of one job not distributed, in one pass.
 @pytest.mark.parametrize("gaps", [True, False], ids=["unread-counters", "all-read"])
 @pytest.mark.parametrize("ranks", [(0, 1), (None,)], ids=["two-ranks", "no-rank"])
+@pytest.mark.parametrize("saved", [True, False], ids=["saved-totals", "summed-in-sql"])
 def test_the_first_scrape_of_a_long_history_equals_reading_it_row_by_row(
-    tmp_path: Path, gaps: bool, ranks: tuple
+    tmp_path: Path, gaps: bool, ranks: tuple, saved: bool
 ) -> None:
     path = tmp_path / "job.sqlite"
     writer = RecordingWriter(path, {"started_at": T})
@@ -112,8 +115,15 @@ def test_the_first_scrape_of_a_long_history_equals_reading_it_row_by_row(
     for i in range(120):
         _record(writer, i, rng, gaps, ranks)
         one_by_one.update()  # the history arrives a sample at a time
+    if not saved:  # as a recording written before the writer kept totals
+        db = sqlite3.connect(path)
+        db.execute("DELETE FROM meta WHERE key = 'totals'")
+        db.commit()
+        db.close()
     first_scrape = JobState(RecordingTail(path))
-    first_scrape.update()  # all of it at once: summed in SQL
+    assert ("totals" in first_scrape.meta) is saved
+    first_scrape.update()  # all of it at once: from the saved totals, or summed in SQL
+    assert (first_scrape.sums.through["steps"] > 0) is saved  # which way it started
     assert first_scrape.tail.position("process_samples") > 0
     assert _figures(first_scrape) == _figures(one_by_one)
     # The per-process state it goes on from is the same: the next rows credit the same.

@@ -12,27 +12,8 @@ are read on the row-by-row path, as tuples.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from torchdoctor.recording.tail import RecordingTail
-
-
-@dataclass(slots=True)
-class RankSteps:
-    """Steps of one rank ("" when the job is not distributed), from its step records."""
-
-    steps: int = 0
-    wall_s: float = 0.0
-    data_wait_s: float = 0.0
-    samples: int = 0
-    samples_known: bool = False
-    last_t_end: float = 0.0
-    cuda_allocated: int | None = None
-    cuda_reserved: int | None = None
-    cuda_max_allocated: int | None = None
-    # cumulative per process (torch counts per process): summed over the rank's processes
-    cuda_alloc_retries: dict[int, int] = field(default_factory=dict)
-    cuda_ooms: dict[int, int] = field(default_factory=dict)
+from torchdoctor.recording.totals import RankSteps
 
 
 def first_row_of_latest_sample(tail: RecordingTail, table: str) -> int:

@@ -34,6 +34,7 @@ from torchdoctor.recording.paths import claim_recording_file
 from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
 from torchdoctor.recording.schema import APPLICATION_ID, META_SQL, SCHEMA_VERSION, TABLES, to_row
 from torchdoctor.recording.state import writer_identity
+from torchdoctor.recording.totals import PROCESS_COLUMNS, STEP_COLUMNS, RunningTotals
 from torchdoctor.sampling.types import Snapshot
 from torchdoctor.units import fmt_bytes
 
@@ -43,6 +44,17 @@ PAGE_SIZE = 8192
 _SQLITE_FULL = 13
 # Recordings whose writer in this process stopped (a full disk): their file could not say so.
 STOPPED_HERE: set[str] = set()
+
+
+def _positions(table: str, columns: list[str]) -> tuple[int, ...]:
+    names = TABLES[table].column_names
+    return tuple(names.index(c) for c in columns)
+
+
+# Where the running totals' columns lie in the rows the writer inserts.
+_PROCESS_PICK = _positions("process_samples", PROCESS_COLUMNS)
+_STEP_PICK = _positions("steps", STEP_COLUMNS)
+(_EVENT_KIND,) = _positions("events", ["kind"])
 
 
 class RecordingWriter:
@@ -72,6 +84,8 @@ class RecordingWriter:
         self._last_flush = self._last_checkpoint = time.monotonic()
         self._closed = False
         self.rows_written: dict[str, int] = {name: 0 for name in TABLES}
+        # The counters' sums so far, committed with the rows (see recording.totals).
+        self._totals = RunningTotals()
         if not self.path.exists():
             claim_recording_file(self.path, option="another path")
         elif self.path.is_dir() or self.path.stat().st_size > 0:
@@ -200,6 +214,29 @@ class RecordingWriter:
             if rows:
                 self._db.executemany(TABLES[name].insert_sql(), rows)
                 self.rows_written[name] += len(rows)
+        self._add_to_totals_locked()
+
+    def _add_to_totals_locked(self) -> None:
+        """Bring the running totals up to the rows of this transaction and save them in it:
+        a reader that starts late takes them and reads only the rows after them."""
+        pending = self._pending
+        totals = self._totals
+        processes = pending["process_samples"]
+        if processes:
+            pick = _PROCESS_PICK
+            rows = [tuple(r[i] for i in pick) for r in processes]
+            totals.add_process_rows(rows)
+            t = rows[-1][0]
+            totals.forget_except({(r[1], r[2]) for r in rows if r[0] == t})
+        if pending["steps"]:
+            pick = _STEP_PICK
+            totals.add_steps([tuple(r[i] for i in pick) for r in pending["steps"]])
+        if pending["events"]:
+            totals.add_events([r[_EVENT_KIND] for r in pending["events"]])
+        if processes or pending["steps"] or pending["events"]:
+            # Rowids of a table only appended to follow each other from 1.
+            totals.through = {t: self.rows_written[t] for t in totals.through}
+            self._set_meta_locked({"totals": totals.to_json()})
 
     def _write_locked(self, work: Callable[[], None]) -> None:
         """One transaction; a failure stops the recording (said once), never raises."""

@@ -504,6 +504,7 @@ def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
         "gpus",
         "env",
         "schema_version",
+        "totals",  # the writer's running sums for late readers (recording.totals), not facts
     }
     other = [(k, pretty_json(json.dumps(v))) for k, v in sorted(meta.items()) if k not in known]
     if other:
