@@ -59,7 +59,11 @@ class QueueStore:
             app = self._db.execute("PRAGMA application_id").fetchone()[0]
             if not fresh and app != APPLICATION_ID:
                 has_tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-                if app != 0 or has_tables:
+                # Another process may have committed the schema between the two reads (8
+                # submitters starting the queue at once): its tables and its application id
+                # commit together, so once the tables show, the id shows too.
+                app = self._db.execute("PRAGMA application_id").fetchone()[0]
+                if app != APPLICATION_ID and (app != 0 or has_tables):
                     raise sqlite3.DatabaseError("not a torchdoctor queue state file")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
