@@ -30,7 +30,9 @@ setup: $(STAMP)
 # Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
 # (network namespaces and tc for two-node tests), systemd (systemd-analyze verify of the queue's
 # units), the C compiler (the fake libnvidia-ml.so.1 of
-# tests/nvml/). Each is checked by the program it provides; with CI=true a test whose engine is
+# tests/nvml/). py-spy (attach's stack sampler) is not a Debian package here: it comes from PyPI
+# with the `attach` extra that `setup` installs (.[all]) into .venv/bin, where
+# sampling/pystacks.py looks first. Each is checked by the program it provides; with CI=true a test whose engine is
 # missing fails instead of skipping (tests/helpers/engines.py).
 # Chromium: Debian's `chromium` package. On Ubuntu `apt-get install chromium` installs a snap
 # stub that does not run headless in a container or CI: install Google Chrome's .deb instead
