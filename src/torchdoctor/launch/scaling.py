@@ -151,7 +151,7 @@ def run_trial(
 def measure_trial(trial: Trial, warmup: int) -> None:
     """Fill the trial's figures from its recording."""
     from torchdoctor.diagnosis.context import DiagnosisContext
-    from torchdoctor.diagnosis.rules.communication_bound import exposed_share
+    from torchdoctor.diagnosis.rules.communication_bound import exposed_communication
     from torchdoctor.diagnosis.rules.rank_straggler import own_parts
     from torchdoctor.recording import open_recording
     from torchdoctor.thresholds import Thresholds
@@ -168,7 +168,7 @@ def measure_trial(trial: Trial, warmup: int) -> None:
         if busy and job:
             trial.others_cpu = round(max(statistics.mean(busy) - statistics.mean(job), 0.0), 1)
         rate = 0.0
-        step_times, waits, computes, owns, exposed = [], [], [], [], []
+        step_times, waits, computes, owns = [], [], [], []
         by_pid: dict[int, list[dict]] = {}
         for s in ctx.steps:
             by_pid.setdefault(s["pid"], []).append(s)
@@ -201,13 +201,11 @@ def measure_trial(trial: Trial, warmup: int) -> None:
             computes.append(
                 sum(parts.get(k, 0.0) for k in ("forward_s", "backward_compute_s", "optimizer_s"))
             )
-            figures = exposed_share(r)
-            if figures is not None:
-                exposed.append(figures[2])
         if computes and any(computes):
             trial.compute_s = max(computes)
-        if exposed:
-            trial.exposed_comm_s = min(exposed)
+        exposed = exposed_communication(ranks)
+        if exposed is not None:
+            trial.exposed_comm_s = exposed.exposed_s
         if len(owns) >= 2:
             trial.straggle_s = max(owns) - statistics.median(owns)
 

@@ -3,15 +3,19 @@
 
 The figures are DDP's own (``_get_ddp_logging_data()``, sampled on DDP's iterations 1-10 and
 every 100th, first two left out for the bucket rebuild): backward communication time and its
-overlap with backward compute. Exposed = comm - overlap. A rank that waits for a straggler
-counts the wait as communication, so the rank with the least exposed communication (the
-straggler, if any) is taken: what remains is the cost of the all-reduce itself.
+overlap with backward compute. Exposed = comm - overlap. A rank that reaches an all-reduce
+before its peer counts its wait for that peer as communication (a straggler, or a rank the
+scheduler preempted on a busy machine, which can be either rank, step by step), so each
+sampled iteration is read from the rank that reached it last: it waited for nobody, and what
+it paid is the all-reduce itself.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
@@ -24,19 +28,45 @@ MIN_SAMPLES = 3
 MiB = 2**20
 
 
-def exposed_share(rank: RankSeries) -> tuple[float, float, float, float] | None:
-    """(comm, overlap, exposed, step) in seconds over the rank's DDP samples: medians, and
-    the lower quartile of exposed communication."""
-    sampled = rank.ddp_steps()
-    if len(sampled) < MIN_SAMPLES:
+@dataclass(frozen=True)
+class ExposedComm:
+    """The all-reduce's cost per step, over a job's sampled DDP iterations."""
+
+    comm_s: float  # backward all-reduce (median), as DDP timed it
+    overlap_s: float  # of which overlapped with backward compute (median)
+    exposed_s: float  # comm - overlap: the lower quartile (preemption only ever adds)
+    step_s: float  # the ranks' median step
+    iterations: int  # sampled iterations reached by two ranks or more
+
+    @property
+    def share(self) -> float:
+        return self.exposed_s / self.step_s
+
+
+def _exposed(step: dict) -> float:
+    return max(step["comm_s"] - (step["comm_overlap_s"] or 0.0), 0.0)
+
+
+def exposed_communication(ranks: Iterable[RankSeries]) -> ExposedComm | None:
+    """The job's exposed communication, each iteration from the rank that reached it last."""
+    by_iteration: dict[int, list[dict]] = {}
+    steps = []
+    for rank in ranks:
+        for s in rank.ddp_steps():
+            by_iteration.setdefault(s["step"], []).append(s)
+        step = rank.median("wall_s")
+        if step:
+            steps.append(step)
+    last = [min(rows, key=_exposed) for rows in by_iteration.values() if len(rows) >= 2]
+    if len(last) < MIN_SAMPLES or not steps:
         return None
-    comm = statistics.median(s["comm_s"] for s in sampled)
-    overlap = statistics.median(s["comm_overlap_s"] or 0.0 for s in sampled)
-    # Waiting for a late peer (a straggler, a rank the scheduler left out) only ever adds to
-    # DDP's comm time: the lower quartile is the all-reduce's own cost.
-    exposed = _quartile([max(s["comm_s"] - (s["comm_overlap_s"] or 0.0), 0.0) for s in sampled])
-    step = rank.median("wall_s") or statistics.median(s["wall_s"] for s in sampled)
-    return comm, overlap, exposed, step
+    return ExposedComm(
+        comm_s=statistics.median(s["comm_s"] for s in last),
+        overlap_s=statistics.median(s["comm_overlap_s"] or 0.0 for s in last),
+        exposed_s=_quartile([_exposed(s) for s in last]),
+        step_s=statistics.median(steps),
+        iterations=len(last),
+    )
 
 
 def _quartile(values: list[float]) -> float:
@@ -46,16 +76,17 @@ def _quartile(values: list[float]) -> float:
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
     job = ctx.job
-    figures = {r.rank: exposed_share(r) for r in job.ranks.values()}
-    figures = {k: v for k, v in figures.items() if v is not None and v[3] > 0}
-    if len(figures) < 2:
+    figures = exposed_communication(job.ranks.values())
+    if figures is None or figures.share <= EXPOSED_SHARE:
         return []
-    best = min(figures, key=lambda k: figures[k][2] / figures[k][3])
-    comm, overlap, exposed, step = figures[best]
-    share = exposed / step
-    if share <= EXPOSED_SHARE:
-        return []
-    rank = job.ranks[best]
+    comm, overlap, exposed, step = (
+        figures.comm_s,
+        figures.overlap_s,
+        figures.exposed_s,
+        figures.step_s,
+    )
+    share = figures.share
+    rank = next(iter(job.ranks.values()))
     config = rank.ddp_config or {}
     world = job.world_size or len(job.ranks)
     size = config.get("total_parameter_size_bytes")
@@ -67,7 +98,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         Evidence("of which overlapped with backward compute (DDP)", ms(overlap), "ms"),
         Evidence("step time", ms(step), "ms"),
         Evidence("ranks", world, ""),
-        Evidence("figures from", f"rank {best} (least waiting)", ""),
+        Evidence(
+            "figures from",
+            f"{figures.iterations} sampled iterations, each from the last rank to reach it",
+            "",
+        ),
     ]
     if size:
         evidence.append(Evidence("gradient bytes all-reduced per step", size, "B"))
