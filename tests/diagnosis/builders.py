@@ -92,6 +92,7 @@ class Job:
     dataloaders: list[DataLoaderRecord] = field(default_factory=list)
     settings: dict[int, dict[str, Any]] = field(default_factory=dict)
     events: list[JobEvent] = field(default_factory=list)
+    end: dict[str, Any] = field(default_factory=dict)  # more of the recording's end meta
 
     def meta(self) -> dict[str, Any]:
         host = HostInfo(
@@ -141,7 +142,7 @@ class Job:
             for key, value in values.items()
         )
         writer.add_events(self.events)
-        writer.close({"ended_at": T0 + self.duration, "exit_status": 0})
+        writer.close({"ended_at": T0 + self.duration, "exit_status": 0, **self.end})
         return path
 
     def _snapshot(self, rel: float, seen: set[int]) -> Snapshot:

@@ -62,7 +62,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         f"torchdoctor submit --mem {fmt_mem_option(bigger, slurm=False)}"
     )
     settings: dict[str, Any] = {"mem_bytes": int(bigger)}
-    if workers and worker_growth > trainer_growth:
+    # Growth names a cause only where it is a real part of what filled the limit: a trainer
+    # that grew 11 MiB of a 400 MiB limit while its workers were read too seldom to show
+    # their copies did not leak (seen on a busy CI machine).
+    room = limit or sum(held.values())
+    seen = max(UNSEEN_GROWTH_B, SEEN_SHARE * room)
+    if workers and worker_growth > trainer_growth and worker_growth >= seen:
         cause = (
             f"{len(workers)} DataLoader workers copied {fmt_bytes(worker_growth)} of the data set"
         )
@@ -79,13 +84,13 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             f"or {limit_text}."
         )
         expected = "Workers' memory stays shared with the trainer; the job stays under its limit."
-    elif worker_growth == 0 and trainer_growth < UNSEEN_GROWTH_B:
-        # The kill came before any process was read growing (a fast fill on a busy machine):
-        # naming the trainer's leak, or the workers, would be a guess.
+    elif max(worker_growth, trainer_growth) < seen:
+        # The kill came before any process was read growing by much (a fast fill on a busy
+        # machine): naming the trainer's leak, or the workers, would be a guess.
         cause = "what filled the limit was not read growing before the kill"
         recommendation = (
-            "No process was sampled growing before the kill, so which one filled the limit is "
-            "not known: record again with a shorter --interval, then look at the processes "
+            f"No process was sampled growing by {fmt_bytes(seen)} or more before the kill, so "
+            "which one filled the limit is not known: record again with a shorter --interval, then look at the processes "
             "that held the most at the last samples (above). DataLoader workers that read a "
             "data set of Python objects copy it (keep samples in NumPy arrays or tensors); a "
             f"trainer that keeps each step's tensors leaks; {limit_text}."
@@ -132,22 +137,28 @@ def _held(ctx: DiagnosisContext) -> dict[int, int]:
     return out
 
 
-# Below this much private growth, nothing was seen growing (a sample's noise).
+# Below this much private growth, nothing was seen growing (a sample's noise)...
 UNSEEN_GROWTH_B = 1 << 20
+# ...nor below this share of the limit (or of what the job held): not what filled it.
+SEEN_SHARE = 0.10
 
 
 def _growth(ctx: DiagnosisContext) -> dict[int, int]:
     """Each process's private memory growth from its first reading to its last.
 
     A forked worker starts with next to nothing private, so its USS growth is what it copied.
-    The trainer is measured from the first sample after the first worker started (its own
-    start-up, torch's import, is no growth that matters); its RSS is read at every sample and
+    The trainer is measured from the first sample after the first worker started, or after
+    its first DataLoader with workers was built (its own start-up, torch's import, its data
+    set's build are no growth that matters); its RSS is read at every sample and
     a trainer's new memory shows in it, while a worker's copies do not (they replace pages
     already counted), so where USS has too few readings the trainer falls back to RSS.
     """
     by_pid = ctx.samples_by_pid
-    worker_starts = [by_pid[p][0]["t"] for p in by_pid if ctx.role_of(p) == roles.WORKER]
-    since = min(worker_starts) if worker_starts else None
+    starts = [by_pid[p][0]["t"] for p in by_pid if ctx.role_of(p) == roles.WORKER]
+    # A DataLoader with workers was built after its data set: where the kill came before any
+    # worker was sampled, the trainer is measured from there, its data set's build left out.
+    starts += [d["t"] for d in ctx.dataloaders if d["num_workers"]]
+    since = min(starts) if starts else None
     out: dict[int, int] = {}
     for pid, samples in by_pid.items():
         rows = [s for s in samples if since is None or s["t"] >= since]
