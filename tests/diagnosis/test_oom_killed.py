@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.diagnosis.builders import Job, Proc, const
+from tests.diagnosis.builders import T0, Job, Proc, const, loader
 from tests.diagnosis.conftest import by_id
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.recording import open_recording
@@ -129,3 +129,16 @@ def test_a_trainer_growing_to_the_limit_is_named(run_rules):
 def test_workers_copying_most_of_the_growth_are_named(run_rules):
     f = by_id(run_rules(_killed_at_the_limit(5 * MiB, 100 * MiB)), "oom-killed")
     assert "2 DataLoader workers copied" in f.title, f.title
+
+
+def test_with_no_worker_sampled_the_trainer_is_measured_from_its_dataloader(run_rules):
+    # The trainer's import and data set build (300 MiB in its first 5 s) come before its
+    # DataLoader with 2 workers; the kill came before any worker was sampled.
+    before = lambda t: 100 * MiB + 300 * MiB * min(t, 5.0) / 5.0  # noqa: E731
+    killed = Job(
+        procs=[Proc(1000, rss=before, uss=before)],
+        dataloaders=[loader(t=T0 + 6.0, num_workers=2)],
+        end={"memory_end": {"oom_kills": 1, "cgroup": {"limit": LIMIT, "limit_path": "x"}}},
+    )
+    f = by_id(run_rules(killed), "oom-killed")
+    assert "not read growing" in f.title, f.title

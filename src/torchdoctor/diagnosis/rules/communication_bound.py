@@ -79,15 +79,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     figures = exposed_communication(job.ranks.values())
     if figures is None or figures.share <= EXPOSED_SHARE:
         return []
-    comm, overlap, exposed, step = (
-        figures.comm_s,
-        figures.overlap_s,
-        figures.exposed_s,
-        figures.step_s,
-    )
+    comm, overlap = figures.comm_s, figures.overlap_s
+    exposed, step = figures.exposed_s, figures.step_s
     share = figures.share
-    rank = next(iter(job.ranks.values()))
-    config = rank.ddp_config or {}
+    config = next(iter(job.ranks.values())).ddp_config or {}  # every rank builds the same DDP
     world = job.world_size or len(job.ranks)
     size = config.get("total_parameter_size_bytes")
     evidence = [

@@ -90,10 +90,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         cause = "what filled the limit was not read growing before the kill"
         recommendation = (
             f"No process was sampled growing by {fmt_bytes(seen)} or more before the kill, so "
-            "which one filled the limit is not known: record again with a shorter --interval, then look at the processes "
-            "that held the most at the last samples (above). DataLoader workers that read a "
-            "data set of Python objects copy it (keep samples in NumPy arrays or tensors); a "
-            f"trainer that keeps each step's tensors leaks; {limit_text}."
+            "which one filled the limit is not known: record again with a shorter --interval, "
+            "then look at the processes that held the most at the last samples (above). "
+            "DataLoader workers that read a data set of Python objects copy it (keep samples "
+            "in NumPy arrays or tensors); a trainer that keeps each step's tensors leaks; "
+            f"{limit_text}."
         )
         expected = "The next recording shows which process grows; the job stays under its limit."
     else:
@@ -149,8 +150,8 @@ def _growth(ctx: DiagnosisContext) -> dict[int, int]:
     A forked worker starts with next to nothing private, so its USS growth is what it copied.
     The trainer is measured from the first sample after the first worker started, or after
     its first DataLoader with workers was built (its own start-up, torch's import, its data
-    set's build are no growth that matters); its RSS is read at every sample and
-    a trainer's new memory shows in it, while a worker's copies do not (they replace pages
+    set's build are no growth that matters); its RSS is read at every sample and a
+    trainer's new memory shows in it, while a worker's copies do not (they replace pages
     already counted), so where USS has too few readings the trainer falls back to RSS.
     """
     by_pid = ctx.samples_by_pid
