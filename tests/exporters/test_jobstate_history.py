@@ -2,7 +2,8 @@
 recording from before them, from the history summed in SQL): the same counters, gauges and
 step figures as reading every row one by one, on a recording that has every case the crediting rules name
 (processes that exit and start, change role, counters unread or read lower, PSS refreshed
-now and then, two ranks with CUDA figures, GPUs, events), and on from there row by row."""
+now and then, two ranks with CUDA figures, GPUs, events), and on from there: from the totals
+the writer goes on saving (or, without them, row by row)."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_the_first_scrape_of_a_long_history_equals_reading_it_row_by_row(
     path = tmp_path / "job.sqlite"
     writer = RecordingWriter(path, {"started_at": T})
     rng = random.Random(7)
-    one_by_one = JobState(RecordingTail(path))
+    one_by_one = JobState(RecordingTail(path), saved_totals=False)
     for i in range(120):
         _record(writer, i, rng, gaps, ranks)
         one_by_one.update()  # the history arrives a sample at a time
@@ -126,11 +127,15 @@ def test_the_first_scrape_of_a_long_history_equals_reading_it_row_by_row(
     assert (first_scrape.sums.through["steps"] > 0) is saved  # which way it started
     assert first_scrape.tail.position("process_samples") > 0
     assert _figures(first_scrape) == _figures(one_by_one)
-    # The per-process state it goes on from is the same: the next rows credit the same.
+    # The per-process state it goes on from is the same: the next rows credit the same
+    # (from the totals the writer goes on saving, or else row by row).
     for i in range(120, 160):
         _record(writer, i, rng, gaps, ranks)
         first_scrape.update()
         one_by_one.update()
+        # The writer saves its totals at every commit (again, where they were deleted):
+        # the later updates take them and read no step row.
+        assert first_scrape.sums.through["steps"] == first_scrape.tail.position("steps")
         assert _figures(first_scrape) == _figures(one_by_one)
     assert first_scrape.totals["dataloader-worker"].io_known
     assert first_scrape.totals["trainer"].io_known is not gaps
