@@ -10,23 +10,32 @@ scrape takes the latest findings as they stand and never waits for one.
 
 Endpoints bind 127.0.0.1 unless an address is given: metrics name what runs on the machine,
 and Prometheus' own advice is never to face public networks with them.
+
+The HTTP side is a small server of our own writing the families with
+:mod:`.exposition` (0.0.4 text, or OpenMetrics where asked for); each collector also
+gives prometheus_client's Metric objects (``collect``), for a registry of its own.
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from torchdoctor.diagnosis.engine import rule_ids
 from torchdoctor.diagnosis.rediagnosis import BackgroundDiagnosis
 from torchdoctor.errors import UserError
+from torchdoctor.exporters.exposition import LabelTexts, choose_format
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.exporters.metrics import Families, add_gpus, add_host, add_job
 from torchdoctor.recording.schema import TABLES, to_row
@@ -121,20 +130,29 @@ class JobCollector:
         if self._diagnosis is not None:
             self._diagnosis.follow([self._source.path])  # first findings before first scrape
         self._lock = threading.Lock()
+        self._labels = LabelTexts()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            f = Families()
-            job = self._source.update()
-            if job is None:
-                _jobs_up(f, [self._source])
-                return iter(f)
-            add_job(f, job, self._source.findings())
-            if job.host is not None:
-                add_host(f, job.host)
-            gpus_meta = job.meta.get("gpus") or {}
-            add_gpus(f, bool(gpus_meta.get("available")), job.gpus.values(), gpus_meta)
-            return iter(f)
+            return iter(list(self._build()))
+
+    def expose(self, **options: Any) -> bytes:
+        """One scrape's text (options: :func:`.exposition.encode`'s)."""
+        with self._lock:
+            return self._build().encode(self._labels, **options)
+
+    def _build(self) -> Families:
+        f = Families()
+        job = self._source.update()
+        if job is None:
+            _jobs_up(f, [self._source])
+            return f
+        add_job(f, job, self._source.findings())
+        if job.host is not None:
+            add_host(f, job.host)
+        gpus_meta = job.meta.get("gpus") or {}
+        add_gpus(f, bool(gpus_meta.get("available")), job.gpus.values(), gpus_meta)
+        return f
 
     def close(self) -> None:
         if self._diagnosis is not None:
@@ -164,10 +182,16 @@ class HostCollector:
         self._findings = BackgroundDiagnosis() if findings else None
         self._sources: dict[Path, _JobSource] = {}
         self._lock = threading.Lock()
+        self._labels = LabelTexts()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            return iter(self._build())
+            return iter(list(self._build()))
+
+    def expose(self, **options: Any) -> bytes:
+        """One scrape's text (options: :func:`.exposition.encode`'s)."""
+        with self._lock:
+            return self._build().encode(self._labels, **options)
 
     def _build(self) -> Families:
         f = Families()
@@ -241,12 +265,84 @@ def registry_for(collector) -> CollectorRegistry:
     return registry
 
 
-def serve(collector, address: str, port: int):
+class Exposing(Protocol):
+    def expose(self, **options: Any) -> bytes: ...
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET on any path: the metrics (gzipped where the scraper accepts it); nothing logged,
+    the terminal is the job's."""
+
+    server: _Server
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path == "/favicon.ico":  # a browser's second request
+            self._answer(200, b"", None)
+            return
+        openmetrics, content_type = choose_format(self.headers.get("Accept"))
+        names = parse_qs(url.query).get("name[]")
+        body = self.server.collector.expose(
+            openmetrics=openmetrics, names=set(names) if names else None
+        )
+        self._answer(200, body, content_type)
+
+    def do_OPTIONS(self) -> None:
+        self._answer(200, b"", None, allow=True)
+
+    def _not_allowed(self) -> None:
+        self._answer(405, f"# HTTP 405: {self.command}; use OPTIONS or GET\n".encode(), None,
+                     allow=True)  # fmt: skip
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+
+    def _answer(
+        self, status: int, body: bytes, content_type: str | None, allow: bool = False
+    ) -> None:
+        gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "") and body
+        if gzipped:
+            body = gzip.compress(body)
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
+        if allow:
+            self.send_header("Allow", "OPTIONS,GET")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a scrape in progress never holds the process at exit
+
+    def __init__(self, address: tuple[str, int], family: int, collector: Exposing) -> None:
+        self.address_family = family
+        self.collector = collector
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks the host name up (getfqdn), which can wait on DNS.
+        super(ThreadingHTTPServer, self).server_bind()
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+def serve(collector: Exposing, address: str, port: int) -> _Server:
     """Start serving ``collector`` on ``address:port`` in a daemon thread; the server.
 
     Raises OSError (``errno.EADDRINUSE`` when the port is taken); :func:`bind_error` words it.
     """
-    server, _thread = start_http_server(port, addr=address, registry=registry_for(collector))
+    # The address's own family: "::1" or "::" is served over IPv6.
+    infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = infos[0]
+    server = _Server(sockaddr[:2], family, collector)
+    threading.Thread(target=server.serve_forever, name="torchdoctor-metrics", daemon=True).start()
     return server
 
 
