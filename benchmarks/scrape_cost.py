@@ -8,8 +8,9 @@ job gets what one more second adds (2 samples, 100 steps), so a scrape does what
 a real 1 s scrape loop: it reads what was recorded since the previous one.
 
 Side by side in one run, interleaved round by round, CPU time of the scraping thread per
-scrape (building the families and encoding the text; HTTP framing is left out, it is the
-same for every variant):
+scrape (building the families and encoding the text as the endpoint's server does, with
+torchdoctor's own encoder for its two, with prometheus_client's generate_latest for the
+psutil ones; HTTP framing is left out, it is the same for every variant):
 
   job endpoint       `torchdoctor run --prometheus`: JobCollector over one recording;
   host exporter      `torchdoctor exporter`: HostCollector reading the host from /proc and
@@ -21,13 +22,16 @@ same for every variant):
                      process_iter over every process with cpu_times, memory_info,
                      num_threads, io_counters, summed per command name.
 
+`--prometheus-client` encodes torchdoctor's families with prometheus_client's generate_latest
+too (what the endpoints did before they had their own encoder), for comparison.
+
 Targets: steady scrape of one job <= 3 ms CPU, of the host exporter with 20 jobs <= 40 ms.
 
 The first scrape of each collector reads the whole 60 s history: it is reported apart
 (target <= 250 ms). The diagnosis (findings) runs beside the scrapes in a thread of its own,
 never inside one, so the scraping thread's CPU time leaves it out.
 
-    python benchmarks/scrape_cost.py [--rounds 40] [--jobs 20]
+    python benchmarks/scrape_cost.py [--rounds 40] [--jobs 20] [--prometheus-client]
 """
 
 from __future__ import annotations
@@ -165,6 +169,14 @@ def _psutil_processes():
     return [cpu, rss]
 
 
+def _encoded_by_client(collector):
+    """A scrape encoded by prometheus_client (collect, then generate_latest)."""
+    from torchdoctor.exporters.prometheus import registry_for
+
+    registry = registry_for(collector)
+    return lambda: generate_latest(registry)
+
+
 class _Fixed:
     def __init__(self, build) -> None:
         self.build = build
@@ -177,6 +189,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=20)
+    ap.add_argument("--prometheus-client", action="store_true",
+                    help="encode torchdoctor's families with generate_latest")  # fmt: skip
     args = ap.parse_args()
     card = Scorecard("scrape_cost")
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +198,7 @@ def main() -> int:
         runtime = folder / "runtime"
         runtime.mkdir(mode=0o700)
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # a registry of our own
-        from torchdoctor.exporters.prometheus import HostCollector, JobCollector, registry_for
+        from torchdoctor.exporters.prometheus import HostCollector, JobCollector
         from torchdoctor.recording.registry import active, register
         from torchdoctor.sampling.host import HostReader
 
@@ -197,13 +211,17 @@ def main() -> int:
             print(f"{len(jobs)} jobs, {len(jobs) * (CHILDREN + 1)} job processes, "
                   f"{procs} processes on the machine", flush=True)  # fmt: skip
             host_reader = HostReader()
+            job = JobCollector(jobs[0].path)
+            host = HostCollector(host_reader, None, lambda: [e.recording_path for e in active()])
+            if args.prometheus_client:
+                ours = {"job endpoint": job, "host exporter": host}
+                scrape = {k: _encoded_by_client(c) for k, c in ours.items()}
+            else:
+                scrape = {"job endpoint": job.expose, "host exporter": host.expose}
             variants = {
-                "job endpoint": registry_for(JobCollector(jobs[0].path)),
-                "host exporter": registry_for(
-                    HostCollector(host_reader, None, lambda: [e.recording_path for e in active()])
-                ),
-                "psutil node": registry_for(_Fixed(_psutil_node)),
-                "psutil processes": registry_for(_Fixed(_psutil_processes)),
+                **scrape,
+                "psutil node": _encoded_by_client(_Fixed(_psutil_node)),
+                "psutil processes": _encoded_by_client(_Fixed(_psutil_processes)),
             }
             cpu: dict[str, list[float]] = {k: [] for k in variants}
             first: dict[str, float] = {}
@@ -211,9 +229,9 @@ def main() -> int:
             for r in range(args.rounds + 1):
                 for job in jobs:
                     job.advance(1.0)  # what one second of recording adds (not measured)
-                for name, registry in variants.items():
+                for name, scrape_once in variants.items():
                     t0 = time.thread_time()
-                    body = generate_latest(registry)
+                    body = scrape_once()
                     spent = time.thread_time() - t0
                     if r == 0:
                         first[name] = spent
