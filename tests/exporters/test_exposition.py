@@ -170,6 +170,21 @@ def test_the_endpoint_serves_text_openmetrics_and_gzip(tmp_path: Path) -> None:
         collector.close()
 
 
+class _Broken:
+    def expose(self, **options) -> bytes:
+        raise RuntimeError("no metrics today")
+
+
+def test_a_scrape_that_fails_answers_500() -> None:
+    server = serve(_Broken(), "127.0.0.1", 0)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            _get(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+        assert failed.value.code == 500
+    finally:
+        stop(server)
+
+
 def test_the_endpoint_binds_ipv6(tmp_path: Path) -> None:
     try:
         with socket.socket(socket.AF_INET6) as s:

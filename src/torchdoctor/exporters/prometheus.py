@@ -282,9 +282,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         openmetrics, content_type = choose_format(self.headers.get("Accept"))
         names = parse_qs(url.query).get("name[]")
-        body = self.server.collector.expose(
-            openmetrics=openmetrics, names=set(names) if names else None
-        )
+        try:
+            body = self.server.collector.expose(
+                openmetrics=openmetrics, names=set(names) if names else None
+            )
+        except Exception:
+            # The scraper sees a failed scrape; the traceback goes where the server's go.
+            self._answer(500, b"# HTTP 500: the metrics could not be built\n", None)
+            raise
         self._answer(200, body, content_type)
 
     def do_OPTIONS(self) -> None:
@@ -299,7 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(
         self, status: int, body: bytes, content_type: str | None, allow: bool = False
     ) -> None:
-        gzipped = "gzip" in (self.headers.get("Accept-Encoding") or "") and body
+        accepted = (self.headers.get("Accept-Encoding") or "").split(",")
+        gzipped = bool(body) and any(e.split(";")[0].strip().lower() == "gzip" for e in accepted)
         if gzipped:
             body = gzip.compress(body)
         self.send_response(status)
