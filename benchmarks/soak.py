@@ -13,9 +13,14 @@ Two parts, a few minutes in all (benchmark only, never in the test suite):
           20-process job (172,800 samples, 3.5 million process rows). This process' RSS, SQLite's own heap (sqlite3_memory_used) and
           descriptors are read along the way; then the end-of-run summary is computed on each
           file and its memory cost read. File sizes give the growth per hour.
+  week    the replayed day of the 20-process job extended to --week-days (7) by SQLite itself,
+          each further day a copy of the first shifted in time (24 million process rows,
+          3 GB): `torchdoctor diagnose` and `torchdoctor report` run on the day and on the
+          week, alternately, twice each. Targets: each <= 256 MiB peak RSS on the week, and
+          the week's wall time <= 2x the day's (both read at a bounded resolution).
 
     python benchmarks/soak.py [--duration 150] [--replay-hours 24] [--day-hours 24]
-                              [--steps-per-s 5] [--diagnose]
+                              [--steps-per-s 5] [--diagnose] [--week-days 7]
 
 Memory figures are the kernel's (VmRSS); the first minute (imports, SQLite's page cache
 filling to its bound, the WAL reaching its checkpoint size) is the baseline growth is
@@ -48,6 +53,8 @@ DEFAULT_INTERVAL_S = 0.5
 # 1,130 MiB when it read whole tables as dicts; the diagnosis must not need the memory of the
 # job it diagnoses.
 DIAGNOSE_TARGET_MIB = 256
+REPORT_TARGET_MIB = 256  # `torchdoctor report` on the week, charts and diagnosis included
+WEEK_TIME_RATIO = 2.0  # the week's wall time at most this many times the day's
 # A 20-process job: one parent and 19 children that wake up now and then, like workers.
 JOB = (
     "import subprocess, sys\n"
@@ -238,6 +245,79 @@ def write_steps(writer, pid: int, t0: float, seconds: float, per_s: float) -> No
     writer.add_steps(batch)
 
 
+def extend_to_days(day: Path, out: Path, days: int) -> None:
+    """A copy of the recording ``day`` made ``days`` times as long: the sample tables' rows
+    written again by SQLite, shifted by the recording's span each time, and the end moved."""
+    import json
+    import shutil
+    import sqlite3
+
+    shutil.copyfile(day, out)
+    db = sqlite3.connect(out)
+    try:
+        meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+        span = meta["ended_at"] - meta["started_at"]
+        for table in ("host_samples", "process_samples", "gpu_samples", "gpu_process_samples"):
+            cols = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            names = ", ".join(f'"{c}"' for c in cols)
+            shifted = ", ".join("t + ?" if c == "t" else f'"{c}"' for c in cols)
+            (last,) = db.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()
+            for d in range(1, days):
+                db.execute(
+                    f"INSERT INTO {table} ({names}) SELECT {shifted} FROM {table} WHERE rowid <= ?",
+                    (d * span, last or 0),
+                )
+            db.commit()
+        db.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('ended_at', ?)",
+            (json.dumps(meta["started_at"] + days * span),),
+        )
+        db.commit()
+    finally:
+        db.close()
+
+
+def week_vs_day(day: Path, days: int, folder: Path, card: Scorecard) -> None:
+    """`torchdoctor diagnose` and `report` on the day and on the week made of it."""
+    week = folder / "week.sqlite"
+    started = time.monotonic()
+    extend_to_days(day, week, days)
+    with open_recording(week) as rec:
+        rows = rec.count("process_samples")
+    print(
+        f"\nweek: the 20-process day extended to {days} days by SQLite in"
+        f" {time.monotonic() - started:.0f} s: {rows:,} process rows,"
+        f" {week.stat().st_size / MIB:,.0f} MiB"
+    )
+    for command, target in (("diagnose", DIAGNOSE_TARGET_MIB), ("report", REPORT_TARGET_MIB)):
+        runs: dict[str, list[tuple[int, float]]] = {"day": [], "week": []}
+        for _ in range(2):  # alternately, so a change in the machine's speed hits both
+            for name, path in (("day", day), ("week", week)):
+                extra = ["-o", str(folder / f"{name}.html")] if command == "report" else []
+                runs[name].append(peak_rss_of(command, str(path), *extra))
+        day_s = min(s for _, s in runs["day"])
+        week_s = min(s for _, s in runs["week"])
+        day_peak = max(p for p, _ in runs["day"])
+        week_peak = max(p for p, _ in runs["week"])
+        print(
+            f"  `torchdoctor {command}`: day {day_s:.1f} s, {day_peak / MIB:.0f} MiB;"
+            f" week {week_s:.1f} s, {week_peak / MIB:.0f} MiB (fastest of 2, highest peak)"
+        )
+        card.check(
+            f"`torchdoctor {command}` on {days} days of the 20-process job, peak RSS",
+            week_peak / MIB,
+            f"{week_peak / MIB:.0f} MiB ({rows:,} process rows; the day: {day_peak / MIB:.0f} MiB)",
+            at_most=target,
+        )
+        card.check(
+            f"`torchdoctor {command}` on {days} days vs on 1 day, wall time",
+            week_s / day_s,
+            f"{week_s / day_s:.2f}x ({week_s:.1f} s vs {day_s:.1f} s)",
+            at_most=WEEK_TIME_RATIO,
+            target=f"<= {WEEK_TIME_RATIO:g}x",
+        )
+
+
 def peak_rss_of(*args: str) -> tuple[int, float]:
     """Peak RSS and wall time of `torchdoctor ARGS` run to completion (what the end of a
     run does)."""
@@ -272,6 +352,13 @@ def main() -> int:
         action="store_true",
         help="also diagnose the 20-process file (the 1-process file always is:"
         f" `torchdoctor diagnose` peak RSS target <= {DIAGNOSE_TARGET_MIB} MiB)",
+    )
+    parser.add_argument(
+        "--week-days",
+        type=int,
+        default=7,
+        help="extend the replayed 20-process day to this many days and diagnose and report"
+        " both (0: skip; needs --replay-hours 24)",
     )
     args = parser.parse_args()
     card = Scorecard("soak")
@@ -341,6 +428,8 @@ def main() -> int:
                     card.check(figure, peak / MIB, text, at_most=DIAGNOSE_TARGET_MIB)
                 else:
                     card.info(figure, text)
+        if args.week_days > 1 and args.replay_hours == 24:
+            week_vs_day(folder / "20-process.sqlite", args.week_days, folder, card)
     print(f"\nload after: {load()}")
     return card.exit_code()
 

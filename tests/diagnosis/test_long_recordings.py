@@ -12,11 +12,12 @@ from functools import cached_property
 import pytest
 
 from tests.diagnosis.builders import GiB, Gpu, Job, Proc, const, make_steps
-from torchdoctor.diagnosis import engine
+from torchdoctor.diagnosis import context, engine
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.series import nearest
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.steps import step_stats
+from torchdoctor.thresholds import Thresholds
 
 HOURS = 2.0
 MiB = 2**20
@@ -189,3 +190,25 @@ def test_a_frame_reads_like_the_rows_it_holds(long_recording):
         assert [t for t, _ in window.series("cpu_busy")] == [
             r["t"] for r in rec.rows("host_samples") if t0 <= r["t"] <= t1
         ]
+
+
+def test_past_max_instants_the_diagnosis_reads_a_bounded_resolution_and_finds_the_same(
+    long_recording, monkeypatch
+):
+    findings, _ = _diagnose(long_recording, DiagnosisContext, monkeypatch)
+    # 2,000 instants of the 14,400 (one per 3.6 s), as a week is read at 43,200 of 1.2 million.
+    monkeypatch.setattr(context, "MAX_INSTANTS", 2_000)
+    thinned, _ = _diagnose(long_recording, DiagnosisContext, monkeypatch)
+    with open_recording(long_recording) as rec:
+        ctx = DiagnosisContext(rec, Thresholds())
+        assert ctx.process_samples.every_s == pytest.approx(HOURS * 3600 / 2_000, rel=1e-3)
+        assert ctx.host_samples.every_s == pytest.approx(HOURS * 3600 / 2_000, rel=1e-3)
+        assert 2 * 2_000 <= len(ctx.process_samples) <= 2 * 2_001
+        assert (
+            ctx.samples_by_pid[1000][-1]["t"]
+            == rec.query("SELECT MAX(t) AS t FROM process_samples")[0]["t"]
+        )  # the last instant is always read
+    # The verdicts stand: the same findings at the same severities, with the same fixes.
+    assert [(f["id"], f["severity"], f["settings"]) for f in thinned] == [
+        (f["id"], f["severity"], f["settings"]) for f in findings
+    ]

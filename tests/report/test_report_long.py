@@ -12,6 +12,7 @@ from report_recordings import CPUS, Spec, write_recording
 
 from torchdoctor.diagnosis.series import sustained_span
 from torchdoctor.recording import open_recording
+from torchdoctor.report import readings
 from torchdoctor.report.charts import MAX_POINTS
 from torchdoctor.report.data import build_report_data
 from torchdoctor.report.downsample import downsample_minmax
@@ -159,3 +160,57 @@ def test_the_streamed_sustained_span_is_the_diagnosis_span():
         for point in series:
             stream.add(*point)
         assert stream.span() == sustained_span(series, 50.0, th), trial
+
+
+def _vm_steps(rec, work):
+    """SQLite virtual-machine instructions ``work(rec)`` runs: a cost that does not depend on
+    how busy the machine is."""
+    steps = [0]
+
+    def count():
+        steps[0] += 1000
+        return 0
+
+    rec._db.set_progress_handler(count, 1000)
+    try:
+        result = work(rec)
+    finally:
+        rec._db.set_progress_handler(None, 0)
+    return steps[0], result
+
+
+def test_past_max_instants_a_recording_is_read_at_bounded_resolution(tmp_path, monkeypatch):
+    # 2,000 instants at most (not 120,000), so that a recording written in seconds is long.
+    monkeypatch.setattr(readings, "MAX_INSTANTS", 2_000)
+    costs = {}
+    for samples in (SAMPLES, 4 * SAMPLES):
+        path = write_long_recording(tmp_path / f"{samples}.sqlite", samples, steps=False)
+        with open_recording(path) as rec:
+            instants = rec.instants("process_samples", 2_000)
+            assert instants.every_s == pytest.approx(samples * 0.5 / 2_000, rel=1e-3)
+            times = [t for (t,) in rec.iter_query(
+                f"SELECT DISTINCT t FROM process_samples{instants.where()} ORDER BY t",
+                instants.params,
+            )]  # fmt: skip
+            # Evenly spread, the first and the last instant among them.
+            assert 2_000 <= len(times) <= 2_001
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            assert max(gaps) <= instants.every_s + 0.5 + 1e-6, max(gaps)
+            t_last = rec.query("SELECT MAX(t) AS t FROM process_samples")[0]["t"]
+            assert times[-1] == t_last
+            costs[samples], data = _vm_steps(
+                rec, lambda r: build_report_data(r, Thresholds(), diagnose=no_diagnosis)
+            )
+        cpu = by_label({c.id: c for c in data.charts}["cpu"])["job: trainer"]
+        assert 2_000 <= cpu.samples <= 2_001  # the chart read the instants chosen
+        assert data.resolution_note and "one sampling instant every" in data.resolution_note
+    # Four times the recording, about the same work: index seeks, never a scan.
+    assert costs[4 * SAMPLES] < 1.5 * costs[SAMPLES], costs
+
+
+def test_up_to_max_instants_every_instant_is_read(long_path):
+    with open_recording(long_path) as rec:
+        assert rec.instants("process_samples", SAMPLES).every_s is None
+        assert rec.frame("process_samples", max_instants=SAMPLES).every_s is None
+        data = build_report_data(rec, Thresholds(), diagnose=no_diagnosis)
+    assert data.resolution_note is None

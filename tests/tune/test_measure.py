@@ -1,11 +1,17 @@
-"""Throughput from a trial's steps: warm-up left out, the slowest rank sets the pace."""
+"""Throughput from a trial's steps (warm-up left out, the slowest rank sets the pace) and its
+memory peak."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections import defaultdict
+
 import pytest
 
+from tests.diagnosis.builders import GiB, Job, Proc
+from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.steps import warmup_steps
-from torchdoctor.tune.measure import step_window, trial_warmup
+from torchdoctor.tune.measure import memory_peak, step_window, trial_warmup
 from torchdoctor.tune.space import Config
 
 
@@ -61,3 +67,24 @@ def test_slowest_rank_sets_the_pace_and_unknown_samples_stay_unknown():
 def test_too_few_steps_give_no_measurement():
     assert step_window(steps(1, [0.1] * 6), warmup=5) is None
     assert step_window([], warmup=5) is None
+
+
+def test_memory_peak_sums_each_instant_pss_first_in_sql(tmp_path):
+    job = Job(
+        duration=60.0,
+        procs=[
+            Proc(1000, rss=lambda t: 1 * GiB + (t % 17) * 1e7),
+            Proc(1001, role="dataloader-worker", rss=lambda t: 0.5 * GiB + (t % 5) * 1e7),
+        ],
+    )
+    path = job.write(tmp_path / "trial.sqlite")
+    with sqlite3.connect(path) as db:  # the worker's shared pages split: PSS below RSS
+        db.execute("UPDATE process_samples SET pss = rss / 3 WHERE pid = 1001")
+    with open_recording(path) as rec:
+        held = defaultdict(int)  # the reference: every row as a dict
+        for r in rec.rows("process_samples", columns=["t", "pss", "rss"]):
+            held[r["t"]] += r["pss"] if r["pss"] is not None else r["rss"]
+        assert memory_peak(rec) == max(held.values())
+        assert memory_peak(rec) < max(
+            r["v"] for r in rec.query("SELECT SUM(rss) AS v FROM process_samples GROUP BY t")
+        )  # PSS was taken where known

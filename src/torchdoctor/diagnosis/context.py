@@ -32,6 +32,12 @@ MIN_STEADY_STEPS = 3  # steady steps the step figures of a verdict rest on
 # at most STARTUP_MAX_S.
 STARTUP_SHARE = 0.2
 STARTUP_MAX_S = 10.0
+# The resolution the rules read samples at: every one up to this many sampling instants (6 h
+# at the default 0.5 s), past that this many spread over the run (a week: one per 14 s). The
+# rules judge minutes-long conditions and trends, which that resolution keeps; the memory and
+# time of a diagnosis then stop growing with the recording's length (a week of a 20-process
+# job would otherwise be 24 million rows).
+MAX_INSTANTS = 43_200
 
 
 class JobContext:
@@ -122,7 +128,9 @@ class DiagnosisContext:
     @cached_property
     def host_samples(self) -> SampleFrame:
         """Host samples taken while the job ran (columns read as the rules ask for them)."""
-        return self.recording.frame("host_samples", self.t_start - 1e-6, self.t_end + 1e-6)
+        return self.recording.frame(
+            "host_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=MAX_INSTANTS
+        )
 
     def host_series(self, column: str) -> list[tuple[float, float]]:
         return self.host_samples.series(column)
@@ -135,7 +143,7 @@ class DiagnosisContext:
 
     @cached_property
     def process_samples(self) -> SampleFrame:
-        return self.recording.frame("process_samples")
+        return self.recording.frame("process_samples", max_instants=MAX_INSTANTS)
 
     @cached_property
     def samples_by_pid(self) -> dict[int, SampleFrame]:
@@ -306,7 +314,9 @@ class DiagnosisContext:
     @cached_property
     def gpu_samples(self) -> dict[int, SampleFrame]:
         """Each GPU's samples taken while the job ran, by GPU index."""
-        frame = self.recording.frame("gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6)
+        frame = self.recording.frame(
+            "gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=MAX_INSTANTS
+        )
         return frame.group_by("index")
 
     @cached_property

@@ -52,13 +52,20 @@ class _IntsWithNulls:
 class _Store:
     """The columns of one table's rows, read on demand."""
 
-    __slots__ = ("spec", "read", "columns", "length")
+    __slots__ = ("spec", "read", "columns", "length", "every_s")
 
-    def __init__(self, spec: Table, read: Callable[[str], Iterator[Any]], length: int) -> None:
+    def __init__(
+        self,
+        spec: Table,
+        read: Callable[[str], Iterator[Any]],
+        length: int,
+        every_s: float | None = None,
+    ) -> None:
         self.spec = spec
         self.read = read  # the values of one column over the frame's rows, in row order
         self.columns: dict[str, Any] = {}
         self.length = length
+        self.every_s = every_s  # one sampling instant per every_s seconds; None: all of them
 
     def column(self, name: str) -> Any:
         col = self.columns.get(name)
@@ -148,6 +155,13 @@ class SampleFrame(Sequence):
     def table(self) -> str:
         return self._store.spec.name
 
+    @property
+    def every_s(self) -> float | None:
+        """None when these rows hold every sampling instant of their span; else the frame
+        was read at bounded resolution (``Recording.frame(max_instants=...)``): about one
+        instant per ``every_s`` seconds, the last one always among them."""
+        return self._store.every_s
+
     def __len__(self) -> int:
         return len(self._index)
 
@@ -192,9 +206,15 @@ class SampleFrame(Sequence):
         return {key: SampleFrame(self._store, rows) for key, rows in groups.items()}
 
 
-def make_frame(spec: Table, read: Callable[[str], Iterator[Any]], length: int) -> SampleFrame:
-    """A frame of ``length`` rows of ``spec`` whose column NAME is ``read(NAME)``."""
-    return SampleFrame(_Store(spec, read, length))
+def make_frame(
+    spec: Table,
+    read: Callable[[str], Iterator[Any]],
+    length: int,
+    every_s: float | None = None,
+) -> SampleFrame:
+    """A frame of ``length`` rows of ``spec`` whose column NAME is ``read(NAME)``; ``every_s``
+    when those rows are one sampling instant per ``every_s`` seconds, not all of them."""
+    return SampleFrame(_Store(spec, read, length, every_s))
 
 
 __all__ = ["SampleFrame", "SampleRow", "make_frame"]

@@ -26,6 +26,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,25 @@ from torchdoctor.recording.state import (
     recording_state,
 )
 from torchdoctor.recording.steps import StepStats, step_stats
+
+
+@dataclass(frozen=True, slots=True)
+class Instants:
+    """Which sampling instants of a table a reader takes (:meth:`Recording.instants`): every
+    one, or at most one per ``every_s`` seconds and the last, for a bounded resolution."""
+
+    every_s: float | None  # None: every instant
+    condition: str  # an SQL condition on the table's column t; "" when every instant
+    params: tuple[Any, ...]
+
+    def where(self, *conditions: str) -> str:
+        """`` WHERE`` with ``conditions`` and then this one ("" when there are none): the
+        parameters of ``conditions`` come first, then :attr:`params`."""
+        parts = [c for c in (*conditions, self.condition) if c]
+        return f" WHERE {' AND '.join(parts)}" if parts else ""
+
+
+EVERY_INSTANT = Instants(None, "", ())
 
 
 class Recording:
@@ -138,29 +158,34 @@ class Recording:
         t_from: float | None = None,
         t_to: float | None = None,
         where: dict[str, Any] | None = None,
+        max_instants: int | None = None,
     ) -> SampleFrame:
         """The rows of ``table`` (``t`` between ``t_from`` and ``t_to`` when given, optionally
         filtered by equality), in the order of :meth:`rows`, as a
         :class:`~torchdoctor.recording.frame.SampleFrame`: one compact array per column, each
         read on first use. For long recordings (samples, steps), where :meth:`rows` would
-        hold a dict per row."""
+        hold a dict per row.
+
+        ``max_instants``: read at most about that many sampling instants, evenly spread
+        (:meth:`instants`), so that a week costs what a day does; the frame's ``every_s``
+        says when that thinned it."""
         spec = TABLES[self._check(table)]
-        if (t_from is not None or t_to is not None) and "t" not in spec.column_names:
+        timed = t_from is not None or t_to is not None or max_instants is not None
+        if timed and "t" not in spec.column_names:
             raise UserError(f"table {table!r} has no sample time t: read it without t_from/t_to")
         bad = set(where or {}) - set(spec.column_names)
         if bad:
             raise UserError(f"table {table!r} has no column {sorted(bad)[0]!r}")
-        conds: list[str] = []
-        params: list[Any] = []
-        if t_from is not None:
-            conds.append("t >= ?")
-            params.append(t_from)
-        if t_to is not None:
-            conds.append("t <= ?")
-            params.append(t_to)
+        conds, params = _time_bounds(t_from, t_to)
         for key, value in (where or {}).items():
             conds.append(f"{quote(key)} = ?")
             params.append(value)
+        instants = EVERY_INSTANT
+        if max_instants is not None:
+            instants = self.instants(table, max_instants, t_from, t_to)
+        if instants.condition:
+            conds.append(instants.condition)
+            params.extend(instants.params)
         # The rows are those there now: a live recorder's later rows (higher rowids) are
         # left out, so every column read later lines up with the first.
         last = self._fetch(f"SELECT MAX(rowid) FROM {table}")[0][0] or 0
@@ -175,7 +200,56 @@ class Recording:
             sql = f"SELECT {self._select_list(table, [column])} FROM {table}{cond} ORDER BY {order}"
             return self._iter_plain(sql, params)
 
-        return make_frame(spec, read, length)
+        return make_frame(spec, read, length, instants.every_s)
+
+    def instants(
+        self,
+        table: str,
+        max_instants: int,
+        t_from: float | None = None,
+        t_to: float | None = None,
+    ) -> Instants:
+        """The sampling instants of ``table`` (between ``t_from`` and ``t_to``) a reader at
+        bounded resolution takes: every one when there are no more than about
+        ``max_instants`` (the span over the recording's interval), else the first instant of
+        each of ``max_instants`` equal slices of the span, and the last instant.
+
+        Found by index seeks (one per slice), never by reading the table, so choosing
+        costs the same for a day as for a week; slices without a sample are left out."""
+        if max_instants < 1:
+            raise UserError(f"max_instants must be at least 1, not {max_instants}")
+        table = self._check(table)
+        bounds, params = _time_bounds(t_from, t_to)
+        cond = f" WHERE {' AND '.join(bounds)}" if bounds else ""
+        # Two subqueries: SQLite answers a lone MIN or MAX from the index on t, both in one
+        # SELECT by reading the whole table.
+        lo, hi = self._fetch(
+            f"SELECT (SELECT MIN(t) FROM {table}{cond}), (SELECT MAX(t) FROM {table}{cond})",
+            params * 2,
+        )[0]
+        if lo is None or hi <= lo:
+            return EVERY_INSTANT
+        # No more rows than instants asked for (a short run): every instant, found by
+        # reading at most that many entries of the index.
+        (rows,) = self._fetch(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {table}{cond} LIMIT ?)",
+            [*params, max_instants + 1],
+        )[0]
+        if rows <= max_instants:
+            return EVERY_INSTANT
+        every = (hi - lo) / max_instants
+        try:
+            interval = float(self.meta.get("interval_s") or 0.0)
+        except (TypeError, ValueError):
+            interval = 0.0  # unknown: slices shorter than it only cost seeks, never instants
+        if every <= interval:
+            return EVERY_INSTANT
+        condition = (
+            "t IN (WITH RECURSIVE slice(s) AS (SELECT ? UNION ALL SELECT s + ? FROM slice"
+            f" WHERE s + ? <= ?) SELECT (SELECT MIN(t) FROM {table} WHERE t >= s AND t < s + ?)"
+            " FROM slice UNION SELECT ?)"
+        )
+        return Instants(every, condition, (lo, every, every, hi, every, hi))
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read-only SQL query (for aggregates the helpers above do not cover)."""
@@ -327,6 +401,19 @@ class Recording:
         if table not in TABLES:
             raise UserError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
         return table
+
+
+def _time_bounds(t_from: float | None, t_to: float | None) -> tuple[list[str], list[Any]]:
+    """SQL conditions (and their parameters) for ``t`` between ``t_from`` and ``t_to``."""
+    conds: list[str] = []
+    params: list[Any] = []
+    if t_from is not None:
+        conds.append("t >= ?")
+        params.append(t_from)
+    if t_to is not None:
+        conds.append("t <= ?")
+        params.append(t_to)
+    return conds, params
 
 
 def _default_order(table: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from torchdoctor.recording.frame import SampleFrame
-from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.reader import EVERY_INSTANT, Instants, Recording
 from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.downsample import Point
 from torchdoctor.report.model import (
@@ -155,7 +155,9 @@ MAX_HEATMAP_CELLS = 24_000
 MAX_HEATMAP_COLUMNS = 300
 
 
-def core_heatmap(rec: Recording, meta: dict, ctx: ChartContext) -> Heatmap:
+def core_heatmap(
+    rec: Recording, meta: dict, ctx: ChartContext, instants: Instants = EVERY_INSTANT
+) -> Heatmap:
     """Mean busy share (user + system + irq...) of each allowed CPU per time bucket."""
     heatmap = Heatmap(
         id="cpu-cores",
@@ -174,7 +176,8 @@ def core_heatmap(rec: Recording, meta: dict, ctx: ChartContext) -> Heatmap:
         valid = "0"
     (count, t_first, t_last, ncores), *_ = rec.iter_query(
         f"SELECT COUNT(*), MIN(t), MAX(t), MAX(json_array_length(per_core)) FROM host_samples"
-        f" WHERE {valid}"
+        f"{instants.where(valid)}",
+        instants.params,
     )
     if not count:
         heatmap.unavailable = "no per-CPU figures were recorded"
@@ -196,7 +199,9 @@ def core_heatmap(rec: Recording, meta: dict, ctx: ChartContext) -> Heatmap:
     width = (t_last - t_first) / ncols if t_last > t_first else 1.0
     sums = [[0.0] * ncols for _ in range(ncores)]
     counts = [[0] * ncols for _ in range(ncores)]
-    for t, text in rec.iter_query(f"SELECT t, per_core FROM host_samples WHERE {valid} ORDER BY t"):
+    for t, text in rec.iter_query(
+        f"SELECT t, per_core FROM host_samples{instants.where(valid)} ORDER BY t", instants.params
+    ):
         col = min(ncols - 1, int((t - ctx.t0 - t_first) / width))
         for core, split in enumerate((decode_json(text) or [])[:ncores]):
             sums[core][col] += _busy(split)

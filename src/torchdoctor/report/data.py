@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.recording.frame import SampleFrame
-from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.reader import Instants, Recording
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.report.charts import (
     MAX_POINTS,
@@ -35,7 +35,7 @@ from torchdoctor.report.model import (
     Figure,
     ReportData,
 )
-from torchdoctor.report.readings import SWAP_TRAFFIC, Readings, read_readings
+from torchdoctor.report.readings import SWAP_TRAFFIC, Readings, instants_of, read_readings
 from torchdoctor.report.scales import (
     BYTES,
     BYTES_PER_S,
@@ -110,7 +110,8 @@ def build_report_data(
     span = max(0.0, (end - t0) if end is not None else 0.0)
     cpus = usable_cpus_of(meta.get("host"))
     ctx = ChartContext(t0=t0, max_points=max_points, thresholds=thresholds)
-    readings = read_readings(rec, t0, max_points, thresholds, cpus)
+    instants = instants_of(rec)
+    readings = read_readings(rec, t0, max_points, thresholds, cpus, instants)
 
     findings, note = _run_diagnosis(rec, thresholds, diagnose)
     markers = event_markers(events, ctx)
@@ -125,7 +126,9 @@ def build_report_data(
         step_chart(steps, markers, ctx),
     ]
     infos = rec.processes()
-    process_rows, process_count = process_tree_of(infos, read_process_stats(rec), t0)
+    process_rows, process_count = process_tree_of(
+        infos, read_process_stats(rec, instants["process_samples"]), t0
+    )
     summary, verdict, level = _summary(
         meta, readings, steps, loaders, settings, findings, note, span, cpus, thresholds
     )
@@ -141,7 +144,8 @@ def build_report_data(
         verdict_level=level,
         summary=summary,
         charts=charts,
-        cores=core_heatmap(rec, meta, ctx),
+        cores=core_heatmap(rec, meta, ctx, instants["host_samples"]),
+        resolution_note=_resolution_note(instants),
         processes=process_rows,
         process_count=process_count,
         settings=settings_rows(settings, {p["pid"]: p["role"] for p in infos}),
@@ -321,6 +325,18 @@ def _origin(meta: dict, rec: Recording) -> float:
         if t is not None
     ]
     return min(firsts) if firsts else time.time()
+
+
+def _resolution_note(instants: dict[str, Instants]) -> str | None:
+    """What the timelines rest on when the recording was too long to read every sample."""
+    every = max((i.every_s for i in instants.values() if i.every_s), default=None)
+    if every is None:
+        return None
+    return (
+        "A long recording: the timelines and the process table read one sampling instant"
+        f" every {fmt_duration(every)}, spread over the whole run (means over those"
+        " instants, peaks their maxima)."
+    )
 
 
 def _command(meta: dict) -> str | None:

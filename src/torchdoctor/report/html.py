@@ -274,6 +274,8 @@ def _timelines(data: ReportData) -> str:
         '<span style="color:var(--ok)">best range</span> and '
         '<span style="color:var(--alert)">alert range</span>. Hover a chart to read values.</p>'
     ]
+    if data.resolution_note:
+        parts.append(f'<p class="lead">{escape(data.resolution_note)}</p>')
     related: dict[str, str] = {}
     for i, f in enumerate(data.findings):
         chart = FINDING_CHARTS.get(f.id)

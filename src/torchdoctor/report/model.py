@@ -166,3 +166,5 @@ class ReportData:
     thresholds: list[tuple[str, str, str]]  # (metric, alert, best range) as applied
     # what a damaged file lost, and a run in progress or cut short (banners above the summary)
     state_notes: list[str] = field(default_factory=list)
+    # the resolution the timelines were read at, when not every sample (a long recording)
+    resolution_note: str | None = None

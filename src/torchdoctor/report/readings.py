@@ -6,12 +6,15 @@ over the table's index on ``t``, which streams) and each instant's values pass o
 :class:`~torchdoctor.report.reading.ReadingBuilder`, which keeps only the chart's buckets.
 The memory is the chart's resolution (MAX_POINTS per series) whatever the recording's length.
 
-Nothing is approximated: an instant's sum is None when any process's value is unknown (a sum
-over part of the job would understate it), exactly as the report summed rows before. SQLite
-adds in the index's order, the order the rows were read in, so with SQLite before 3.43 (plain
-double sums, like Python's) the sums are the same to the last bit; later versions sum reals
-with compensation, which can differ in the last digit. Means are over every measured instant
-and peaks are the true maxima; sustained spans are judged on every sample, not on buckets.
+Up to MAX_INSTANTS sampling instants (a day at 0.7 s, 16 h at the default 0.5 s) every one is
+read; a longer recording is read at that many instants spread over the run
+(``Recording.instants``: one index seek each, no scan), so a week costs what a day does, each
+chart point still the mean of dozens of instants, and the report says so. An instant's sum is
+None when any process's value is unknown (a sum over part of the job would understate it).
+SQLite adds in the index's order, the order the rows were read in, so with SQLite before 3.43
+(plain double sums, like Python's) the sums are Python's to the last bit; later versions sum
+reals with compensation, which can differ in the last digit. Means are over every instant read
+and peaks are their maxima; sustained spans are judged on every instant read, not on buckets.
 
 A series' SQL yields ``t`` and, per series, a presence flag ``pK`` (this instant is a point
 of series K: a role's series has points only where that role has processes) and a value
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.reader import Instants, Recording
 from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.reading import EMPTY, Extent, Reading, ReadingBuilder
 from torchdoctor.sampling import roles as role_names
@@ -41,6 +44,15 @@ HOST_SERIES = (
     "swap_out_per_s",
 )
 SWAP_TRAFFIC = "swap_traffic"  # swap in + out per sample, the threshold table's row
+BY_INDEX = '"index" = ?'  # one GPU's rows of gpu_samples
+SAMPLE_TABLES = ("host_samples", "process_samples", "gpu_samples", "gpu_process_samples")
+# Sampling instants read per table: a hundred per chart point at most (MAX_POINTS, 1200).
+MAX_INSTANTS = 120_000
+
+
+def instants_of(rec: Recording) -> dict[str, Instants]:
+    """The instants of each sample table the report reads (every one, up to MAX_INSTANTS)."""
+    return {table: rec.instants(table, MAX_INSTANTS) for table in SAMPLE_TABLES}
 
 
 @dataclass(slots=True)
@@ -66,11 +78,19 @@ class Readings:
 class SeriesReader:
     """Reads series from ``rec`` for charts of ``max_points`` points, times from ``t0``."""
 
-    def __init__(self, rec: Recording, t0: float, max_points: int, th: Thresholds) -> None:
+    def __init__(
+        self,
+        rec: Recording,
+        t0: float,
+        max_points: int,
+        th: Thresholds,
+        instants: dict[str, Instants],
+    ) -> None:
         self.rec = rec
         self.t0 = t0
         self.max_points = max_points
         self.th = th
+        self.instants = instants
 
     def col(self, table: str, name: str) -> str:
         """``name`` quoted, or NULL where this file was written before the column existed."""
@@ -145,11 +165,29 @@ class SeriesReader:
 
 
 def read_readings(
-    rec: Recording, t0: float, max_points: int, th: Thresholds, cpus: float | None
+    rec: Recording,
+    t0: float,
+    max_points: int,
+    th: Thresholds,
+    cpus: float | None,
+    instants: dict[str, Instants] | None = None,
 ) -> Readings:
-    reader = SeriesReader(rec, t0, max_points, th)
-    roles = [r for (r,) in rec.iter_query("SELECT DISTINCT role FROM process_samples")]
-    gpu_indices = sorted(i for (i,) in rec.iter_query('SELECT DISTINCT "index" FROM gpu_samples'))
+    """Every series of the report, read at ``instants`` (default :func:`instants_of`)."""
+    instants = instants if instants is not None else instants_of(rec)
+    reader = SeriesReader(rec, t0, max_points, th, instants)
+    procs, gpus = instants["process_samples"], instants["gpu_samples"]
+    roles = [
+        r
+        for (r,) in rec.iter_query(
+            f"SELECT DISTINCT role FROM process_samples{procs.where()}", procs.params
+        )
+    ]
+    gpu_indices = sorted(
+        i
+        for (i,) in rec.iter_query(
+            f'SELECT DISTINCT "index" FROM gpu_samples{gpus.where()}', gpus.params
+        )
+    )
     readings = Readings(
         host_sampled=_any(rec, "host_samples"),
         host=_host(reader, th),
@@ -160,13 +198,14 @@ def read_readings(
         compute_rss=EMPTY,
         cpu_by_role={},
         gpu_sampled=bool(gpu_indices),
-        unavailable=lambda table, *fields: _unavailable(rec, table, fields),
+        unavailable=lambda table, *fields: _unavailable(rec, table, fields, instants[table]),
     )
     _processes(reader, readings, cpus)
     for index in gpu_indices:
         _gpu(reader, readings, index, th)
     (total, count), *_ = rec.iter_query(
-        "SELECT SUM(utilization_gpu), COUNT(utilization_gpu) FROM gpu_samples"
+        f"SELECT SUM(utilization_gpu), COUNT(utilization_gpu) FROM gpu_samples{gpus.where()}",
+        gpus.params,
     )
     readings.gpu_util_mean = total / count if count else None
     return readings
@@ -182,9 +221,10 @@ def _host(reader: SeriesReader, th: Thresholds) -> dict[str, Reading]:
         f" ELSE IFNULL({swap_in}, 0.0) + IFNULL({swap_out}, 0.0) END"
     )
     select = ", ".join(f"1 AS p{k}, {v} AS v{k}" for k, v in enumerate(values))
+    host = reader.instants["host_samples"]
     return reader.read(
-        f"SELECT t, {select} FROM host_samples ORDER BY t",
-        [],
+        f"SELECT t, {select} FROM host_samples{host.where()} ORDER BY t",
+        list(host.params),
         names,
         limits={
             "cpu_busy": (th.cpu_load_best_pct, th.cpu_load_alert_pct),
@@ -216,9 +256,10 @@ def _processes(reader: SeriesReader, readings: Readings, cpus: float | None) -> 
     select = ", ".join(f"{p} AS p{k}, {v} AS v{k}" for k, (p, v) in enumerate(sums))
     # A role's presence column holds one "role = ?", its value three.
     params = [role for role in readings.roles for _ in range(4)] if cpus else []
+    procs = reader.instants["process_samples"]
     got = reader.read(
-        f"SELECT t, {select} FROM process_samples GROUP BY t ORDER BY t",
-        params,
+        f"SELECT t, {select} FROM process_samples{procs.where()} GROUP BY t ORDER BY t",
+        [*params, *procs.params],
         names,
         scale={name: cpus for name in names if name.startswith("role:")} if cpus else {},
     )
@@ -234,10 +275,11 @@ def _gpu(reader: SeriesReader, readings: Readings, index: int, th: Thresholds) -
     )
     share = f"CASE WHEN {used} IS NOT NULL AND {total} THEN 100.0 * {used} / {total} END"
     util = reader.col("gpu_samples", "utilization_gpu")
+    gpus, procs = reader.instants["gpu_samples"], reader.instants["gpu_process_samples"]
     got = reader.read(
         f"SELECT t, 1 AS p0, {util} AS v0, 1 AS p1, {share} AS v1 FROM gpu_samples"
-        ' WHERE "index" = ? ORDER BY t',
-        [index],
+        f"{gpus.where(BY_INDEX)} ORDER BY t",
+        [index, *gpus.params],
         ["util", "memory"],
         limits={"memory": (th.gpu_memory_best_high_pct, th.gpu_memory_alert_pct)},
     )
@@ -254,8 +296,9 @@ def _gpu(reader: SeriesReader, readings: Readings, index: int, th: Thresholds) -
     readings.gpu_job_memory[index] = reader.read(
         "SELECT t, 1 AS p0, CASE WHEN v IS NOT NULL AND total THEN 100.0 * v / total END AS v0"
         f" FROM (SELECT p.t AS t, p.v AS v, {device_total} AS total FROM (SELECT t, {job} AS v"
-        " FROM gpu_process_samples WHERE gpu_index = ? AND in_job GROUP BY t) AS p) ORDER BY t",
-        [index, index],
+        f" FROM gpu_process_samples{procs.where('gpu_index = ?', 'in_job')} GROUP BY t) AS p)"
+        " ORDER BY t",
+        [index, index, *procs.params],
         ["job"],
     )["job"]
 
@@ -281,14 +324,16 @@ def _first(rec: Recording, sql: str) -> Any:
     return None
 
 
-def _unavailable(rec: Recording, table: str, fields: tuple[str, ...]) -> str | None:
+def _unavailable(
+    rec: Recording, table: str, fields: tuple[str, ...], instants: Instants
+) -> str | None:
     """The reason a reader gave for a field it could not read: the first sample's that names
     one (streamed: asked only for a chart left empty)."""
     if "unavailable" not in rec.stored_columns(table):
         return None
+    named = instants.where("unavailable IS NOT NULL", "unavailable != '{}'")
     for (text,) in rec.iter_query(
-        f"SELECT unavailable FROM {table} WHERE unavailable IS NOT NULL AND unavailable != '{{}}'"
-        " ORDER BY t"
+        f"SELECT unavailable FROM {table}{named} ORDER BY t", instants.params
     ):
         missing = decode_json(text)
         if not isinstance(missing, dict):

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.reader import EVERY_INSTANT, Instants, Recording
 from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.model import (
     EventRow,
@@ -80,17 +80,22 @@ def process_stats(samples: Iterable[Mapping[str, Any]]) -> dict[ProcessKey, Proc
     return out
 
 
-def read_process_stats(rec: Recording) -> dict[ProcessKey, ProcessStats]:
+def read_process_stats(
+    rec: Recording, instants: Instants = EVERY_INSTANT
+) -> dict[ProcessKey, ProcessStats]:
     """The stats of each process summed up in SQL: one row per process, however many
-    samples (a week of 20 processes is 24 million rows)."""
+    samples (a week of 20 processes is 24 million rows), over ``instants``."""
     cols = rec.stored_columns("process_samples")
     q = {c: (f'"{c}"' if c in cols else "NULL") for c in ("cpu_percent", "pss", "swap")}
     sql = (
         f"SELECT pid, create_time, MIN(t), MAX(t), TOTAL({q['cpu_percent']}),"
         f" COUNT({q['cpu_percent']}), MAX({q['cpu_percent']}), MAX(rss), MAX({q['pss']}),"
-        f" MAX(threads), MAX({q['swap']}) FROM process_samples GROUP BY pid, create_time"
+        f" MAX(threads), MAX({q['swap']}) FROM process_samples{instants.where()}"
+        " GROUP BY pid, create_time"
     )
-    return {(row[0], row[1]): ProcessStats(*row[2:]) for row in rec.iter_query(sql)}
+    return {
+        (row[0], row[1]): ProcessStats(*row[2:]) for row in rec.iter_query(sql, instants.params)
+    }
 
 
 def process_tree(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,12 @@ class StepWindow:
     data_wait_share: float | None
 
 
-def step_window(steps: list[dict[str, Any]], warmup: int) -> StepWindow | None:
+def step_window(steps: Iterable[Mapping[str, Any]], warmup: int) -> StepWindow | None:
     """The measured window of ``steps`` (rows of the steps table), None with too few steps.
 
     With several training processes (ranks) the slowest one sets the pace of the job.
     """
-    by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_pid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
     for row in steps:
         by_pid[row["pid"]].append(row)
     windows = [w for rows in by_pid.values() if (w := _window(rows, warmup)) is not None]
@@ -49,7 +50,7 @@ def step_window(steps: list[dict[str, Any]], warmup: int) -> StepWindow | None:
     return min(windows, key=lambda w: w.steps_per_s)
 
 
-def _window(rows: list[dict[str, Any]], warmup: int) -> StepWindow | None:
+def _window(rows: list[Mapping[str, Any]], warmup: int) -> StepWindow | None:
     rows = sorted(rows, key=lambda r: r["step"])
     if len(rows) < warmup + 2:
         return None
@@ -106,8 +107,7 @@ class ObservedJob:
 
 def observed_job(rec: Recording) -> ObservedJob:
     """The first training DataLoader's settings and the trainer's threads, as recorded."""
-    steps = rec.rows("steps", columns=["pid"])
-    trainer_pids = {r["pid"] for r in steps}
+    trainer_pids = {pid for (pid,) in rec.iter_query("SELECT DISTINCT pid FROM steps")}
     loaders = [r for r in rec.rows("dataloaders") if r["pid"] in trainer_pids]
     settings: dict[str, Any] = {}
     for r in rec.rows("settings"):
@@ -151,10 +151,12 @@ def observed_job(rec: Recording) -> ObservedJob:
 def memory_peak(rec: Recording) -> int | None:
     """Highest memory the job held at one sample: PSS summed over its processes (shared
     pages counted once), RSS for a process whose PSS is unknown."""
-    totals: dict[float, int] = defaultdict(int)
-    for r in rec.rows("process_samples", columns=["t", "pss", "rss"]):
-        totals[r["t"]] += r["pss"] if r["pss"] is not None else r["rss"]
-    return max(totals.values(), default=None)
+    # Summed in SQL, per sampling instant: no Python object per row of a long recording.
+    ((peak,),) = rec.iter_query(
+        "SELECT MAX(held) FROM (SELECT SUM(COALESCE(pss, rss)) AS held FROM process_samples"
+        " GROUP BY t)"
+    )
+    return int(peak) if peak is not None else None
 
 
 def snapshot_memory(processes) -> int:

@@ -268,14 +268,14 @@ class TrialRunner:
             log=str(log),
         )
         with open_recording(path) as rec:
-            steps = rec.rows("steps")
+            # Column arrays and SQL aggregates: a trial of the original job can be long.
+            steps = rec.frame("steps")
+            step_count = len(steps)
+            warmup = trial_warmup(config)
+            window = step_window(steps, warmup)
             observed = observed_job(rec)
             m.peak_memory = memory_peak(rec)
-            swapped = [
-                r["swap_out_per_s"]
-                for r in rec.rows("host_samples", columns=["swap_out_per_s"])
-                if r["swap_out_per_s"]
-            ]
+            (swapped,) = next(rec.iter_query("SELECT MAX(swap_out_per_s) FROM host_samples"))
         if purpose == "original" and observed.config is not None:
             m.config = observed.config  # the script's own settings, as it reported them
         if status != INTERRUPTED:
@@ -284,8 +284,6 @@ class TrialRunner:
             self.threads_set_in_script |= observed.threads_set_in_script
         if writer.first_step_at is not None:
             m.first_step_s = writer.first_step_at - started
-        warmup = trial_warmup(config)
-        window = step_window(steps, warmup)
         if window is not None:
             m.throughput = window.steps_per_s
             m.samples_per_s = window.samples_per_s
@@ -298,7 +296,7 @@ class TrialRunner:
             if code == STOPPED_EXIT_STATUS or code == 0:
                 status = OK
                 if code == 0:
-                    reason = f"the command ended by itself after {len(steps)} steps"
+                    reason = f"the command ended by itself after {step_count} steps"
             else:
                 status, reason = FAILED, _failure(code, log)
         budget = self.memory_budget
@@ -308,10 +306,10 @@ class TrialRunner:
                 reason = f"memory {fmt_bytes(m.peak_memory)} above the budget {fmt_bytes(budget)}"
             if status == OK and swapped:
                 status = REJECTED
-                reason = f"the host swapped out {max(swapped) / 1e6:.1f} MB/s"
+                reason = f"the host swapped out {swapped / 1e6:.1f} MB/s"
         if status == OK and (window is None or window.steps < MIN_MEASURED_STEPS):
             status = FAILED
-            reason = f"too few steps to measure: {len(steps)} steps, {warmup} of them warm-up" + (
+            reason = f"too few steps to measure: {step_count} steps, {warmup} of them warm-up" + (
                 f" ({reason})" if reason else ""
             )
         if status == OK and self.measured_steps is None:
