@@ -145,6 +145,23 @@ def test_cheapest_configuration_within_noise_wins_when_the_original_is_slow():
     assert result.recommended.num_threads == 1
 
 
+def test_a_first_worker_slower_than_none_does_not_hide_two():
+    # Reads that wait (a slow disk): one worker reads as slowly as the trainer did, and the
+    # hand-over makes it 5 % slower; two read in parallel. CI once saw this (0.96x at w=1).
+    def reads(c: Config) -> float:
+        if c.num_workers == 0:
+            return 20.0
+        return 19.0 * min(c.num_workers, 4) / (1 + 0.02 * max(0, c.num_threads - 1))
+
+    original = Config(num_workers=0, num_threads=1)
+    measure = Synthetic(reads, noise=0.005)
+    result = Search(
+        Space.for_machine(CPUS, include=original), measure, original, clock=measure.clock
+    ).run()
+    assert result.recommended.num_workers >= 2, [(m.config, m.throughput) for m in result.trials]
+    assert result.gain is not None and result.gain > 1.5
+
+
 def test_crashing_configuration_is_recorded_and_the_search_goes_on():
     measure = Synthetic(data_bound)
     measure.fail = {Config(1, 2, 2)}

@@ -249,11 +249,15 @@ class Search:
                 return None
             if not self.better(neighbour, current):
                 measured = self.mean(neighbour) is not None
-                if dim != "num_workers" or (measured and self.worse(neighbour, current)):
+                # The first worker only moves the loading out of the trainer: at best as fast
+                # as none, and slower by the hand-over when it competes with the trainer for
+                # a CPU. Two are the first that load in parallel, so they are always looked at.
+                first_worker = current.num_workers == 0 and direction > 0
+                worse = measured and self.worse(neighbour, current) and not first_worker
+                if dim != "num_workers" or worse:
                     continue
-                # Workers can sit on a plateau (one worker no faster than none when it
-                # competes with the trainer for a CPU), or one count can fail on its own:
-                # look one step past a level or failed one.
+                # Workers can sit on a plateau (one worker no faster than none), or one count
+                # can fail on its own: look one step past a level or failed one.
                 beyond = self.space.step(neighbour, dim, direction)
                 if beyond is None or self.excluded(beyond):
                     continue
