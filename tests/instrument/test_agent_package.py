@@ -10,14 +10,13 @@ import sys
 
 from torchdoctor.instrument.collector import bootstrap_env
 
-START_UP = [
-    "_torchdoctor_agent",
-    *(f"_torchdoctor_agent.{m}" for m in ("contract", "core", "importwatch", "sink")),
-]
+START_UP = ["_torchdoctor_agent"]
 WITH_TORCH = [
     f"_torchdoctor_agent.{m}"
-    for m in ("cuda", "evaluation", "hooks", "loaders", "settings", "steps")
-]
+    for m in (
+        "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings", "sink", "steps"
+    )
+]  # fmt: skip
 
 SHOW = """
 import json, sys
@@ -65,3 +64,31 @@ def test_the_package_imports_under_both_names_to_one_behaviour():
     assert agent.Agent.__module__ == "torchdoctor.instrument.agent.core"
     assert agent.STOPPED_EXIT_STATUS == 75
     assert agent.AGENT.flush_max_steps == agent.FLUSH_MAX_STEPS
+
+
+def test_the_variables_that_build_the_agent_at_start_up_are_the_contract_s():
+    from torchdoctor.instrument import agent
+    from torchdoctor.instrument.agent import contract
+
+    assert agent._BUILD_NOW_IF_SET == (
+        contract.ENV_NO_INSTRUMENT,
+        contract.ENV_OVERRIDES,
+        contract.ENV_STOP_AFTER_STEPS,
+    )
+    assert agent._START_UP_ENV[0] == contract.ENV_COLLECTOR
+
+
+def test_a_start_up_with_overrides_builds_the_agent_at_once(tmp_path):
+    env = bootstrap_env({"PATH": "/usr/bin:/bin"}, str(tmp_path / "nobody.sock"))
+    env["TORCHDOCTOR_OVERRIDES"] = "{not json"
+    body = "print(sys.modules['_torchdoctor_agent'].AGENT.events[0][1])"
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{body}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "overrides-invalid"

@@ -10,6 +10,7 @@ import atexit
 import os
 import sys
 
+from . import TorchImportFinder
 from .contract import (
     ENV_COLLECTOR,
     ENV_NO_INSTRUMENT,
@@ -33,7 +34,6 @@ from .contract import (
     parse_overrides,
     perf_ns,
 )
-from .importwatch import TorchImportFinder
 from .sink import SocketSink, close_sink
 
 
