@@ -117,7 +117,28 @@ def _jobs_up(f: Families, sources: Iterable[_JobSource]) -> None:
                     {"run_id": src.run_id}, 0)  # fmt: skip
 
 
-class JobCollector:
+class _Collector:
+    """What both collectors share: one scrape at a time, label texts kept between scrapes;
+    a subclass builds the scrape's families (``_build``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._labels = LabelTexts()
+
+    def _build(self) -> Families:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            return iter(list(self._build()))
+
+    def expose(self, **options: Any) -> bytes:
+        """One scrape's text (options: :func:`.exposition.encode`'s)."""
+        with self._lock:
+            return self._build().encode(self._labels, **options)
+
+
+class JobCollector(_Collector):
     """The series of one job (``torchdoctor run --prometheus``), from its recording.
 
     The host and GPU series are the recording's latest host and GPU samples: the recorder
@@ -129,17 +150,7 @@ class JobCollector:
         self._source = _JobSource(Path(recording), self._diagnosis)
         if self._diagnosis is not None:
             self._diagnosis.follow([self._source.path])  # first findings before first scrape
-        self._lock = threading.Lock()
-        self._labels = LabelTexts()
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            return iter(list(self._build()))
-
-    def expose(self, **options: Any) -> bytes:
-        """One scrape's text (options: :func:`.exposition.encode`'s)."""
-        with self._lock:
-            return self._build().encode(self._labels, **options)
+        super().__init__()
 
     def _build(self) -> Families:
         f = Families()
@@ -161,7 +172,7 @@ class JobCollector:
             self._source.close()
 
 
-class HostCollector:
+class HostCollector(_Collector):
     """The machine, read at each scrape, plus every job announced in the registry.
 
     ``host`` and ``gpus`` are a HostReader and a GpuReader (or None to leave them out);
@@ -181,17 +192,7 @@ class HostCollector:
         self._jobs = jobs
         self._findings = BackgroundDiagnosis() if findings else None
         self._sources: dict[Path, _JobSource] = {}
-        self._lock = threading.Lock()
-        self._labels = LabelTexts()
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            return iter(list(self._build()))
-
-    def expose(self, **options: Any) -> bytes:
-        """One scrape's text (options: :func:`.exposition.encode`'s)."""
-        with self._lock:
-            return self._build().encode(self._labels, **options)
+        super().__init__()
 
     def _build(self) -> Families:
         f = Families()
