@@ -5,7 +5,9 @@
 - the DataLoader worker loop (worker processes report their own settings, never steps);
 - torch's global optimizer step post-hook: the step boundary;
 - ``torch.autograd.backward`` (``Tensor.backward`` calls it): the step boundary of loops that
-  update their parameters without ``torch.optim`` (see :mod:`.steps`);
+  update their parameters without ``torch.optim`` (see :mod:`.steps`), and whether an
+  out-of-memory error came inside backward; taken out again while nothing needs it
+  (:class:`BackwardPatch`);
 - ``autocast.__enter__`` and ``GradScaler.scale`` (was AMP really on in the step);
 - ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
 - the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
@@ -102,6 +104,7 @@ def install(agent, torch) -> None:
         loaders = Loaders(agent, torch)
         cuda = CudaMemory(agent, torch)
         counter.loaders = loaders
+        counter.backward_patch = BackwardPatch(agent, counter, torch)
         cuda.oom_observer = _oom_observer(agent, guard(agent, "cuda-oom", cuda.on_oom))
         agent.counter, agent.loader_state, agent.cuda = counter, loaders, cuda
     counter, loaders, cuda = agent.counter, agent.loader_state, agent.cuda
@@ -128,8 +131,7 @@ def install(agent, torch) -> None:
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(
         _step_hook(agent, counter.on_step)
     )
-    autograd = torch.autograd
-    patch(autograd, "backward", _backward(agent, counter, autograd.backward))
+    counter.backward_patch.install()
     agent.active = True
     agent.event("process-start", settings.process_detail(agent))
     if agent.role == RANK:
@@ -316,6 +318,68 @@ def _scaler_scale(agent, counter, original):
 
     scale.__wrapped__ = original
     return scale
+
+
+class BackwardPatch:
+    """The wrapper of ``torch.autograd.backward``, and its removal while nothing needs it.
+
+    It is needed until optimizer steps are known to end the steps (before, each backward pass
+    may end one), and in a process using CUDA (an out-of-memory error raised on autograd's own
+    threads has no Python stack: only the depth it keeps says it came inside backward). Once a
+    CPU job's optimizer ends its steps, nothing reads it, yet it costs every step a call
+    through ``*args``: :meth:`drop` restores torch's own function, and the wrapper comes back
+    when CUDA is initialised (``torch.cuda._lazy_call``, run inside its lazy init before any
+    allocation) or when a forked child starts counting afresh (:meth:`restore`)."""
+
+    def __init__(self, agent, counter, torch) -> None:
+        self.agent = agent
+        self.counter = counter
+        self.torch = torch
+        self.original = None
+        self.wrapper = None
+        self.dropped = False
+        self.cuda_call_queued = False
+
+    def install(self) -> None:
+        autograd = self.torch.autograd
+        self.original = autograd.backward
+        self.wrapper = _backward(self.agent, self.counter, self.original)
+        self.dropped = False
+        self.agent.patch(autograd, "backward", self.wrapper)
+
+    def drop(self) -> None:
+        """Take the wrapper out, where it is torch's current function and CUDA is not in use."""
+        torch = self.torch
+        lazy_call = getattr(torch.cuda, "_lazy_call", None)
+        if (
+            self.dropped
+            or lazy_call is None
+            or torch.autograd.backward is not self.wrapper  # wrapped over (ranks, the user)
+            or torch.cuda.is_initialized()
+        ):
+            return
+        torch.autograd.backward = self.original
+        self.dropped = True
+        if not self.cuda_call_queued:
+            self.cuda_call_queued = True
+            lazy_call(self._cuda_initialised)
+
+    def restore(self) -> None:
+        """Put the wrapper back, where it was dropped and the agent is still installed."""
+        if not self.dropped:
+            return
+        self.dropped = False
+        autograd = self.torch.autograd
+        if self.agent.active and autograd.backward is self.original:
+            autograd.backward = self.wrapper
+
+    def _cuda_initialised(self) -> None:
+        # Runs inside torch.cuda's lazy init, where an exception would fail the user's call.
+        self.cuda_call_queued = False
+        try:
+            self.restore()
+        except Exception as exc:
+            self.agent.disable("backward-restore", exc)
 
 
 def _backward(agent, counter, original):

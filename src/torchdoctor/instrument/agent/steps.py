@@ -41,6 +41,7 @@ class StepCounter:
         flag = getattr(torch.cuda, "_initialized", None)
         self.cuda_module = torch.cuda if isinstance(flag, bool) else None
         self.loaders = None  # loaders.Loaders, set by hooks.install
+        self.backward_patch = None  # hooks.BackwardPatch, set by hooks.install
         self.reset()
 
     def reset(self) -> None:
@@ -68,6 +69,9 @@ class StepCounter:
         self.held_steps: list[list] = []
         self.held_mark: tuple[int, int, int, int, int] | None = None
         self.fast = False  # on_step's short path applies (set after each full step)
+        if self.backward_patch is not None:
+            # A forked child counts afresh: its steps may end at backward passes.
+            self.backward_patch.restore()
 
     def on_step_thread(self) -> bool:
         """Only the thread that steps the optimizer waits for data in the step's time (a loader
@@ -243,6 +247,7 @@ class StepCounter:
             if self.boundary_kind is None:
                 self.boundary_kind = "optimizer"
                 agent.setting("steps.boundary", "optimizer")
+            self.backward_patch.drop()
         if agent.threads_override_pending:
             settings.apply_threads_override(agent)
         if not agent.settings_done:
