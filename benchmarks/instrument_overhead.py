@@ -23,8 +23,10 @@ parameter), so its difference is the absolute per-step cost of the hooks (<= 4 u
 
 Then the near-empty loop as a user runs it, in processes of its own: a one-parameter model, a
 DataLoader over a tensor, batch 1 (a batch, a backward and a step each step), under
-`torchdoctor run` against the plain command, alternating run by run (<= 4 us added per step,
-the loop's own CPU time per step after a warm-up; wall time beside it).
+`torchdoctor run` against the plain command (<= 4 us added per step: the loop's own CPU time
+per step after a warm-up; wall time beside it). The two processes, and a third with the agent
+alone (no recorder), are alive side by side and take turns chunk by chunk, so that the
+machine's drift falls on all of them alike; several such sets, each its own memory layout.
 
 Where the cost goes, in the same interleaved rounds: on the train loop each hook the agent
 uses, alone, empty and without torchdoctor (an empty global optimizer step post-hook, a
@@ -43,7 +45,7 @@ JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a p
 per-process file (receivers drain in another process).
 
     python benchmarks/instrument_overhead.py [--rounds 61] [--steps 80] [--startup-only]
-        [--near-empty-runs 8] [--near-empty-steps 5000]
+        [--near-empty-pairs 4] [--near-empty-chunks 30] [--near-empty-steps 1000]
 """
 
 from __future__ import annotations
@@ -84,17 +86,20 @@ else:
 """
 
 # The near-empty loop as a user runs it: a one-parameter model, a DataLoader over a tensor,
-# batch 1; a step and a batch each step. Prints the loop's CPU and wall seconds per step
-# (after a warm-up), so that start-up and the recorder's end report stay out of the figure.
+# batch 1; a step and a batch each step. After a warm-up it runs one chunk of steps each time
+# the benchmark writes a byte to its "go" FIFO and answers on its "done" FIFO with the chunk's
+# CPU and wall seconds per step, so that two such processes (plain and under `torchdoctor
+# run`) alive side by side take turns chunk by chunk: the machine's speed, which drifts by
+# tens of per cent over seconds on a shared VM, is the same for both halves of each pair.
 NEAR_EMPTY = r"""
-import json, sys, time
+import json, os, sys, time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 torch.set_num_threads(1)
-steps = int(sys.argv[1])
+steps, chunks, go_path, done_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 w = torch.nn.Parameter(torch.zeros(1))
 opt = torch.optim.SGD([w], lr=1e-3)
-loader = DataLoader(TensorDataset(torch.randn(steps + 200, 1)), batch_size=1)
+loader = DataLoader(TensorDataset(torch.randn(steps * (chunks + 1) + 200, 1)), batch_size=1)
 it = iter(loader)
 def run(n):
     for _ in range(n):
@@ -104,10 +109,13 @@ def run(n):
         loss.backward()
         opt.step()
 run(200)
-c0, t0 = time.process_time(), time.perf_counter()
-run(steps)
-print(json.dumps({"cpu": (time.process_time() - c0) / steps,
-                  "wall": (time.perf_counter() - t0) / steps}))
+go = os.open(go_path, os.O_RDONLY)
+done = os.open(done_path, os.O_WRONLY)
+while os.read(go, 1) == b"g":
+    c0, t0 = time.process_time(), time.perf_counter()
+    run(steps)
+    figures = {"cpu": (time.process_time() - c0) / steps, "wall": (time.perf_counter() - t0) / steps}
+    os.write(done, (json.dumps(figures) + "\n").encode())
 """
 
 COLLECTOR = r"""
@@ -386,34 +394,87 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     print(f"\n  steps the collector received from the instrumented rounds: {received}")
 
 
-def measure_near_empty(rounds: int, steps: int, card: Scorecard) -> None:
-    """``torchdoctor run`` against the plain command on the near-empty loop, alternating."""
+class ChunkedRun:
+    """One process of the near-empty loop waiting for its turns (see NEAR_EMPTY)."""
+
+    def __init__(self, argv: list[str], env: dict, folder: str, name: str) -> None:
+        go, done = os.path.join(folder, name + ".go"), os.path.join(folder, name + ".done")
+        os.mkfifo(go)
+        os.mkfifo(done)
+        self.proc = subprocess.Popen(
+            [*argv, go, done], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        # Both ends open in the order the script opens them: go first, then done.
+        self.go = os.open(go, os.O_WRONLY)
+        self.done = os.fdopen(os.open(done, os.O_RDONLY), "rb")
+
+    def chunk(self) -> dict:
+        os.write(self.go, b"g")
+        line = self.done.readline()
+        if not line:
+            raise RuntimeError(f"the near-empty loop ended early: {self.proc.stderr.read()!r}")
+        return json.loads(line)
+
+    def finish(self) -> None:
+        os.write(self.go, b"q")
+        os.close(self.go)
+        self.done.close()
+        if self.proc.wait(60) != 0:
+            raise RuntimeError(f"the near-empty loop failed: {self.proc.stderr.read()!r}")
+        self.proc.stderr.close()
+
+
+def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> None:
+    """``torchdoctor run`` against the plain command on the near-empty loop: fresh pairs of
+    processes (each its own memory layout), alive side by side, taking turns chunk by chunk;
+    beside them the agent alone (the bootstrap and a collector, no recorder), for where the
+    difference goes."""
+    from torchdoctor.instrument.collector import bootstrap_env
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    collector = subprocess.Popen(
+        [sys.executable, "-c", COLLECTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    address = collector.stdout.readline().strip()
+    figures: dict[str, list[dict]] = {"plain": [], "torchdoctor run": [], "agent alone": []}
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "near_empty.py")
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(NEAR_EMPTY)
-        plain = [sys.executable, script, str(steps)]
-        variants = {
-            "plain": plain,
-            "torchdoctor run": [sys.executable, "-m", "torchdoctor", "run", "--quiet",
-                                "--out", os.path.join(tmp, "r.sqlite"), "--", *plain],
-        }  # fmt: skip
-        figures: dict[str, list[dict]] = {name: [] for name in variants}
-        for r in range(rounds):
-            for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tmp, "r.sqlite"))
-                out = subprocess.run(
-                    variants[name], env=env, capture_output=True, text=True, check=True
-                )
-                figures[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        plain = [sys.executable, script, str(steps), str(chunks)]
+        for p in range(pairs):
+            folder = os.path.join(tmp, f"pair{p}")
+            os.mkdir(folder)
+            recording = os.path.join(folder, "r.sqlite")
+            runs = {
+                "plain": ChunkedRun(plain, env, folder, "plain"),
+                "torchdoctor run": ChunkedRun(
+                    [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--out", recording,
+                     "--", *plain], env, folder, "run"),
+                "agent alone": ChunkedRun(
+                    plain, bootstrap_env(env, address), folder, "agent"),
+            }  # fmt: skip
+            for c in range(chunks):
+                names = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
+                for name in names:
+                    figures[name].append(runs[name].chunk())
+            for run in runs.values():
+                run.finish()
+    collector.stdin.close()
+    collector.wait(10)
     cpu = [f["cpu"] for f in figures["plain"]]
-    extra, spread = paired_difference([f["cpu"] for f in figures["torchdoctor run"]], cpu)
-    wall, wall_spread = paired_difference(
-        [f["wall"] for f in figures["torchdoctor run"]], [f["wall"] for f in figures["plain"]]
+    print(
+        f"\nnear-empty loop (batch 1): {pairs} pairs of processes, {chunks} chunks of {steps}"
+        " steps each, taking turns"
     )
-    print(f"\nnear-empty loop (batch 1), {rounds} runs of {steps} steps each, alternating")
+    results = {}
+    for name in ("torchdoctor run", "agent alone"):
+        extra, spread = paired_difference([f["cpu"] for f in figures[name]], cpu)
+        wall, wall_spread = paired_difference(
+            [f["wall"] for f in figures[name]], [f["wall"] for f in figures["plain"]]
+        )
+        results[name] = (extra, spread, wall, wall_spread)
+    extra, spread, wall, wall_spread = results["torchdoctor run"]
     card.check(
         "`torchdoctor run` vs plain on the near-empty loop, added per step (paired, CPU)",
         extra * 1e6,
@@ -421,6 +482,11 @@ def measure_near_empty(rounds: int, steps: int, card: Scorecard) -> None:
         f" a step (wall {wall * 1e6:+.1f} µs ± {wall_spread * 1e6:.1f} µs)",
         at_most=4.0,
         target="<= 4 µs",
+    )
+    extra, spread, _, _ = results["agent alone"]
+    card.info(
+        "of which the agent alone (bootstrap and collector, no recorder process)",
+        f"{extra * 1e6:+.1f} µs ± {spread * 1e6:.1f} µs per step",
     )
 
 
@@ -606,10 +672,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=61)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--startup-only", action="store_true")
-    parser.add_argument("--near-empty-runs", type=int, default=8)
-    parser.add_argument("--near-empty-steps", type=int, default=5000)
+    parser.add_argument("--near-empty-only", action="store_true")
+    parser.add_argument("--near-empty-pairs", type=int, default=4)
+    parser.add_argument("--near-empty-chunks", type=int, default=30)
+    parser.add_argument("--near-empty-steps", type=int, default=1000)
     args = parser.parse_args()
     card = Scorecard("instrument_overhead")
+    if args.near_empty_only:
+        near_empty = (args.near_empty_pairs, args.near_empty_chunks, args.near_empty_steps)
+        measure_near_empty(*near_empty, card)
+        return card.exit_code()
     measure_startup(max(args.rounds, 101), card)
     if args.startup_only:
         return card.exit_code()
@@ -618,7 +690,7 @@ def main() -> int:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, Python {sys.version.split()[0]}")
     measure_overhead(torch, args.rounds, args.steps, card)
-    measure_near_empty(args.near_empty_runs, args.near_empty_steps, card)
+    measure_near_empty(args.near_empty_pairs, args.near_empty_chunks, args.near_empty_steps, card)
     measure_transport()
     return card.exit_code()
 
