@@ -63,6 +63,15 @@ def test_optimizer_steps_take_the_wrapper_out_and_are_still_counted(agent):
     assert torch.autograd.backward is TORCH_BACKWARD
 
 
+def test_installed_again_it_stays_out(agent):
+    _optimizer_steps(2)
+    agent.uninstall()
+    agent.arm()
+    assert torch.autograd.backward is TORCH_BACKWARD
+    _optimizer_steps(2)
+    assert torch.autograd.backward is TORCH_BACKWARD
+
+
 def test_loops_without_an_optimizer_keep_it(agent):
     _backward_steps(3)
     assert torch.autograd.backward is not TORCH_BACKWARD

@@ -149,6 +149,8 @@ def install(agent, torch) -> None:
             settings.apply_threads_override(agent)
     if torch.cuda.is_initialized():
         cuda.on_seen()
+    if counter.boundary_kind == "optimizer":
+        counter.backward_patch.drop()  # installed again (watch): known before
 
 
 # -- the wrappers ---------------------------------------------------------------------------
