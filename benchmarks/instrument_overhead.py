@@ -576,7 +576,7 @@ def measure_startup(rounds: int, card: Scorecard) -> None:
 
 
 def measure_transport(messages: int = 2000) -> None:
-    from torchdoctor.instrument.agent.contract import STEP_FIELDS, pack_steps
+    from torchdoctor.instrument.agent.contract import STEP_FIELDS, encode_message, pack_steps
 
     # Steps as the agent keeps them on a CPU job (no CUDA figures: the row stops early), the
     # wait and wall varying from step to step; the message as its flush builds it.
@@ -590,7 +590,7 @@ def measure_transport(messages: int = 2000) -> None:
     def encoded() -> bytes:
         message = dict(header, step_fields=STEP_FIELDS, step_count=len(steps))
         message["step_columns"] = pack_steps(steps)
-        return json.dumps(message, separators=(",", ":")).encode()
+        return encode_message(message)
 
     print(f"\ntransport: one message of 128 step records, {messages} messages, cost in the job")
     encode_times = []
@@ -600,7 +600,7 @@ def measure_transport(messages: int = 2000) -> None:
         encode_times.append(time.perf_counter() - t0)
     encode = statistics.median(encode_times)
     payload = encoded()
-    print(f"  columns + JSON: {encode * 1e6:.1f} us per message ({len(payload)} bytes)")
+    print(f"  columns + encoding: {encode * 1e6:.1f} us per message ({len(payload)} bytes)")
     results = {}
     folder = tempfile.mkdtemp(prefix="td-bench-")
     for kind in ("seqpacket", "datagram", "pipe", "file"):

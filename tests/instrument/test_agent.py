@@ -11,13 +11,14 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from torchdoctor.instrument import agent as agent_mod
 from torchdoctor.instrument.agent import Agent, parse_overrides
+from torchdoctor.instrument.agent.contract import decode_message, encode_message
 from torchdoctor.instrument.agent.steps import batch_len
 from torchdoctor.instrument.wire import decode
 
 
 class ListSink(list):
     def __call__(self, message):
-        self.append(json.loads(json.dumps(message)))  # what the wire would carry
+        self.append(decode_message(encode_message(message)))  # what the wire would carry
 
     def records(self):
         steps, loaders, settings, events = [], [], [], []

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from torchdoctor.instrument.agent import Agent
+from torchdoctor.instrument.agent.contract import decode_message, encode_message
 from torchdoctor.instrument.wire import decode
 
 TORCH_BACKWARD = torch.autograd.backward
@@ -17,7 +18,7 @@ TORCH_BACKWARD = torch.autograd.backward
 
 class ListSink(list):
     def __call__(self, message):
-        self.append(json.loads(json.dumps(message)))
+        self.append(decode_message(encode_message(message)))
 
     def steps(self):
         return [s for m in self for s in decode(m).steps]

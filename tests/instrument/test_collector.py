@@ -7,6 +7,8 @@ import os
 import socket
 import tempfile
 
+import pytest
+
 from torchdoctor.instrument import agent as agent_mod
 from torchdoctor.instrument.collector import BOOTSTRAP_DIR, Collector
 from torchdoctor.recording import RecordingWriter, open_recording
@@ -76,9 +78,13 @@ def test_cannot_listen_warns_once_and_leaves_env_alone(tmp_path, monkeypatch):
 
 
 def test_step_columns_carry_every_value_as_the_rows_held_it():
-    import json
-
-    from torchdoctor.instrument.agent.contract import STEP_FIELDS, pack_steps, unpack_steps
+    from torchdoctor.instrument.agent.contract import (
+        STEP_FIELDS,
+        decode_message,
+        encode_message,
+        pack_steps,
+        unpack_steps,
+    )
 
     # What the agent keeps: perf_counter ends, rows of CPU steps (8 values) and CUDA steps
     # (13), nulls, flags, a dtype that changes, a count that does not.
@@ -93,9 +99,42 @@ def test_step_columns_carry_every_value_as_the_rows_held_it():
         "step_columns": pack_steps(rows),
         "clock_offset_ns": 1_796_000_000 * 10**9,
     }
-    back = unpack_steps(json.loads(json.dumps(message)))
+    back = unpack_steps(decode_message(encode_message(message)))
     width = max(len(r) for r in rows)
     for row, got in zip(rows, back, strict=True):
         want = [*row, *[None] * (width - len(row))]
         want[1] += message["clock_offset_ns"]  # ends come back on UNIX time
         assert got == want and [type(v) for v in got] == [type(v) for v in want]
+
+
+def test_int64_columns_follow_the_json_as_bytes_and_bad_framing_is_refused():
+    from torchdoctor.instrument.agent.contract import (
+        BINARY_MESSAGE,
+        decode_message,
+        encode_message,
+        pack_steps,
+        unpack_steps,
+    )
+
+    rows = [(i, 10_000 + i * 977, 977 + i, i % 5, 64, 64, None, False) for i in range(128)]
+    message = {"pid": 1, "step_count": 128, "step_columns": pack_steps(rows)}
+    data = encode_message(message)
+    assert data.startswith(BINARY_MESSAGE)
+    text_size = int.from_bytes(data[len(BINARY_MESSAGE) : len(BINARY_MESSAGE) + 4], "little")
+    # Four columns vary (step, end, wall, wait): their int64s are the tail, not in the JSON.
+    assert len(data) - len(BINARY_MESSAGE) - 4 - text_size == 4 * 128 * 8
+    assert unpack_steps(decode_message(data)) == [list(r) for r in rows]
+    for broken in (data[:-1], data + b"\0", data[:12]):
+        with pytest.raises(ValueError):
+            decode_message(broken)
+
+
+def test_a_version_1_agents_hex_columns_still_read():
+    import json
+    from array import array
+
+    from torchdoctor.instrument.agent.contract import decode_message, unpack_steps
+
+    ends = array("q", [5, 7, 9]).tobytes().hex()
+    old = {"v": 1, "step_count": 3, "step_columns": [["q", ends], ["=", 64]]}
+    assert unpack_steps(decode_message(json.dumps(old).encode())) == [[5, 64], [7, 64], [9, 64]]

@@ -10,7 +10,6 @@ against a datagram socket, a pipe and per-process files: ``benchmarks/instrument
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import shutil
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 from torchdoctor.instrument import agent as agent_mod
+from torchdoctor.instrument.agent.contract import decode_message
 from torchdoctor.instrument.wire import WriterSink
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
@@ -165,8 +165,8 @@ class Collector:
                 return True
             got = True
             try:
-                message = json.loads(bytes(self._view[:size]))
-            except (ValueError, UnicodeDecodeError):
+                message = decode_message(bytes(self._view[:size]))
+            except (ValueError, TypeError):  # malformed (UnicodeDecodeError is a ValueError)
                 self.sink.errors += 1
                 continue
             try:

@@ -4,7 +4,7 @@ to the collector (instrument/collector.py), reopened in a forked child."""
 import os
 import time
 
-from .contract import MAX_PENDING_MESSAGES, dumps
+from .contract import MAX_PENDING_MESSAGES, encode_message
 
 
 class SocketSink:
@@ -24,7 +24,7 @@ class SocketSink:
         self._gone = False
 
     def __call__(self, message: dict) -> None:
-        self._pending.append(dumps(message).encode())
+        self._pending.append(encode_message(message))
         if len(self._pending) > MAX_PENDING_MESSAGES:
             del self._pending[0]
             self.dropped += 1
