@@ -14,7 +14,8 @@ START_UP = ["_torchdoctor_agent"]
 WITH_TORCH = [
     f"_torchdoctor_agent.{m}"
     for m in (
-        "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings", "sink", "steps"
+        "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings", "sidetable",
+        "sink", "steps",
     )
 ]  # fmt: skip
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from .contract import DATALOADER_OVERRIDES, WORKER, now, qualname
+from .sidetable import SideTable
 
 
 class LoaderInfo:
@@ -26,6 +27,12 @@ class Loaders:
     def __init__(self, agent, torch) -> None:
         self.agent = agent
         self.iterable_dataset = torch.utils.data.IterableDataset
+        # Kept beside the user's objects (see SideTable), for the objects' lifetime: a forked
+        # child finds its parent's loaders known, as the parent left them.
+        self.info_of = SideTable()  # DataLoader -> LoaderInfo
+        self.first_of = SideTable()  # iterator -> (LoaderInfo, t_iter): first batch to come
+        self.pass_of = SideTable()  # iterator -> evaluation.PassStart of a training pass
+        self.batch_size_of = SideTable()  # iterator of an evaluation pass -> its batch size
         self.reset()
 
     def reset(self) -> None:
@@ -60,15 +67,17 @@ class Loaders:
         }
         info = LoaderInfo(self.next_id, record, loader.batch_size)
         self.next_id += 1
-        object.__setattr__(loader, "_torchdoctor_info", info)
+        self.info_of.set(loader, info)
         self.pending.append(info)
 
     def on_iter(self, loader, it, t_iter: int) -> None:
-        info = loader.__dict__.get("_torchdoctor_info")
+        info = self.info_of.get(loader)
         if info is None:
             # Built before the agent was installed (watch() started after the DataLoader).
             self.on_created(loader)
-            info = loader.__dict__["_torchdoctor_info"]
+            info = self.info_of.get(loader)
+            if info is None:  # a loader that takes no weak reference
+                return
         agent = self.agent
         counter = agent.counter
         detail = {"loader_id": info.loader_id, "epoch": info.epochs, "step": counter.step}
@@ -81,12 +90,13 @@ class Loaders:
             counter.loader_batch_size = info.batch_size
         agent.event("epoch-start", detail)
         info.epochs += 1
-        if not info.sent and "_torchdoctor_first" not in it.__dict__:
-            it.__dict__["_torchdoctor_first"] = (info, t_iter)
-            self.awaiting_first_batch += 1
+        if not info.sent and it not in self.first_of:
+            self.first_of.set(it, (info, t_iter))
+            if it in self.first_of:
+                self.awaiting_first_batch += 1
 
     def first_batch(self, it, t_end: int) -> None:
-        first = it.__dict__.pop("_torchdoctor_first", None)
+        first = self.first_of.pop(it)
         if first is not None:
             self.awaiting_first_batch -= 1
             info, t_iter = first

@@ -29,6 +29,7 @@ from _weakref import ref as _weakref_ref
 
 from .contract import ENV_FR_DIR, FR_PREFIX, RANK_STEP_FIELDS, env_int, perf_ns
 from .hooks import guard
+from .sidetable import SideTable
 
 _DDP_POLL_FIRST = 12  # DDP samples its runtime stats on iterations 1-10 ...
 _DDP_POLL_EVERY = 100  # ... and every 100th after that
@@ -69,6 +70,7 @@ class RankInstrument:
         self.device_sent = False
         self.depth = 0  # nested forward calls (a DDP inside a DDP wrapper counts once)
         self.next_sampler_id = 0
+        self.sampler_ids = SideTable()  # DistributedSampler -> its id in the events
         self.fr_dir = os.environ.get(ENV_FR_DIR) or None
         self.dumped = False
 
@@ -219,11 +221,11 @@ class RankInstrument:
     # -- samplers and loaders ----------------------------------------------------------------
 
     def sampler_id(self, sampler) -> int:
-        sid = sampler.__dict__.get("_torchdoctor_id")
+        sid = self.sampler_ids.get(sampler)
         if sid is None:
             sid = self.next_sampler_id
             self.next_sampler_id += 1
-            sampler.__dict__["_torchdoctor_id"] = sid
+            self.sampler_ids.set(sampler, sid)
         return sid
 
     def on_sampler_iter(self, sampler) -> None:
@@ -257,7 +259,7 @@ class RankInstrument:
     def on_loader_iter(self, loader) -> None:
         import warnings
 
-        info = loader.__dict__.get("_torchdoctor_info")
+        info = self.agent.loader_state.info_of.get(loader)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # len() of an IterableDataset loader may warn
             try:

@@ -126,7 +126,7 @@ class StepCounter:
             # one batch ahead, so this may be all a step asks of it after an evaluation).
             self.end_evaluation(t0, "training-data")
         self.data_wait += dt
-        started = it.__dict__.pop("_torchdoctor_pass", None)
+        started = self.loaders.pass_of.pop(it)
         if started is not None and started.step == self.step and self.batches > started.batches:
             self.evaluation = rewind(self, started, t0 + dt)
 
@@ -135,19 +135,19 @@ class StepCounter:
         if evaluating:
             if self.evaluation is None:
                 self.evaluation = Evaluation(t_iter, "grad-disabled")
-            it.__dict__["_torchdoctor_batch_size"] = batch_size
+            self.loaders.batch_size_of.set(it, batch_size)
             return
         if self.evaluation is not None:
             self.end_evaluation(t_iter, "training-data")
         self.loader_batch_size = batch_size
-        it.__dict__["_torchdoctor_pass"] = PassStart(self, t_iter)  # see on_exhausted
+        self.loaders.pass_of.set(it, PassStart(self, t_iter))  # see on_exhausted
 
     def _on_evaluation_batch(self, it, batch, t0: int, dt: int) -> None:
         if self.evaluation is None:
             self.evaluation = Evaluation(t0, "grad-disabled")
         n = batch_len(batch, self.tensor_type)
         if n is None:
-            n = it.__dict__.get("_torchdoctor_batch_size")
+            n = self.loaders.batch_size_of.get(it)
         self.evaluation.add_batch(n, dt, t0 + dt)
         if self.loaders.awaiting_first_batch:
             self.loaders.first_batch(it, t0 + dt)
