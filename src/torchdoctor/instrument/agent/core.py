@@ -40,9 +40,20 @@ from .sink import SocketSink, close_sink
 class Agent:
     """Per-process state of the instrumentation. One instance: ``AGENT``."""
 
-    flush_max_steps = FLUSH_MAX_STEPS  # at most this many steps per message (and per flush)
+    # Slots: the hooks read the agent's attributes at every batch and step, and CPython keeps
+    # an instance's attribute values inline (its fast path) only up to ~30 names; a slot is
+    # read as fast whatever their number. __dict__ stays for what tests attach.
+    __slots__ = (
+        "armed", "active", "disabled_reason", "torch", "sinks", "overrides", "stop_after",
+        "_patches", "_hook_handle", "_fork_registered", "_atexit_registered", "_finder",
+        "distributed", "counter", "loader_state", "cuda", "flush_max_steps",
+        "pid", "rank", "role", "steps", "loaders", "settings", "events", "settings_done",
+        "setting_values", "last_flush", "last_volatile", "threads_override_pending", "stopping",
+        "__dict__",
+    )  # fmt: skip
 
     def __init__(self) -> None:
+        self.flush_max_steps = FLUSH_MAX_STEPS  # at most this many steps per message (and flush)
         self.armed = False  # import hook or patches in place
         self.active = False  # patches in place and working
         self.disabled_reason: str | None = None

@@ -84,7 +84,8 @@ class StepCounter:
     def on_batch(self, it, batch, t0: int, dt: int) -> None:
         # on_step_thread(), written out: this runs on every batch.
         if self.step_thread is None or get_ident() == self.step_thread:
-            if not self.grad_enabled():
+            grad_enabled = self.grad_enabled  # a plain read: calling it as a method is not
+            if not grad_enabled():  # specialised by CPython 3.11 (an instance attribute)
                 self._on_evaluation_batch(it, batch, t0, dt)
                 return
             if self.evaluation is not None:
@@ -180,11 +181,12 @@ class StepCounter:
         # no stop rule (``fast`` says the rest held at the previous step; see _refresh_fast).
         # It appends the step's values and zeroes the counters; the message is built at
         # flush time (contract.pack_steps).
+        last_optimizer = self.last_optimizer  # read, then called: see on_batch
         if (
             self.fast
             and self.evaluation is None
             and not self.cuda_module._initialized
-            and self.last_optimizer() is optimizer
+            and last_optimizer() is optimizer
         ):
             agent = self.agent
             steps = agent.steps
