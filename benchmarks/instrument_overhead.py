@@ -3,7 +3,12 @@ and against torch.profiler, side by side in one run.
 
 Variants, interleaved round by round on the same model and data. Costs are CPU time of this
 process per step (torch uses 1 thread): what the job pays, and far less disturbed than wall
-time by other work on the machine.
+time by other work on the machine. Rounds are short (8 steps of the train loop, about 10 ms)
+and many: a shared VM's speed drifts by tens of per cent within seconds, and only rounds run
+next to each other see the same machine. Each round starts with one untimed step (the first
+step after an install takes the agent's full path, once per process in a real run), and the
+steps the agent buffered carry over from round to round, so that its flush of 128 steps
+falls inside the timed rounds as often as it would in one long run.
 
   plain        the loop, no instrumentation;
   torchdoctor  the agent installed as ``torchdoctor run`` installs it, shipping its records
@@ -33,7 +38,8 @@ uses, alone, empty and without torchdoctor (an empty global optimizer step post-
 pass-through ``torch.autograd.backward``, a pass-through DataLoader iterator ``__next__``):
 what torch itself charges for a hook being there; on the near-empty loop the agent with the
 body of its step handler, or of its batch handler, emptied: what the agent's own code costs
-(step handler <= 3 us, batch handler <= 1 us).
+(step handler <= 3 us, batch handler <= 1 us); and beside them the least a Python agent can do
+on the same hooks (a wait and a sample count added up, a tuple appended per step).
 
 Start-up (<= 1.5 ms): ``python -c pass`` as ``torchdoctor run`` starts it (the bootstrap first on
 PYTHONPATH, a real collector's address set), against the same command with the bootstrap left
@@ -44,7 +50,7 @@ Then the transport: the cost inside the job of shipping one batch of 128 step re
 JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a pipe and a
 per-process file (receivers drain in another process).
 
-    python benchmarks/instrument_overhead.py [--rounds 61] [--steps 80] [--startup-only]
+    python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--startup-only]
         [--near-empty-pairs 4] [--near-empty-chunks 30] [--near-empty-steps 1000]
 """
 
@@ -256,8 +262,60 @@ def ablation_variants(address: str) -> list[Variant]:
         agent.arm()  # builds the agent's parts, so that the handler can be replaced
         agent.uninstall()
         setattr(agent.counter, handler, empty)
-        out.append(Variant(name, agent.arm, agent.uninstall))
+        out.append(Variant(name, agent.arm, lambda agent=agent: pause(agent)))
     return out
+
+
+def pause(agent) -> None:
+    """Uninstall the agent between rounds but keep the steps it buffered: they are sent by
+    the flush of a later round when 128 have gathered, as in one long run (an uninstall would
+    send them at every round's end, outside the timed steps)."""
+    steps, agent.steps = agent.steps, []
+    agent.uninstall()
+    agent.steps = steps
+
+
+def python_floor_variant(torch) -> Variant:
+    """The least a Python agent can do on these hooks, for comparison: a DataLoader
+    ``__next__`` wrapper that adds its wait and the batch's samples into a list, and an
+    optimizer step post-hook that appends a tuple of them and zeroes them (no thread, autograd
+    mode or evaluation checks, no flush, no guard). What is left above it is the agent's."""
+    import torch.optim.optimizer as optimizer_mod
+    import torch.utils.data.dataloader as dataloader_mod
+
+    iterator = dataloader_mod._BaseDataLoaderIter
+    next_ = iterator.__next__
+    tensor = torch.Tensor
+    clock = time.perf_counter_ns
+    counts = [0, 0, 0]  # data wait, samples, step boundary
+    steps: list[tuple] = []
+    handles = []
+
+    def counting_next(self):
+        t0 = clock()
+        batch = next_(self)
+        counts[0] += clock() - t0
+        if type(batch) is tensor:
+            counts[1] += batch.shape[0]
+        return batch
+
+    def step_hook(optimizer, args, kwargs):
+        t = clock()
+        steps.append((t, t - counts[2], counts[0], counts[1]))
+        counts[0] = counts[1] = 0
+        counts[2] = t
+        if len(steps) >= 128:
+            steps.clear()
+
+    def on():
+        iterator.__next__ = counting_next
+        handles.append(optimizer_mod.register_optimizer_step_post_hook(step_hook))
+
+    def off():
+        iterator.__next__ = next_
+        handles.pop().remove()
+
+    return Variant("python-floor", on, off)
 
 
 def interleave(torch, loop, steps: int, variants: list[Variant], rounds: int) -> dict:
@@ -273,6 +331,9 @@ def interleave(torch, loop, steps: int, variants: list[Variant], rounds: int) ->
 
 def run_round(torch, loop, steps, variant: Variant) -> float:
     variant.on()
+    # One step untimed: the first step after an install takes the agent's full path, once
+    # per process in a real run but once per round here.
+    loop(1)
     t0 = time.process_time()
     if variant.name == "profiler":
         from torch.profiler import ProfilerActivity, profile
@@ -305,7 +366,7 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
     agent.sinks.append(SocketSink(address))
     loops = build_loops(torch)
     plain = Variant("plain")
-    instrumented = Variant("torchdoctor", agent.arm, agent.uninstall)
+    instrumented = Variant("torchdoctor", agent.arm, lambda: pause(agent))
     results = {}
     for name, loop in loops.items():
         n = steps if name == "train" else steps * 10
@@ -315,10 +376,14 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
         else:  # no backward in this loop
             chosen = [plain, instrumented, *(v for v in hooks_alone if v.name != "wrap-backward")]
             chosen += ablation_variants(address)
+            chosen.append(python_floor_variant(torch))
         times = interleave(torch, loop, n, chosen, rounds)
         # The profiler in a rotation of its own: next to it, the instrumented rounds measured
         # several times their cost (whatever a profiler session leaves behind for a while).
-        with_profiler = interleave(torch, loop, n, [plain, Variant("profiler")], rounds // 2)
+        # Its rounds ten times longer: a profiler session's start and end are costs of their own.
+        with_profiler = interleave(
+            torch, loop, n * 10, [plain, Variant("profiler")], max(15, rounds // 20)
+        )
         times["profiler"] = with_profiler["profiler"]
         baselines = {"profiler": with_profiler["plain"]}
         results[name] = times
@@ -388,6 +453,12 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
             at_most=bound,
             target=f"<= {bound:g} µs",
         )
+    floor, floor_spread = paired_difference(tiny["python-floor"], tiny["plain"])
+    card.info(
+        "the least a Python agent can do on the same hooks (near-empty loop, for comparison)",
+        f"{1e6 * floor:+.1f} µs ± {1e6 * floor_spread:.1f} µs per step"
+        f" ({1e6 * (min(tiny['python-floor']) - min(tiny['plain'])):.1f} µs best to best)",
+    )
     collector.stdin.close()
     received = collector.stdout.readline().strip()
     collector.wait(10)
@@ -669,8 +740,8 @@ def measure_transport(messages: int = 2000) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=61)
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=601)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--startup-only", action="store_true")
     parser.add_argument("--near-empty-only", action="store_true")
     parser.add_argument("--near-empty-pairs", type=int, default=4)
@@ -682,7 +753,7 @@ def main() -> int:
         near_empty = (args.near_empty_pairs, args.near_empty_chunks, args.near_empty_steps)
         measure_near_empty(*near_empty, card)
         return card.exit_code()
-    measure_startup(max(args.rounds, 101), card)
+    measure_startup(201, card)
     if args.startup_only:
         return card.exit_code()
     import torch
