@@ -2,7 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# Installed again when the project's metadata or the agent's compiled fast path changes (an
+# editable install builds _fast.c into the source tree once, at install).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py src/torchdoctor/instrument/agent/_fast.c | sha1sum | cut -c1-12)
 # The CPU build of torch; an unpinned torch would pull a CUDA build of several GB.
 TORCH_PIN := torch==2.13.0
 
@@ -29,8 +31,8 @@ setup: $(STAMP)
 # Debian packages the tests drive for real: headless Chromium (HTML report), tmux (top at 80x24),
 # Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
 # (network namespaces and tc for two-node tests), systemd (systemd-analyze verify of the queue's
-# units), the C compiler (the fake libnvidia-ml.so.1 of
-# tests/nvml/). py-spy (attach's stack sampler) is not a Debian package here: it comes from PyPI
+# units), the C compiler and Python's headers (the fake libnvidia-ml.so.1 of tests/nvml/, the
+# agent's compiled fast path, built by `setup`). py-spy (attach's stack sampler) is not a Debian package here: it comes from PyPI
 # with the `attach` extra that `setup` installs (.[all]) into .venv/bin, where
 # sampling/pystacks.py looks first. Each is checked by the program it provides; with CI=true a test whose engine is
 # missing fails instead of skipping (tests/helpers/engines.py).
@@ -46,6 +48,8 @@ system:
 	@missing=""; for pair in $(SYSTEM_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair##*:}"; \
 	done; \
+	$(PY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	  || missing="$$missing python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
@@ -71,7 +75,8 @@ docs: setup
 	$(SPHINX) -b man docs docs/_build/man
 	mkdir -p man && cp docs/_build/man/*.1 man/
 
-test: setup system lint
+# system first: the C compiler it installs builds the agent's compiled path at setup.
+test: system setup lint
 	$(BIN)/pytest -q --durations=15
 
 bench: setup

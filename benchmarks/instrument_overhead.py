@@ -249,8 +249,23 @@ def attribution_variants(torch) -> list[Variant]:
 
 def ablation_variants(address: str) -> list[Variant]:
     """The agent with the body of one of its handlers emptied (its wrapper, guard and the
-    rest of the agent in place): where the agent's own per-step cost goes."""
-    from torchdoctor.instrument.agent import Agent, SocketSink
+    rest of the agent in place): where the agent's own per-step cost goes. On the compiled
+    path the C wrapper's ``record`` switch is turned off (it still reads the clock and checks
+    the agent); on the pure-Python path the counter's handler is replaced by an empty one."""
+    import torch.optim.optimizer as optimizer_mod
+    import torch.utils.data.dataloader as dataloader_mod
+
+    from torchdoctor.instrument.agent import Agent, SocketSink, compiled
+
+    def compiled_hook(agent, handler: str):
+        if handler == "on_step":
+            return optimizer_mod._global_optimizer_post_hooks[agent._hook_handle.id]
+        return dataloader_mod._BaseDataLoaderIter.__dict__["__next__"]
+
+    def arm_without(agent, handler: str) -> None:
+        agent.arm()
+        if compiled.fast is not None:
+            compiled_hook(agent, handler).record = False
 
     out = []
     for name, handler, empty in (
@@ -261,8 +276,15 @@ def ablation_variants(address: str) -> list[Variant]:
         agent.sinks.append(SocketSink(address))
         agent.arm()  # builds the agent's parts, so that the handler can be replaced
         agent.uninstall()
-        setattr(agent.counter, handler, empty)
-        out.append(Variant(name, agent.arm, lambda agent=agent: pause(agent)))
+        if compiled.fast is None:
+            setattr(agent.counter, handler, empty)
+        out.append(
+            Variant(
+                name,
+                lambda agent=agent, handler=handler: arm_without(agent, handler),
+                lambda agent=agent: pause(agent),
+            )
+        )
     return out
 
 
@@ -507,7 +529,11 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
         [sys.executable, "-c", COLLECTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     address = collector.stdout.readline().strip()
-    figures: dict[str, list[dict]] = {"plain": [], "torchdoctor run": [], "agent alone": []}
+    from torchdoctor.instrument.agent import compiled
+    from torchdoctor.instrument.agent.contract import ENV_PURE_PYTHON
+
+    names = ("plain", "torchdoctor run", "agent alone", "agent alone, pure Python")
+    figures: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "near_empty.py")
         with open(script, "w", encoding="utf-8") as fh:
@@ -524,6 +550,8 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
                      "--", *plain], env, folder, "run"),
                 "agent alone": ChunkedRun(
                     plain, bootstrap_env(env, address), folder, "agent"),
+                "agent alone, pure Python": ChunkedRun(
+                    plain, {**bootstrap_env(env, address), ENV_PURE_PYTHON: "1"}, folder, "pure"),
             }  # fmt: skip
             for c in range(chunks):
                 names = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
@@ -539,7 +567,7 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
         " steps each, taking turns"
     )
     results = {}
-    for name in ("torchdoctor run", "agent alone"):
+    for name in names[1:]:
         extra, spread = paired_difference([f["cpu"] for f in figures[name]], cpu)
         wall, wall_spread = paired_difference(
             [f["wall"] for f in figures[name]], [f["wall"] for f in figures["plain"]]
@@ -556,7 +584,13 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
     )
     extra, spread, _, _ = results["agent alone"]
     card.info(
-        "of which the agent alone (bootstrap and collector, no recorder process)",
+        "of which the agent alone (bootstrap and collector, no recorder process;"
+        f" fast path: {compiled.FAST_PATH})",
+        f"{extra * 1e6:+.1f} µs ± {spread * 1e6:.1f} µs per step",
+    )
+    extra, spread, _, _ = results["agent alone, pure Python"]
+    card.info(
+        f"the agent alone on its pure-Python path ({ENV_PURE_PYTHON}=1)",
         f"{extra * 1e6:+.1f} µs ± {spread * 1e6:.1f} µs per step",
     )
 
@@ -759,7 +793,10 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from torchdoctor.instrument.agent import compiled
+
     print(f"torch {torch.__version__}, 1 thread, Python {sys.version.split()[0]}")
+    print(f"the agent's fast path in this process: {compiled.FAST_PATH}")
     measure_overhead(torch, args.rounds, args.steps, card)
     measure_near_empty(args.near_empty_pairs, args.near_empty_chunks, args.near_empty_steps, card)
     measure_transport()

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -43,7 +44,14 @@ def dist(tmp_path_factory) -> Path:
         REPO,
         src,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", "__pycache__", "*.egg-info", "torchdoctor-runs", "_build", "build"
+            ".git",
+            ".venv",
+            "__pycache__",
+            "*.egg-info",
+            "torchdoctor-runs",
+            "_build",
+            "build",
+            "*.so",  # the editable install's build of the compiled path: the wheel builds its own
         ),
     )
     # Without isolation when this environment has the build backend pyproject asks for: the same
@@ -59,13 +67,26 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
+def _wheel(dist: Path) -> Path:
+    (wheel,) = dist.glob("torchdoctor-*.whl")
+    return wheel
+
+
 def test_build_gives_an_sdist_and_a_wheel_with_the_package_data(dist):
     version = torchdoctor.__version__
-    assert (dist / f"torchdoctor-{version}.tar.gz").exists()
-    wheel = dist / f"torchdoctor-{version}-py3-none-any.whl"
+    sdist = dist / f"torchdoctor-{version}.tar.gz"
+    assert sdist.exists()
+    with tarfile.open(sdist) as tar:
+        assert f"torchdoctor-{version}/src/torchdoctor/instrument/agent/_fast.c" in tar.getnames()
+    # With a C compiler (make system installs one) the wheel carries the agent's compiled fast
+    # path and is tagged for this Python; without one it would be pure (py3-none-any).
+    wheel = _wheel(dist)
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert wheel.name.startswith(f"torchdoctor-{version}-{tag}-{tag}-linux_"), wheel.name
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = email.message_from_bytes(z.read(f"torchdoctor-{version}.dist-info/METADATA"))
+    assert any(n.startswith("torchdoctor/instrument/agent/_fast.cpython-") for n in names)
     assert "torchdoctor/py.typed" in names
     assert "torchdoctor/exporters/grafana-dashboard.json" in names
     data = f"torchdoctor-{version}.data/data/share/man/man1/"
@@ -81,7 +102,7 @@ def test_build_gives_an_sdist_and_a_wheel_with_the_package_data(dist):
 
 
 def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
-    wheel = next(dist.glob("torchdoctor-*.whl"))
+    wheel = _wheel(dist)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py, td = venv / "bin" / "python", venv / "bin" / "torchdoctor"
@@ -122,3 +143,17 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
         cwd=tmp_path,
     )
     assert where.stdout.strip().startswith(str(venv))
+    # and its agent takes the compiled path that the wheel built
+    path = subprocess.run(
+        [
+            str(py),
+            "-c",
+            "from torchdoctor.instrument.agent import compiled; print(compiled.FAST_PATH)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert path.stdout.strip() == "compiled", path.stdout + path.stderr

@@ -4,18 +4,22 @@ once the program imports torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 
 from torchdoctor.instrument.collector import bootstrap_env
 
+BUILT = importlib.util.find_spec("torchdoctor.instrument.agent._fast") is not None
+
 START_UP = ["_torchdoctor_agent"]
 WITH_TORCH = [
     f"_torchdoctor_agent.{m}"
     for m in (
-        "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings", "sidetable",
-        "sink", "steps",
+        "compiled", "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings",
+        "sidetable", "sink", "steps",
+        *(["_fast"] if BUILT else []),  # built for this Python: a plain environment takes it
     )
 ]  # fmt: skip
 

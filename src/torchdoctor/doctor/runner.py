@@ -16,6 +16,7 @@ REGISTRY: tuple[tuple[str, CheckFn], ...] = (
     ("versions.python", versions.check_python),
     ("versions.torch", versions.check_torch),
     ("versions.driver", versions.check_driver),
+    ("versions.agent", versions.check_agent),
     ("gpus.visible", gpus.check_visible),
     ("gpus.topology", gpus.check_topology),
     ("gpus.p2p", gpus.check_p2p),

@@ -17,6 +17,8 @@ ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
 ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
 ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
 ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+# Set (1): the agent runs its pure-Python path where the compiled one is built (see compiled.py).
+ENV_PURE_PYTHON = "TORCHDOCTOR_AGENT_PURE_PYTHON"
 # Where ranks write their flight-recorder dumps (launch sets it), and the dumps' file names:
 # FR_PREFIX + rank (+ ".json"), the prefix torch's own dump-on-timeout uses too.
 ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import sys
 
-from . import settings
-from .contract import RANK, WORKER, perf_ns
+from . import compiled, settings
+from .contract import FLUSH_INTERVAL_NS, RANK, WORKER, perf_ns
 from .cuda import CudaMemory
 from .loaders import Loaders
 from .steps import StepCounter
@@ -116,7 +116,15 @@ def install(agent, torch) -> None:
     patch = agent.patch
     patch(dl_cls, "__init__", _dataloader_init(agent, loaders, dl_cls.__init__))
     patch(dl_cls, "__iter__", _dataloader_iter(agent, loaders, dl_cls.__iter__))
-    patch(it_cls, "__next__", _iterator_next(agent, counter, it_cls.__next__))
+    fast = compiled.fast
+    if fast is not None:
+        on_exhausted = guard(agent, "dataloader-next", counter.on_exhausted)
+        next_wrapper = fast.NextWrapper(counter, it_cls.__next__, counter.on_batch, on_exhausted)
+        step_hook = fast.StepHook(counter, counter._on_step, FLUSH_INTERVAL_NS)
+    else:
+        next_wrapper = _iterator_next(agent, counter, it_cls.__next__)
+        step_hook = _step_hook(agent, counter.on_step)
+    patch(it_cls, "__next__", next_wrapper)
     patch(worker_mod, "_worker_loop", _worker_loop(agent, loaders, worker_mod._worker_loop))
     patch(torch, "set_num_threads", _set_num_threads(agent, torch.set_num_threads))
     autocast_cls = getattr(getattr(torch, "amp", None), "autocast_mode", None)
@@ -128,12 +136,11 @@ def install(agent, torch) -> None:
     if scaler_cls is not None and "scale" in scaler_cls.__dict__:
         patch(scaler_cls, "scale", _scaler_scale(agent, counter, scaler_cls.scale))
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
-    agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(
-        _step_hook(agent, counter.on_step)
-    )
+    agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(step_hook)
     counter.backward_patch.install()
     agent.active = True
     agent.event("process-start", settings.process_detail(agent))
+    agent.setting("agent.fast_path", compiled.FAST_PATH)
     if agent.role == RANK:
         from . import ranks
 
@@ -154,7 +161,8 @@ def install(agent, torch) -> None:
 
 
 # -- the wrappers ---------------------------------------------------------------------------
-# Timing and the call only: the handlers are guarded (see guard).
+# Timing and the call only: the handlers are guarded (see guard). The __next__ wrapper and the
+# step hook are the pure-Python path's; the compiled path has its own (compiled.py, _fast.c).
 
 
 def _iterator_next(agent, counter, original):

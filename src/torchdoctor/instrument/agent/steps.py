@@ -17,6 +17,7 @@ from _weakref import ref as weakref_ref
 from collections.abc import Mapping
 
 from . import settings
+from .compiled import CounterFields
 from .contract import (
     AGENT_STEP_VALUES,
     BACKWARD_STEPS_TO_DECIDE,
@@ -28,12 +29,17 @@ from .contract import (
 from .evaluation import Evaluation, PassStart, rewind
 
 
-class StepCounter:
-    """The figures of the step under way in this process, and the rows of the steps ended."""
+class StepCounter(CounterFields):
+    """The figures of the step under way in this process, and the rows of the steps ended.
+
+    Its hot fields are :data:`.compiled.COUNTER_FIELDS` (the base class: slots, or the
+    compiled path's struct); :meth:`on_batch` and :meth:`on_step` are the reference for what
+    the compiled path does in the common case and do all the rest."""
 
     def __init__(self, agent, torch) -> None:
         self.agent = agent
         self.tensor_type = torch.Tensor
+        self.batch_len = batch_len
         self.grad_enabled = torch.is_grad_enabled
         self.cuda_is_initialized = torch.cuda.is_initialized
         # torch.cuda.is_initialized() is `_initialized and not _is_in_bad_fork()`: reading the
@@ -218,7 +224,7 @@ class StepCounter:
     def _refresh_fast(self) -> None:
         """Whether the next step may take on_step's short path: what it skips cannot apply."""
         agent = self.agent
-        self.fast = (
+        self.fast = bool(
             self.boundary_kind == "optimizer"
             and self.boundary is not None
             and self.last_optimizer is not None

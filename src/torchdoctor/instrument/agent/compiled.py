@@ -1,0 +1,46 @@
+"""Which fast path this process runs at every batch and step: the compiled one (``_fast``, built
+from ``_fast.c`` at install where a C compiler was there) or the pure-Python one.
+
+Both record the same rows: the compiled part does only the common batch and the common step and
+calls the Python handlers of :mod:`.steps` for everything else. The pure-Python path runs where
+the extension was not built, where it was built for another Python (the job's interpreter need
+not be torchdoctor's: the agent is loaded by path), and where ``TORCHDOCTOR_AGENT_PURE_PYTHON``
+is set. The recording says which (the ``agent.fast_path`` setting). Loaded with torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .contract import ENV_PURE_PYTHON, env_flag
+
+# The step counter's fields that the compiled path reads and writes: ``_fast.CounterFields``
+# has exactly these (a test keeps them equal), the pure path has them as slots.
+COUNTER_FIELDS = (
+    "step", "boundary", "data_wait", "samples", "batches", "last_batch_size",
+    "loader_batch_size", "loader_seen", "eval_ns", "prev_step_fed", "autocast_dtype",
+    "scaler_used", "evaluation", "step_thread", "last_optimizer", "fast",
+    "agent", "loaders", "grad_enabled", "tensor_type", "cuda_module", "batch_len",
+)  # fmt: skip
+
+
+def _load():
+    if env_flag(os.environ.get(ENV_PURE_PYTHON)):
+        return None, f"python ({ENV_PURE_PYTHON} is set)"
+    try:
+        from . import _fast
+    except ImportError as exc:
+        return None, f"python (no compiled path for this Python: {exc})"[:300]
+    return _fast, "compiled"
+
+
+fast, FAST_PATH = _load()
+
+
+class _PythonCounterFields:
+    """The pure path's counter fields: slots, read and written as the compiled ones are."""
+
+    __slots__ = COUNTER_FIELDS
+
+
+CounterFields = fast.CounterFields if fast is not None else _PythonCounterFields
