@@ -5,8 +5,9 @@ Variants, interleaved round by round on the same model and data. Costs are CPU t
 process per step (torch uses 1 thread): what the job pays, and far less disturbed than wall
 time by other work on the machine. Rounds are short (8 steps of the train loop, about 10 ms)
 and many: a shared VM's speed drifts by tens of per cent within seconds, and only rounds run
-next to each other see the same machine. Each round starts with one untimed step (the first
-step after an install takes the agent's full path, once per process in a real run), and the
+next to each other see the same machine. Each round starts with untimed steps (the first
+step after an install takes the agent's full path, and CPython re-specialises the loop's code
+on the classes an install changes: both once per process in a real run; see run_round), and the
 steps the agent buffered carry over from round to round, so that its flush of 128 steps
 falls inside the timed rounds as often as it would in one long run.
 
@@ -351,11 +352,18 @@ def interleave(torch, loop, steps: int, variants: list[Variant], rounds: int) ->
     return times
 
 
+WARM_STEPS = 64
+
+
 def run_round(torch, loop, steps, variant: Variant) -> float:
     variant.on()
-    # One step untimed: the first step after an install takes the agent's full path, once
-    # per process in a real run but once per round here.
-    loop(1)
+    # Untimed steps first, as many as the round times (at most WARM_STEPS): the first step after
+    # an install takes the agent's full path, and an install (or an uninstall) changes classes
+    # that torch's loop code was specialised on, which CPython's adaptive interpreter takes back
+    # only after ~53 misses of each instruction. Both are paid once per process in a real run,
+    # once per round here: with one untimed step they added ~2 µs a step to every variant that
+    # installs anything, the agent with every hook restored included.
+    loop(min(steps, WARM_STEPS))
     t0 = time.process_time()
     if variant.name == "profiler":
         from torch.profiler import ProfilerActivity, profile

@@ -190,3 +190,24 @@ def test_the_wrapper_is_a_method_of_torchs_iterators(fast, agent):
     assert agent.counter.batches == 2 and agent.counter.samples == 8
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_it_reads_the_agents_current_values_also_after_its_class_changed(fast, agent):
+    # The compiled path reads the agent's slots at their offsets, found once per class version.
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _train(_pairs(8), model, opt)  # past the full first steps
+    agent.flush()
+    Agent.changed_by_the_test = True  # a new class version: the offsets are found again
+    try:
+        agent.flush_max_steps = 3
+        _train(_pairs(24), model, opt)  # 6 steps: two flushes of 3
+        counts = [m["step_count"] for m in agent.sink if m["step_count"]]
+        assert counts[-2:] == [3, 3]
+        agent.active = False  # read at once: nothing more is counted
+        steps = agent.counter.step
+        _train(_pairs(8), model, opt)
+        assert agent.counter.step == steps
+    finally:
+        del Agent.changed_by_the_test
+        agent.active = True

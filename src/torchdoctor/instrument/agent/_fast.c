@@ -102,11 +102,43 @@ static PyTypeObject CounterFieldsType = {
 
 /* -- shared helpers ---------------------------------------------------------------------------- */
 
+/* An attribute of the agent read where its class keeps it: Agent has __slots__, so the value
+ * sits at a fixed offset in the object, and reading it there skips the generic attribute lookup
+ * (a few hundred instructions each, several per batch and step). The offset is found once through
+ * the class's member descriptor and trusted while the object's class and that class's version tag
+ * are the ones it was found on (the tag changes whenever the class is modified); anything else
+ * takes PyObject_GetAttr. */
+typedef struct {
+    PyTypeObject *type; /* borrowed: compared by identity only */
+    unsigned int version;
+    Py_ssize_t offset; /* -1: not a plain object slot */
+} SlotCache;
+
+static PyObject *slot_get(PyObject *obj, PyObject *name, SlotCache *cache) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != cache->type || type->tp_version_tag != cache->version || cache->version == 0) {
+        cache->type = type;
+        cache->version = type->tp_version_tag;
+        cache->offset = -1;
+        PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
+        if (descr != NULL && Py_TYPE(descr) == &PyMemberDescr_Type) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+                cache->offset = member->offset;
+        }
+    }
+    if (cache->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + cache->offset);
+        if (value != NULL) return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
 /* agent.active, true or false; -1 with an exception set. */
-static inline int agent_active(PyObject *agent) {
-    PyObject *active = PyObject_GetAttr(agent, str_active);
+static inline int agent_active(PyObject *agent, SlotCache *cache) {
+    PyObject *active = slot_get(agent, str_active, cache);
     if (active == NULL) return -1;
-    int result = PyObject_IsTrue(active);
+    int result = active == Py_True ? 1 : active == Py_False ? 0 : PyObject_IsTrue(active);
     Py_DECREF(active);
     return result;
 }
@@ -157,6 +189,7 @@ typedef struct {
     PyObject *on_batch;     /* counter.on_batch: the full handler (evaluation batches) */
     PyObject *on_exhausted; /* guarded counter.on_exhausted */
     char record; /* 0: time the call and count nothing (instrument_overhead's ablation) */
+    SlotCache active_slot, awaiting_slot;
 } NextWrapper;
 
 /* Samples in the batch: the leading dimension of its first tensor, for the common cases
@@ -243,7 +276,7 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
         set_field(&c->last_batch_size, n);
     }
     Py_DECREF(n);
-    PyObject *awaiting = PyObject_GetAttr(c->loaders, str_awaiting_first_batch);
+    PyObject *awaiting = slot_get(c->loaders, str_awaiting_first_batch, &w->awaiting_slot);
     if (awaiting == NULL) return -1;
     int first_due = PyObject_IsTrue(awaiting);
     Py_DECREF(awaiting);
@@ -266,7 +299,7 @@ static PyObject *next_vectorcall(NextWrapper *w, PyObject *const *args, size_t n
         return PyObject_Vectorcall(w->original, args, nargsf, kwnames); /* torch's own error */
     PyObject *it = args[0];
     PyObject *agent = w->counter->agent;
-    int active = agent == NULL ? 0 : agent_active(agent);
+    int active = agent == NULL ? 0 : agent_active(agent, &w->active_slot);
     if (active <= 0) {
         PyErr_Clear();
         return PyObject_CallOneArg(w->original, it);
@@ -278,7 +311,7 @@ static PyObject *next_vectorcall(NextWrapper *w, PyObject *const *args, size_t n
         /* StopIteration at the end of a pass, or the loader's own error: recorded, re-raised */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (agent_active(agent) > 0) {
+        if (agent_active(agent, &w->active_slot) > 0) {
             PyObject *r = PyObject_CallFunction(w->on_exhausted, "OLL", it, t0, dt);
             if (r == NULL) { /* a BaseException out of the guard: it replaces the loader's */
                 Py_XDECREF(type);
@@ -292,7 +325,7 @@ static PyObject *next_vectorcall(NextWrapper *w, PyObject *const *args, size_t n
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    active = agent_active(agent);
+    active = agent_active(agent, &w->active_slot);
     if (active < 0) PyErr_Clear();
     if (active <= 0 || !w->record) return batch;
     int status = count_batch(w, it, batch, t0, dt);
@@ -386,6 +419,7 @@ typedef struct {
     PyObject *full_step; /* counter._on_step(optimizer, t): every step that is not the common one */
     long long flush_interval_ns;
     char record; /* 0: read the clock and record nothing (instrument_overhead's ablation) */
+    SlotCache active_slot, steps_slot, max_steps_slot, last_flush_slot;
 } StepHook;
 
 /* StepCounter.on_step's short path: 0 done, 1 not the common step, -1 with an exception set. */
@@ -397,11 +431,13 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
         c->last_optimizer == NULL || c->last_optimizer == Py_None || c->cuda_module == NULL ||
         c->cuda_module == Py_None || c->boundary == NULL || !PyLong_CheckExact(c->boundary))
         return 1;
-    PyObject *initialized = PyObject_GetAttr(c->cuda_module, str_initialized);
-    if (initialized == NULL) return -1;
-    int cuda_on = PyObject_IsTrue(initialized);
-    Py_DECREF(initialized);
-    if (cuda_on != 0) return cuda_on < 0 ? -1 : 1;
+    /* torch.cuda._initialized, from the module's dict (a module's attribute lookup goes through
+     * its type first) */
+    PyObject *cuda_dict = PyModule_Check(c->cuda_module) ? PyModule_GetDict(c->cuda_module) : NULL;
+    PyObject *initialized = cuda_dict != NULL ? PyDict_GetItemWithError(cuda_dict, str_initialized)
+                                              : NULL; /* borrowed */
+    if (initialized == NULL) return PyErr_Occurred() ? -1 : 1;
+    if (initialized != Py_False) return 1; /* CUDA is on (or unknown): the full step reads it */
     PyObject *last = PyObject_CallNoArgs(c->last_optimizer); /* the weakref */
     if (last == NULL) return -1;
     Py_DECREF(last); /* only its identity is compared */
@@ -413,27 +449,38 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     int samples = PyObject_IsTrue(c->samples);
     int fed = PyObject_RichCompareBool(c->batches, zero, Py_GT);
     if (samples < 0 || fed < 0) return -1;
-    PyObject *steps = PyObject_GetAttr(agent, str_steps);
-    if (steps == NULL) return -1;
-    PyObject *row = Py_BuildValue("(OLLOOOOO)", c->step, t, t - boundary - eval_ns, c->data_wait,
-                                  c->last_batch_size ? c->last_batch_size : Py_None,
-                                  samples ? c->samples : Py_None,
-                                  c->autocast_dtype ? c->autocast_dtype : Py_None,
-                                  c->scaler_used ? c->scaler_used : Py_False);
-    if (row == NULL || PyList_Append(steps, row) < 0) {
+    /* The row, as steps.StepCounter.on_step builds it: (step, t, wall, data wait, batch size,
+     * samples or None, autocast dtype, scaler used). */
+    PyObject *row = PyTuple_New(8);
+    PyObject *t_end = PyLong_FromLongLong(t);
+    PyObject *wall = PyLong_FromLongLong(t - boundary - eval_ns);
+    if (row == NULL || t_end == NULL || wall == NULL) {
         Py_XDECREF(row);
-        Py_DECREF(steps);
+        Py_XDECREF(t_end);
+        Py_XDECREF(wall);
+        return -1;
+    }
+    PyTuple_SET_ITEM(row, 0, Py_NewRef(c->step));
+    PyTuple_SET_ITEM(row, 1, t_end);
+    PyTuple_SET_ITEM(row, 2, wall);
+    PyTuple_SET_ITEM(row, 3, Py_NewRef(c->data_wait));
+    PyTuple_SET_ITEM(row, 4, Py_NewRef(c->last_batch_size ? c->last_batch_size : Py_None));
+    PyTuple_SET_ITEM(row, 5, Py_NewRef(samples ? c->samples : Py_None));
+    PyTuple_SET_ITEM(row, 6, Py_NewRef(c->autocast_dtype ? c->autocast_dtype : Py_None));
+    PyTuple_SET_ITEM(row, 7, Py_NewRef(c->scaler_used ? c->scaler_used : Py_False));
+    PyObject *steps = slot_get(agent, str_steps, &h->steps_slot);
+    if (steps == NULL || !PyList_Check(steps) || PyList_Append(steps, row) < 0) {
+        if (steps != NULL && !PyList_Check(steps))
+            PyErr_SetString(PyExc_TypeError, "agent.steps is not a list");
+        Py_XDECREF(steps);
+        Py_DECREF(row);
         return -1;
     }
     Py_DECREF(row);
     Py_ssize_t buffered = PyList_GET_SIZE(steps);
     Py_DECREF(steps);
-    PyObject *t_obj = PyLong_FromLongLong(t);
-    if (t_obj == NULL || add_to(&c->step, one) < 0) {
-        Py_XDECREF(t_obj);
-        return -1;
-    }
-    Py_XSETREF(c->boundary, t_obj);
+    if (add_to(&c->step, one) < 0) return -1;
+    set_field(&c->boundary, t_end); /* the row holds it too */
     set_field(&c->prev_step_fed, fed ? Py_True : Py_False);
     set_field(&c->data_wait, zero);
     set_field(&c->samples, zero);
@@ -445,11 +492,11 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
         set_field(&c->scaler_used, Py_False);
     }
     /* Agent.after_step's conditions, checked here first: most steps need neither. */
-    PyObject *max_steps = PyObject_GetAttr(agent, str_flush_max_steps);
+    PyObject *max_steps = slot_get(agent, str_flush_max_steps, &h->max_steps_slot);
     if (max_steps == NULL) return -1;
     Py_ssize_t most = PyLong_AsSsize_t(max_steps);
     Py_DECREF(max_steps);
-    PyObject *last_flush = PyObject_GetAttr(agent, str_last_flush);
+    PyObject *last_flush = slot_get(agent, str_last_flush, &h->last_flush_slot);
     if (last_flush == NULL) return -1;
     long long flushed = PyLong_AsLongLong(last_flush);
     Py_DECREF(last_flush);
@@ -470,7 +517,7 @@ static PyObject *step_vectorcall(StepHook *h, PyObject *const *args, size_t narg
         return NULL;
     }
     PyObject *agent = h->counter->agent;
-    int active = agent == NULL ? 0 : agent_active(agent);
+    int active = agent == NULL ? 0 : agent_active(agent, &h->active_slot);
     if (active <= 0) {
         if (active < 0) PyErr_Clear();
         Py_RETURN_NONE;
