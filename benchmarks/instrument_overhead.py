@@ -293,6 +293,7 @@ def pause(agent) -> None:
     """Uninstall the agent between rounds but keep the steps it buffered: they are sent by
     the flush of a later round when 128 have gathered, as in one long run (an uninstall would
     send them at every round's end, outside the timed steps)."""
+    agent.counter.drain_rows(agent.steps)  # the compiled path's kept steps, as rows
     steps, agent.steps = agent.steps, []
     agent.uninstall()
     agent.steps = steps

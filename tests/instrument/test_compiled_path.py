@@ -39,6 +39,9 @@ def agent():
     a.arm()
     yield a
     a.uninstall()
+    queued = getattr(torch.cuda, "_queued_calls", [])
+    parts = (a.counter, a.counter.backward_patch)
+    queued[:] = [c for c in queued if getattr(c[0], "__self__", None) not in parts]
 
 
 def _train(loader, model=None, opt=None, epochs: int = 1) -> int:
@@ -61,12 +64,28 @@ def _pairs(n: int = 40, batch_size: int = 4):
 
 
 def test_the_counter_fields_are_the_ones_the_pure_path_has(fast):
-    members = {
+    fields = {
         name
         for name, value in vars(fast.CounterFields).items()
-        if type(value).__name__ == "member_descriptor"
+        if type(value).__name__ in ("member_descriptor", "getset_descriptor")
     }
-    assert members == set(compiled.COUNTER_FIELDS)
+    assert fields - {"pending_rows"} == set(compiled.COUNTER_FIELDS)
+
+
+def test_its_numbers_read_and_write_as_the_pure_paths_ints_and_nones(fast):
+    fields = fast.CounterFields()
+    assert (fields.step, fields.samples) == (0, 0)
+    assert fields.boundary is None and fields.last_batch_size is None
+    fields.boundary = 1 << 62  # perf_counter_ns values
+    fields.samples += 5
+    fields.last_batch_size = 5
+    assert (fields.boundary, fields.samples, fields.last_batch_size) == (1 << 62, 5, 5)
+    fields.last_batch_size = None
+    assert fields.last_batch_size is None and fields.pending_rows == 0
+    with pytest.raises(TypeError):
+        fields.step = None  # never None on either path
+    with pytest.raises(OverflowError):
+        fields.boundary = 1 << 64
 
 
 def test_it_reads_the_clock_the_python_parts_read(fast):
@@ -136,11 +155,48 @@ def test_the_common_batch_and_step_run_no_python_of_the_agent(fast, agent):
     assert agent.counter.step == 12
 
 
-def test_it_flushes_every_128_steps_in_order(fast, agent):
-    _train(_pairs(300, batch_size=1))
+def test_its_steps_reach_the_sink_in_order_packed_as_the_pure_path_packs_them(fast, agent):
+    from torchdoctor.instrument.agent.contract import pack_steps, unpack_steps
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _train(_pairs(8), model, opt)  # the first steps take the full path
     agent.flush()
-    counts = [m["step_count"] for m in agent.sink if m["step_count"]]
-    assert counts[:2] == [128, 128] and sum(counts) == 300
+    sent = len(agent.sink)
+    agent.flush_max_steps = 100
+    _train(_pairs(150, batch_size=1), model, opt)
+    assert agent.counter.pending_rows > 0  # kept as numbers until the next flush
+    agent.counter.autocast_dtype = "bfloat16"  # the next step ran under autocast
+    _train(_pairs(150, batch_size=1), model, opt)
+    agent.flush()
+    assert agent.counter.pending_rows == 0
+    fresh = [m for m in agent.sink[sent:] if m["step_count"]]
+    assert sum(m["step_count"] for m in fresh) == 300
+    assert max(m["step_count"] for m in fresh) <= 100
+    rows = [row for m in agent.sink for row in unpack_steps(m)]
+    assert [row[0] for row in rows] == list(range(302))  # every step, once, in order
+    assert [row[6] for row in rows].count("bfloat16") == 1
+    for message in fresh:  # packed in C as contract.pack_steps packs the same rows
+        kinds = [kind for kind, _ in message["step_columns"]]
+        assert kinds == [kind for kind, _ in pack_steps(unpack_steps(message))]
+    kinds = {kind for m in fresh for kind, _ in m["step_columns"]}
+    assert kinds == {"=", "Q", "j"}
+
+
+@pytest.mark.skipif(not hasattr(torch.cuda, "_lazy_call"), reason="torch.cuda has no _lazy_call")
+def test_cudas_start_sends_the_steps_down_the_full_path(fast, agent):
+    # The short path never reads torch.cuda's flag: torch's lazy init tells the counter.
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _train(_pairs(8), model, opt)
+    full = _python_calls({"_on_step"}, lambda: _train(_pairs(16), model, opt))
+    assert full == {"_on_step": 0}
+    counter = agent.counter
+    (queued,) = [c for c in torch.cuda._queued_calls if getattr(c[0], "__self__", None) is counter]
+    queued[0]()  # what torch.cuda's lazy init runs before its first allocation
+    full = _python_calls({"_on_step"}, lambda: _train(_pairs(16), model, opt))
+    assert full == {"_on_step": 4}  # every step reads the CUDA figures again
+    assert agent.counter.step == 10
 
 
 def test_an_error_in_its_part_switches_the_agent_off_and_the_loop_goes_on(fast, agent):

@@ -25,7 +25,7 @@ from torchdoctor.instrument.agent.contract import decode_message
 from torchdoctor.instrument.wire import WriterSink
 
 BOOTSTRAP_DIR = str(Path(__file__).resolve().parent / "bootstrap")
-_MAX_MESSAGE = 1 << 20  # far above what one agent message holds (<= FLUSH_MAX_STEPS steps)
+_MAX_MESSAGE = 1 << 20  # far above what one agent message holds (contract.message_steps)
 
 
 def bootstrap_env(env: dict[str, str], address: str) -> dict[str, str]:

@@ -25,10 +25,11 @@
 #include <Python.h>
 #include <pythread.h>
 #include <structmember.h>
+#include <limits.h>
 #include <time.h>
 
 static PyObject *str_active, *str_steps, *str_flush_max_steps, *str_last_flush, *str_after_step,
-    *str_disable, *str_initialized, *str_shape, *str_awaiting_first_batch, *str_first_batch,
+    *str_disable, *str_shape, *str_awaiting_first_batch, *str_first_batch,
     *str_dataloader_next, *str_optimizer_step;
 
 /* time.perf_counter_ns on Linux (time.get_clock_info('perf_counter'): CLOCK_MONOTONIC); the
@@ -41,50 +42,292 @@ static inline long long now_ns(void) {
 
 /* -- CounterFields --------------------------------------------------------------------------- */
 
+/* An integer field that may be None (Python's view): this value stands for None. */
+#define NONE_INT LLONG_MIN
+
+/* A step the common path ended, kept as numbers until a flush or the full path needs the rows
+ * (steps.StepCounter.on_step's tuple: step, end, wall, data wait, batch size, samples, autocast
+ * dtype, scaler used). */
+typedef struct {
+    long long step, t, wall, data_wait, batch_size, samples; /* batch_size NONE_INT: None */
+    PyObject *autocast_dtype;                                /* owned */
+    char scaler_used;
+} StepRow;
+
 typedef struct {
     PyObject_HEAD
-    /* the step under way */
-    PyObject *step, *boundary, *data_wait, *samples, *batches, *last_batch_size,
-        *loader_batch_size, *loader_seen, *eval_ns, *prev_step_fed, *autocast_dtype,
-        *scaler_used, *evaluation, *step_thread, *last_optimizer, *fast;
+    /* the step under way: plain integers, so that a batch or a step allocates nothing */
+    long long step, boundary, data_wait, samples, batches, last_batch_size, loader_batch_size,
+        eval_ns; /* boundary and the two batch sizes may be NONE_INT */
+    char loader_seen, scaler_used, fast, cuda_started;
+    PyObject *prev_step_fed, *autocast_dtype, *evaluation, *step_thread, *last_optimizer;
     /* set once (StepCounter.__init__, hooks.install) */
-    PyObject *agent, *loaders, *grad_enabled, *tensor_type, *cuda_module, *batch_len;
+    PyObject *agent, *loaders, *grad_enabled, *tensor_type, *batch_len;
+    /* steps ended by the common path, in order after agent.steps' rows (drain_rows) */
+    StepRow *rows;
+    Py_ssize_t row_count, row_capacity;
 } CounterFields;
 
-#define FIELD(name) \
-    {#name, T_OBJECT_EX, offsetof(CounterFields, name), 0, NULL}
-static PyMemberDef counter_members[] = {
-    FIELD(step), FIELD(boundary), FIELD(data_wait), FIELD(samples), FIELD(batches),
-    FIELD(last_batch_size), FIELD(loader_batch_size), FIELD(loader_seen), FIELD(eval_ns),
-    FIELD(prev_step_fed), FIELD(autocast_dtype), FIELD(scaler_used), FIELD(evaluation),
-    FIELD(step_thread), FIELD(last_optimizer), FIELD(fast), FIELD(agent), FIELD(loaders),
-    FIELD(grad_enabled), FIELD(tensor_type), FIELD(cuda_module), FIELD(batch_len),
-    {NULL}};
-#undef FIELD
+#define OBJECT_FIELDS(X)                                                                        \
+    X(prev_step_fed) X(autocast_dtype) X(evaluation) X(step_thread) X(last_optimizer) X(agent) \
+    X(loaders) X(grad_enabled) X(tensor_type) X(batch_len)
 
-#define COUNTER_FIELDS(X)                                                                      \
-    X(step) X(boundary) X(data_wait) X(samples) X(batches) X(last_batch_size)                  \
-    X(loader_batch_size) X(loader_seen) X(eval_ns) X(prev_step_fed) X(autocast_dtype)          \
-    X(scaler_used) X(evaluation) X(step_thread) X(last_optimizer) X(fast) X(agent) X(loaders)  \
-    X(grad_enabled) X(tensor_type) X(cuda_module) X(batch_len)
+#define OBJECT_FIELD(name) {#name, T_OBJECT_EX, offsetof(CounterFields, name), 0, NULL},
+#define INT_FIELD(name) {#name, T_LONGLONG, offsetof(CounterFields, name), 0, NULL},
+#define BOOL_FIELD(name) {#name, T_BOOL, offsetof(CounterFields, name), 0, NULL},
+static PyMemberDef counter_members[] = {
+    INT_FIELD(step) INT_FIELD(data_wait) INT_FIELD(samples) INT_FIELD(batches)
+    INT_FIELD(eval_ns) BOOL_FIELD(loader_seen) BOOL_FIELD(scaler_used) BOOL_FIELD(fast)
+    BOOL_FIELD(cuda_started) OBJECT_FIELDS(OBJECT_FIELD) {NULL}};
+#undef OBJECT_FIELD
+#undef INT_FIELD
+#undef BOOL_FIELD
+
+/* The fields that are an int or None, read and written by Python as such. */
+static PyObject *optional_int_get(CounterFields *self, void *offset) {
+    long long value = *(long long *)((char *)self + (Py_ssize_t)offset);
+    if (value == NONE_INT) Py_RETURN_NONE;
+    return PyLong_FromLongLong(value);
+}
+
+static int optional_int_set(CounterFields *self, PyObject *value, void *offset) {
+    long long number = NONE_INT;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the counter's fields cannot be deleted");
+        return -1;
+    }
+    if (value != Py_None) {
+        number = PyLong_AsLongLong(value);
+        if (number == -1 && PyErr_Occurred()) return -1;
+        if (number == NONE_INT) {
+            PyErr_SetString(PyExc_OverflowError, "out of the counter's range");
+            return -1;
+        }
+    }
+    *(long long *)((char *)self + (Py_ssize_t)offset) = number;
+    return 0;
+}
+
+static PyObject *counter_pending_rows(CounterFields *self, void *unused) {
+    return PyLong_FromSsize_t(self->row_count);
+}
+
+#define OPTIONAL_INT(name)                                                                     \
+    {#name, (getter)optional_int_get, (setter)optional_int_set, "an int or None",           \
+     (void *)offsetof(CounterFields, name)},
+static PyGetSetDef counter_getset[] = {
+    OPTIONAL_INT(boundary) OPTIONAL_INT(last_batch_size) OPTIONAL_INT(loader_batch_size)
+    {"pending_rows", (getter)counter_pending_rows, NULL,
+     "steps ended by the compiled path and not yet drained into agent.steps", NULL},
+    {NULL}};
+#undef OPTIONAL_INT
+
+static PyObject *optional_int(long long value) {
+    return value == NONE_INT ? Py_NewRef(Py_None) : PyLong_FromLongLong(value);
+}
+
+/* The row steps.StepCounter.on_step appends, as a new tuple; NULL with an exception set. */
+static PyObject *row_tuple(const StepRow *row) {
+    PyObject *items[8] = {
+        PyLong_FromLongLong(row->step),
+        PyLong_FromLongLong(row->t),
+        PyLong_FromLongLong(row->wall),
+        PyLong_FromLongLong(row->data_wait),
+        optional_int(row->batch_size),
+        row->samples ? PyLong_FromLongLong(row->samples) : Py_NewRef(Py_None),
+        Py_NewRef(row->autocast_dtype),
+        Py_NewRef(row->scaler_used ? Py_True : Py_False),
+    };
+    PyObject *tuple = NULL;
+    int complete = 1;
+    for (int i = 0; i < 8; i++) complete &= items[i] != NULL;
+    if (complete) tuple = PyTuple_New(8);
+    if (tuple == NULL) {
+        for (int i = 0; i < 8; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++) PyTuple_SET_ITEM(tuple, i, items[i]);
+    return tuple;
+}
+
+/* Append the kept rows to `steps` (a list), in order, and forget them; -1 with an exception set
+ * (the rows not appended are kept). */
+static int drain_into(CounterFields *self, PyObject *steps) {
+    Py_ssize_t done = 0;
+    int status = 0;
+    for (; done < self->row_count; done++) {
+        PyObject *tuple = row_tuple(&self->rows[done]);
+        if (tuple == NULL || PyList_Append(steps, tuple) < 0) {
+            Py_XDECREF(tuple);
+            status = -1;
+            break;
+        }
+        Py_DECREF(tuple);
+        Py_CLEAR(self->rows[done].autocast_dtype);
+    }
+    self->row_count -= done;
+    if (self->row_count > 0)
+        memmove(self->rows, self->rows + done, self->row_count * sizeof(StepRow));
+    return status;
+}
+
+/* The columns of contract.pack_steps for `n` int64 values at `offset` in each row: ["=", v]
+ * when all are equal, else ["Q", native int64 bytes]; with `optional`, NONE_INT is None (0 with
+ * `zero_is_none`) and a column mixing None and ints is ["j", values]. New reference. */
+static PyObject *int_column(const StepRow *rows, Py_ssize_t n, size_t offset, int optional,
+                            int zero_is_none) {
+#define VALUE(i) (*(const long long *)((const char *)&rows[i] + offset))
+#define IS_NONE(v) (optional && ((v) == NONE_INT || (zero_is_none && (v) == 0)))
+    long long first = VALUE(0);
+    int same = 1, any_none = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = VALUE(i);
+        same &= v == first || (IS_NONE(v) && IS_NONE(first));
+        any_none |= IS_NONE(v);
+    }
+    if (same) {
+        PyObject *value = IS_NONE(first) ? Py_NewRef(Py_None) : PyLong_FromLongLong(first);
+        return value == NULL ? NULL : Py_BuildValue("[sN]", "=", value);
+    }
+    if (!any_none) {
+        PyObject *data = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(long long));
+        if (data == NULL) return NULL;
+        long long *out = (long long *)PyBytes_AS_STRING(data);
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = VALUE(i);
+        return Py_BuildValue("[sN]", "Q", data);
+    }
+    PyObject *values = PyList_New(n);
+    if (values == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = VALUE(i);
+        PyObject *item = IS_NONE(v) ? Py_NewRef(Py_None) : PyLong_FromLongLong(v);
+        if (item == NULL) {
+            Py_DECREF(values);
+            return NULL;
+        }
+        PyList_SET_ITEM(values, i, item);
+    }
+    return Py_BuildValue("[sN]", "j", values);
+#undef VALUE
+#undef IS_NONE
+}
+
+/* The column of an object field (the autocast dtype), or of the scaler flag (objects NULL):
+ * ["=", v] when all are equal, else ["j", values]. New reference. */
+static PyObject *object_column(const StepRow *rows, Py_ssize_t n, int scaler) {
+#define ITEM(i) (scaler ? (rows[i].scaler_used ? Py_True : Py_False) : rows[i].autocast_dtype)
+    PyObject *first = ITEM(0);
+    int same = 1;
+    for (Py_ssize_t i = 1; i < n && same; i++) {
+        same = PyObject_RichCompareBool(ITEM(i), first, Py_EQ);
+        if (same < 0) return NULL;
+    }
+    if (same && (first == Py_None || PyLong_CheckExact(first) || PyUnicode_CheckExact(first) ||
+                 PyBool_Check(first) || PyFloat_CheckExact(first)))
+        return Py_BuildValue("[sO]", "=", first);
+    PyObject *values = PyList_New(n);
+    if (values == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(values, i, Py_NewRef(ITEM(i)));
+    return Py_BuildValue("[sN]", "j", values);
+#undef ITEM
+}
+
+/* pack_rows(n): the first n kept steps as one message's columns, exactly as contract.pack_steps
+ * packs the same rows, and forget them. */
+static PyObject *counter_pack_rows(CounterFields *self, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n <= 0 || n > self->row_count) {
+        PyErr_Format(PyExc_ValueError, "pack_rows takes 1 to %zd steps", self->row_count);
+        return NULL;
+    }
+    const StepRow *rows = self->rows;
+    PyObject *columns[8] = {
+        int_column(rows, n, offsetof(StepRow, step), 0, 0),
+        int_column(rows, n, offsetof(StepRow, t), 0, 0),
+        int_column(rows, n, offsetof(StepRow, wall), 0, 0),
+        int_column(rows, n, offsetof(StepRow, data_wait), 0, 0),
+        int_column(rows, n, offsetof(StepRow, batch_size), 1, 0),
+        int_column(rows, n, offsetof(StepRow, samples), 1, 1),
+        object_column(rows, n, 0),
+        object_column(rows, n, 1),
+    };
+    PyObject *out = PyList_New(8);
+    int complete = out != NULL;
+    for (int i = 0; i < 8; i++) complete &= columns[i] != NULL;
+    if (!complete) {
+        Py_XDECREF(out);
+        for (int i = 0; i < 8; i++) Py_XDECREF(columns[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 8; i++) PyList_SET_ITEM(out, i, columns[i]);
+    for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(self->rows[i].autocast_dtype);
+    self->row_count -= n;
+    if (self->row_count > 0)
+        memmove(self->rows, self->rows + n, self->row_count * sizeof(StepRow));
+    return out;
+}
+
+static PyObject *counter_drain_rows(CounterFields *self, PyObject *steps) {
+    if (!PyList_Check(steps)) {
+        PyErr_SetString(PyExc_TypeError, "drain_rows takes the agent's list of steps");
+        return NULL;
+    }
+    if (drain_into(self, steps) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static void discard_rows(CounterFields *self) {
+    for (Py_ssize_t i = 0; i < self->row_count; i++) Py_CLEAR(self->rows[i].autocast_dtype);
+    self->row_count = 0;
+}
+
+static PyObject *counter_discard_rows(CounterFields *self, PyObject *unused) {
+    discard_rows(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef counter_methods[] = {
+    {"drain_rows", (PyCFunction)counter_drain_rows, METH_O,
+     "drain_rows(steps): append the steps the compiled path ended, as rows, to steps."},
+    {"pack_rows", (PyCFunction)counter_pack_rows, METH_O,
+     "pack_rows(n): the first n steps the compiled path ended, as contract.pack_steps's "
+     "columns (they are forgotten)."},
+    {"discard_rows", (PyCFunction)counter_discard_rows, METH_NOARGS,
+     "Forget the steps the compiled path ended (a forked child's copy of its parent's)."},
+    {NULL}};
+
+static int counter_init_numbers(CounterFields *self) {
+    self->boundary = self->last_batch_size = self->loader_batch_size = NONE_INT;
+    return 0;
+}
+
+static PyObject *counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    CounterFields *self = (CounterFields *)type->tp_alloc(type, 0);
+    if (self != NULL) counter_init_numbers(self);
+    return (PyObject *)self;
+}
 
 static int counter_traverse(CounterFields *self, visitproc visit, void *arg) {
 #define VISIT(name) Py_VISIT(self->name);
-    COUNTER_FIELDS(VISIT)
+    OBJECT_FIELDS(VISIT)
 #undef VISIT
+    for (Py_ssize_t i = 0; i < self->row_count; i++) Py_VISIT(self->rows[i].autocast_dtype);
     return 0;
 }
 
 static int counter_clear(CounterFields *self) {
 #define CLEAR(name) Py_CLEAR(self->name);
-    COUNTER_FIELDS(CLEAR)
+    OBJECT_FIELDS(CLEAR)
 #undef CLEAR
+    discard_rows(self);
     return 0;
 }
 
 static void counter_dealloc(CounterFields *self) {
     PyObject_GC_UnTrack(self);
     counter_clear(self);
+    PyMem_Free(self->rows);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -97,7 +340,9 @@ static PyTypeObject CounterFieldsType = {
     .tp_clear = (inquiry)counter_clear,
     .tp_dealloc = (destructor)counter_dealloc,
     .tp_members = counter_members,
-    .tp_new = PyType_GenericNew,
+    .tp_getset = counter_getset,
+    .tp_methods = counter_methods,
+    .tp_new = counter_new,
 };
 
 /* -- shared helpers ---------------------------------------------------------------------------- */
@@ -163,22 +408,6 @@ static int disable_agent(PyObject *agent, PyObject *where) {
     return 0;
 }
 
-/* field += delta (both Python ints); -1 with an exception set. */
-static inline int add_to(PyObject **field, PyObject *delta) {
-    PyObject *sum = PyNumber_Add(*field, delta);
-    if (sum == NULL) return -1;
-    Py_SETREF(*field, sum);
-    return 0;
-}
-
-static inline void set_field(PyObject **field, PyObject *value) {
-    Py_INCREF(value);
-    Py_XSETREF(*field, value);
-}
-
-static PyObject *zero; /* the int 0 */
-static PyObject *one;  /* the int 1 */
-
 /* -- NextWrapper: _BaseDataLoaderIter.__next__ ------------------------------------------------- */
 
 typedef struct {
@@ -192,10 +421,20 @@ typedef struct {
     SlotCache active_slot, awaiting_slot;
 } NextWrapper;
 
+/* An int a Python handler returned (None: NONE_INT); -1 with an exception set. */
+static int as_optional_int(PyObject *value, long long *out) {
+    if (value == Py_None) {
+        *out = NONE_INT;
+        return 0;
+    }
+    *out = PyLong_AsLongLong(value);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* Samples in the batch: the leading dimension of its first tensor, for the common cases
- * (a tensor, a tuple or list starting with one); steps.batch_len for the rest. New reference
- * (None when unknown), NULL with an exception set. */
-static PyObject *batch_samples(CounterFields *counter, PyObject *batch) {
+ * (a tensor, a tuple or list starting with one); steps.batch_len for the rest. Sets *n
+ * (NONE_INT when unknown); -1 with an exception set. */
+static int batch_samples(CounterFields *counter, PyObject *batch, long long *n) {
     PyObject *first = NULL;
     PyTypeObject *kind = Py_TYPE(batch);
     PyObject *tensor_type = counter->tensor_type;
@@ -206,15 +445,36 @@ static PyObject *batch_samples(CounterFields *counter, PyObject *batch) {
     } else if ((PyObject *)kind == tensor_type) {
         first = batch;
     }
-    if (first == NULL)
-        return PyObject_CallFunctionObjArgs(counter->batch_len, batch, tensor_type, NULL);
-    PyObject *shape = PyObject_GetAttr(first, str_shape);
-    if (shape == NULL) return NULL;
-    PyObject *n = Py_None;
-    if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) > 0) n = PyTuple_GET_ITEM(shape, 0);
-    Py_INCREF(n);
-    Py_DECREF(shape);
-    return n;
+    PyObject *value;
+    if (first == NULL) {
+        value = PyObject_CallFunctionObjArgs(counter->batch_len, batch, tensor_type, NULL);
+    } else {
+        /* The leading dimension without building torch.Size: torch.Tensor.__len__ is Python
+         * code, its C base's length slot is not (a 0-d tensor gives 0 there: the shape says
+         * which, as it does for an empty batch). */
+        PyTypeObject *base = ((PyTypeObject *)tensor_type)->tp_base;
+        lenfunc length = base != NULL && base->tp_as_mapping != NULL
+                             ? base->tp_as_mapping->mp_length
+                             : NULL;
+        if (length != NULL) {
+            Py_ssize_t leading = length(first);
+            if (leading > 0) {
+                *n = leading;
+                return 0;
+            }
+            if (leading < 0) return -1;
+        }
+        PyObject *shape = PyObject_GetAttr(first, str_shape);
+        if (shape == NULL) return -1;
+        value = PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) > 0 ? PyTuple_GET_ITEM(shape, 0)
+                                                                     : Py_None;
+        Py_INCREF(value);
+        Py_DECREF(shape);
+    }
+    if (value == NULL) return -1;
+    int status = as_optional_int(value, n);
+    Py_DECREF(value);
+    return status;
 }
 
 /* StepCounter.on_batch's training path: 0 done, 1 not the common case (call the full
@@ -222,8 +482,7 @@ static PyObject *batch_samples(CounterFields *counter, PyObject *batch) {
 static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long t0,
                        long long dt) {
     CounterFields *c = w->counter;
-    if (!c->grad_enabled || !c->tensor_type || !c->batch_len || !c->data_wait || !c->batches ||
-        !c->samples || !c->loaders)
+    if (!c->grad_enabled || !c->tensor_type || !c->batch_len || !c->loaders)
         return 1; /* not set up: the full handler says what is missing */
     int on_step_thread = c->step_thread == NULL || c->step_thread == Py_None;
     if (!on_step_thread) {
@@ -235,47 +494,22 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
         if (c->evaluation != NULL && c->evaluation != Py_None) return 1;
         PyObject *grad = PyObject_CallNoArgs(c->grad_enabled);
         if (grad == NULL) return -1;
-        int enabled = PyObject_IsTrue(grad);
+        int enabled = grad == Py_True ? 1 : grad == Py_False ? 0 : PyObject_IsTrue(grad);
         Py_DECREF(grad);
         if (enabled < 0) return -1;
         if (!enabled) return 1;
     }
-    PyObject *n = batch_samples(c, batch);
-    if (n == NULL) return -1;
-    if (on_step_thread) {
-        PyObject *delta = PyLong_FromLongLong(dt);
-        if (delta == NULL || add_to(&c->data_wait, delta) < 0) {
-            Py_XDECREF(delta);
-            Py_DECREF(n);
-            return -1;
-        }
-        Py_DECREF(delta);
+    long long n;
+    if (batch_samples(c, batch, &n) < 0) return -1;
+    if (on_step_thread) c->data_wait += dt;
+    c->batches += 1;
+    c->loader_seen = 1;
+    if (c->boundary == NONE_INT) c->boundary = t0;
+    if (n == NONE_INT) n = c->loader_batch_size;
+    if (n != NONE_INT) {
+        c->samples += n;
+        c->last_batch_size = n;
     }
-    if (add_to(&c->batches, one) < 0) {
-        Py_DECREF(n);
-        return -1;
-    }
-    set_field(&c->loader_seen, Py_True);
-    if (c->boundary == NULL || c->boundary == Py_None) {
-        PyObject *start = PyLong_FromLongLong(t0);
-        if (start == NULL) {
-            Py_DECREF(n);
-            return -1;
-        }
-        Py_XSETREF(c->boundary, start);
-    }
-    if (n == Py_None && c->loader_batch_size != NULL) {
-        Py_DECREF(n);
-        n = Py_NewRef(c->loader_batch_size);
-    }
-    if (n != Py_None) {
-        if (add_to(&c->samples, n) < 0) {
-            Py_DECREF(n);
-            return -1;
-        }
-        set_field(&c->last_batch_size, n);
-    }
-    Py_DECREF(n);
     PyObject *awaiting = slot_get(c->loaders, str_awaiting_first_batch, &w->awaiting_slot);
     if (awaiting == NULL) return -1;
     int first_due = PyObject_IsTrue(awaiting);
@@ -422,76 +656,84 @@ typedef struct {
     SlotCache active_slot, steps_slot, max_steps_slot, last_flush_slot;
 } StepHook;
 
-/* StepCounter.on_step's short path: 0 done, 1 not the common step, -1 with an exception set. */
+/* The optimizer that ended the last step, borrowed (NULL: none, or gone). */
+static PyObject *last_optimizer(CounterFields *c) {
+    PyObject *ref = c->last_optimizer;
+    if (ref == NULL || !PyWeakref_CheckRef(ref)) return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target;
+    if (PyWeakref_GetRef(ref, &target) <= 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(target); /* only its identity is compared; the caller holds the optimizer */
+    return target;
+#else
+    PyObject *target = PyWeakref_GET_OBJECT(ref);
+    return target == Py_None ? NULL : target;
+#endif
+}
+
+/* Hand the kept rows to agent.steps (before Python reads or appends to it); -1 with an
+ * exception set. */
+static int drain_to_agent(StepHook *h) {
+    CounterFields *c = h->counter;
+    if (c->row_count == 0) return 0;
+    PyObject *steps = slot_get(c->agent, str_steps, &h->steps_slot);
+    if (steps == NULL) return -1;
+    int status = -1;
+    if (PyList_Check(steps))
+        status = drain_into(c, steps);
+    else
+        PyErr_SetString(PyExc_TypeError, "agent.steps is not a list");
+    Py_DECREF(steps);
+    return status;
+}
+
+/* StepCounter.on_step's short path: 0 done, 1 not the common step, -1 with an exception set.
+ * The step's numbers go into the counter's array of rows; Python sees them as rows at the next
+ * flush (Agent.flush drains them) or before the full path runs. */
 static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     CounterFields *c = h->counter;
-    PyObject *agent = c->agent;
-    if (c->fast != Py_True || !c->step || !c->data_wait || !c->samples || !c->batches ||
-        !c->eval_ns || (c->evaluation != NULL && c->evaluation != Py_None) ||
-        c->last_optimizer == NULL || c->last_optimizer == Py_None || c->cuda_module == NULL ||
-        c->cuda_module == Py_None || c->boundary == NULL || !PyLong_CheckExact(c->boundary))
+    /* `fast` says what on_step's short path needs held at the last full step; CUDA's start
+     * clears it (StepCounter.on_cuda_start, through torch.cuda._lazy_call) */
+    if (!c->fast || c->cuda_started || (c->evaluation != NULL && c->evaluation != Py_None) ||
+        c->boundary == NONE_INT || last_optimizer(c) != optimizer)
         return 1;
-    /* torch.cuda._initialized, from the module's dict (a module's attribute lookup goes through
-     * its type first) */
-    PyObject *cuda_dict = PyModule_Check(c->cuda_module) ? PyModule_GetDict(c->cuda_module) : NULL;
-    PyObject *initialized = cuda_dict != NULL ? PyDict_GetItemWithError(cuda_dict, str_initialized)
-                                              : NULL; /* borrowed */
-    if (initialized == NULL) return PyErr_Occurred() ? -1 : 1;
-    if (initialized != Py_False) return 1; /* CUDA is on (or unknown): the full step reads it */
-    PyObject *last = PyObject_CallNoArgs(c->last_optimizer); /* the weakref */
-    if (last == NULL) return -1;
-    Py_DECREF(last); /* only its identity is compared */
-    if (last != optimizer) return 1;
-
-    long long boundary = PyLong_AsLongLong(c->boundary);
-    long long eval_ns = PyLong_AsLongLong(c->eval_ns);
-    if (PyErr_Occurred()) return -1;
-    int samples = PyObject_IsTrue(c->samples);
-    int fed = PyObject_RichCompareBool(c->batches, zero, Py_GT);
-    if (samples < 0 || fed < 0) return -1;
-    /* The row, as steps.StepCounter.on_step builds it: (step, t, wall, data wait, batch size,
-     * samples or None, autocast dtype, scaler used). */
-    PyObject *row = PyTuple_New(8);
-    PyObject *t_end = PyLong_FromLongLong(t);
-    PyObject *wall = PyLong_FromLongLong(t - boundary - eval_ns);
-    if (row == NULL || t_end == NULL || wall == NULL) {
-        Py_XDECREF(row);
-        Py_XDECREF(t_end);
-        Py_XDECREF(wall);
-        return -1;
+    if (c->row_count == c->row_capacity) {
+        Py_ssize_t capacity = c->row_capacity ? 2 * c->row_capacity : 256;
+        StepRow *rows = PyMem_Realloc(c->rows, capacity * sizeof(StepRow));
+        if (rows == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->rows = rows;
+        c->row_capacity = capacity;
     }
-    PyTuple_SET_ITEM(row, 0, Py_NewRef(c->step));
-    PyTuple_SET_ITEM(row, 1, t_end);
-    PyTuple_SET_ITEM(row, 2, wall);
-    PyTuple_SET_ITEM(row, 3, Py_NewRef(c->data_wait));
-    PyTuple_SET_ITEM(row, 4, Py_NewRef(c->last_batch_size ? c->last_batch_size : Py_None));
-    PyTuple_SET_ITEM(row, 5, Py_NewRef(samples ? c->samples : Py_None));
-    PyTuple_SET_ITEM(row, 6, Py_NewRef(c->autocast_dtype ? c->autocast_dtype : Py_None));
-    PyTuple_SET_ITEM(row, 7, Py_NewRef(c->scaler_used ? c->scaler_used : Py_False));
-    PyObject *steps = slot_get(agent, str_steps, &h->steps_slot);
-    if (steps == NULL || !PyList_Check(steps) || PyList_Append(steps, row) < 0) {
-        if (steps != NULL && !PyList_Check(steps))
-            PyErr_SetString(PyExc_TypeError, "agent.steps is not a list");
-        Py_XDECREF(steps);
-        Py_DECREF(row);
-        return -1;
-    }
-    Py_DECREF(row);
-    Py_ssize_t buffered = PyList_GET_SIZE(steps);
-    Py_DECREF(steps);
-    if (add_to(&c->step, one) < 0) return -1;
-    set_field(&c->boundary, t_end); /* the row holds it too */
-    set_field(&c->prev_step_fed, fed ? Py_True : Py_False);
-    set_field(&c->data_wait, zero);
-    set_field(&c->samples, zero);
-    set_field(&c->batches, zero);
-    set_field(&c->eval_ns, zero);
-    if ((c->autocast_dtype != NULL && c->autocast_dtype != Py_None) ||
-        c->scaler_used == Py_True) {
-        set_field(&c->autocast_dtype, Py_None);
-        set_field(&c->scaler_used, Py_False);
+    StepRow *row = &c->rows[c->row_count++];
+    row->step = c->step;
+    row->t = t;
+    row->wall = t - c->boundary - c->eval_ns;
+    row->data_wait = c->data_wait;
+    row->batch_size = c->last_batch_size;
+    row->samples = c->samples;
+    row->autocast_dtype = Py_NewRef(c->autocast_dtype ? c->autocast_dtype : Py_None);
+    row->scaler_used = c->scaler_used;
+    c->step += 1;
+    c->boundary = t;
+    PyObject *fed = c->batches > 0 ? Py_True : Py_False;
+    if (c->prev_step_fed != fed) Py_XSETREF(c->prev_step_fed, Py_NewRef(fed));
+    c->data_wait = c->samples = c->batches = c->eval_ns = 0;
+    if ((c->autocast_dtype != NULL && c->autocast_dtype != Py_None) || c->scaler_used) {
+        Py_XSETREF(c->autocast_dtype, Py_NewRef(Py_None));
+        c->scaler_used = 0;
     }
     /* Agent.after_step's conditions, checked here first: most steps need neither. */
+    PyObject *agent = c->agent;
+    PyObject *steps = slot_get(agent, str_steps, &h->steps_slot);
+    if (steps == NULL) return -1;
+    Py_ssize_t buffered = c->row_count + (PyList_Check(steps) ? PyList_GET_SIZE(steps) : 0);
+    Py_DECREF(steps);
     PyObject *max_steps = slot_get(agent, str_flush_max_steps, &h->max_steps_slot);
     if (max_steps == NULL) return -1;
     Py_ssize_t most = PyLong_AsSsize_t(max_steps);
@@ -502,7 +744,11 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     Py_DECREF(last_flush);
     if (PyErr_Occurred()) return -1;
     if (buffered >= most || t - flushed >= h->flush_interval_ns) {
-        PyObject *r = PyObject_CallMethodOneArg(agent, str_after_step, c->boundary);
+        if (drain_to_agent(h) < 0) return -1;
+        PyObject *end = PyLong_FromLongLong(t);
+        if (end == NULL) return -1;
+        PyObject *r = PyObject_CallMethodOneArg(agent, str_after_step, end);
+        Py_DECREF(end);
         if (r == NULL) return -1;
         Py_DECREF(r);
     }
@@ -526,7 +772,9 @@ static PyObject *step_vectorcall(StepHook *h, PyObject *const *args, size_t narg
     if (!h->record) Py_RETURN_NONE;
     int status = close_step(h, args[0], t);
     if (status == 1) {
-        PyObject *r = PyObject_CallFunction(h->full_step, "OL", args[0], t);
+        /* the full path appends its row after the kept ones */
+        PyObject *r = drain_to_agent(h) < 0 ? NULL
+                                            : PyObject_CallFunction(h->full_step, "OL", args[0], t);
         status = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
@@ -614,14 +862,12 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(str_last_flush, "last_flush")
     INTERN(str_after_step, "after_step")
     INTERN(str_disable, "disable")
-    INTERN(str_initialized, "_initialized")
     INTERN(str_shape, "shape")
     INTERN(str_awaiting_first_batch, "awaiting_first_batch")
     INTERN(str_first_batch, "first_batch")
     INTERN(str_dataloader_next, "dataloader-next")
     INTERN(str_optimizer_step, "optimizer-step")
 #undef INTERN
-    if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL) return NULL;
     if (PyType_Ready(&CounterFieldsType) < 0 || PyType_Ready(&NextWrapperType) < 0 ||
         PyType_Ready(&StepHookType) < 0)
         return NULL;

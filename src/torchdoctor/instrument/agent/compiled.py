@@ -15,12 +15,14 @@ import os
 from .contract import ENV_PURE_PYTHON, env_flag
 
 # The step counter's fields that the compiled path reads and writes: ``_fast.CounterFields``
-# has exactly these (a test keeps them equal), the pure path has them as slots.
+# has exactly these (a test keeps them equal), the pure path has them as slots. On the compiled
+# path the numbers are C integers (``boundary`` and the batch sizes may be None), so that a batch
+# or a step allocates nothing.
 COUNTER_FIELDS = (
     "step", "boundary", "data_wait", "samples", "batches", "last_batch_size",
     "loader_batch_size", "loader_seen", "eval_ns", "prev_step_fed", "autocast_dtype",
-    "scaler_used", "evaluation", "step_thread", "last_optimizer", "fast",
-    "agent", "loaders", "grad_enabled", "tensor_type", "cuda_module", "batch_len",
+    "scaler_used", "evaluation", "step_thread", "last_optimizer", "fast", "cuda_started",
+    "agent", "loaders", "grad_enabled", "tensor_type", "batch_len",
 )  # fmt: skip
 
 
@@ -41,6 +43,16 @@ class _PythonCounterFields:
     """The pure path's counter fields: slots, read and written as the compiled ones are."""
 
     __slots__ = COUNTER_FIELDS
+
+    # The compiled path keeps the steps its common case ends as numbers until a flush (or the
+    # full path) asks for them as rows; the pure path appends rows to agent.steps at once.
+    pending_rows = 0
+
+    def drain_rows(self, steps: list) -> None:
+        """Append the steps ended and not yet in ``steps`` (the agent's rows) to it."""
+
+    def discard_rows(self) -> None:
+        """Forget the steps ended and not yet drained (a forked child's copy of its parent's)."""
 
 
 CounterFields = fast.CounterFields if fast is not None else _PythonCounterFields

@@ -31,7 +31,11 @@ STOPPED_EXIT_STATUS = 75
 FLUSH_INTERVAL_S = 0.25
 FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
 VOLATILE_EVERY_NS = 2_000_000_000  # re-read changeable settings at most every 2 s
-FLUSH_MAX_STEPS = 128
+# Steps buffered before a flush (or FLUSH_INTERVAL_S, whichever comes first). A flush is the
+# agent's dearest moment, its code cold between the job's steps: ~200 us on a 2-core VM, so
+# rarely. Its messages hold at most MESSAGE_MAX_VALUES step values each (see message_steps).
+FLUSH_MAX_STEPS = 1024
+MESSAGE_MAX_VALUES = 4096
 MAX_PENDING_MESSAGES = 512  # kept while the collector is slow; oldest dropped beyond
 # Backward passes without an optimizer step after which the loop is taken to update its
 # parameters by hand: gradient accumulation steps its optimizer long before this.
@@ -64,6 +68,7 @@ STEP_FIELDS = (
     "backward_compute_ns",
 )
 AGENT_STEP_VALUES = 13  # STEP_FIELDS up to cuda_ooms
+SHORT_STEP_VALUES = 8  # the common step's row (no CUDA, no rank figures): up to grad_scaler
 RANK_STEP_FIELDS = STEP_FIELDS[AGENT_STEP_VALUES:]  # what ranks.py appends, in this order
 # The step's end as the agent keeps it: perf_counter_ns, one clock read per step boundary.
 # A message carries the offset to UNIX time read when it was flushed (``clock_offset_ns``).
@@ -130,6 +135,14 @@ def parse_overrides(text: str | None) -> dict:
             raise ValueError(f"{ENV_OVERRIDES}: {key} must be true or false, got {value!r}")
         out[key] = value
     return out
+
+
+def message_steps(width: int) -> int:
+    """Steps per message for rows of ``width`` values. A SOCK_SEQPACKET message must fit the
+    socket's send buffer (net.core.wmem_default, 208 KiB by default): 4096 values take at most
+    32 KiB as int64 columns and stay well under it as JSON (the 512 common steps of a message
+    take 18 KiB)."""
+    return max(1, MESSAGE_MAX_VALUES // max(1, width))
 
 
 def pack_steps(rows: list) -> list:

@@ -19,6 +19,7 @@ from .contract import (
     FLUSH_INTERVAL_NS,
     FLUSH_MAX_STEPS,
     FORKED_CHILD,
+    SHORT_STEP_VALUES,
     STEP_FIELDS,
     STOPPED_EXIT_STATUS,
     TRAINER,
@@ -28,6 +29,7 @@ from .contract import (
     dumps,
     env_flag,
     env_int,
+    message_steps,
     now,
     now_ns,
     pack_steps,
@@ -53,7 +55,7 @@ class Agent:
     )  # fmt: skip
 
     def __init__(self) -> None:
-        self.flush_max_steps = FLUSH_MAX_STEPS  # at most this many steps per message (and flush)
+        self.flush_max_steps = FLUSH_MAX_STEPS  # steps buffered before a flush
         self.armed = False  # import hook or patches in place
         self.active = False  # patches in place and working
         self.disabled_reason: str | None = None
@@ -277,8 +279,9 @@ class Agent:
     # -- shipping -----------------------------------------------------------------------------
 
     def flush(self, final: bool = False) -> None:
-        """Send what is buffered to every sink; at most ``flush_max_steps`` steps per message."""
+        """Send what is buffered to every sink, in messages of at most ``message_steps`` steps."""
         t = self.last_flush = perf_ns()
+        counter = self.counter
         if self.active and self.settings_done and t - self.last_volatile >= VOLATILE_EVERY_NS:
             self.last_volatile = t
             import contextlib
@@ -287,12 +290,28 @@ class Agent:
 
             with contextlib.suppress(Exception):
                 settings.capture_volatile(self)
-        if not (self.steps or self.loaders or self.settings or self.events):
+        kept = counter.pending_rows if counter is not None else 0
+        if not (self.steps or kept or self.loaders or self.settings or self.events):
             if final:
                 for sink in self.sinks:
                     close_sink(sink)
             return
-        steps, self.steps = self.steps, []
+        # The steps as (count, columns) per message. The compiled path's steps come as numbers
+        # and are packed there; rows of the full path (and any kept steps after them) here.
+        parts: list[tuple[int, list]] = []
+        if self.steps:
+            if kept:
+                counter.drain_rows(self.steps)
+            steps, self.steps = self.steps, []
+            size = message_steps(max(map(len, steps)))
+            for i in range(0, len(steps), size):
+                chunk = steps[i : i + size]
+                parts.append((len(chunk), pack_steps(chunk)))
+        else:
+            size = message_steps(SHORT_STEP_VALUES)
+            while counter is not None and counter.pending_rows:
+                count = min(size, counter.pending_rows)
+                parts.append((count, counter.pack_rows(count)))
         loaders, self.loaders = self.loaders, []
         settings_rows, self.settings = self.settings, []
         events, self.events = self.events, []
@@ -300,14 +319,12 @@ class Agent:
         # Step ends are perf_counter_ns (one clock read per step): the offset to UNIX time,
         # read now, goes with them.
         header["clock_offset_ns"] = now_ns() - perf_ns()
-        size = self.flush_max_steps
-        chunks = [steps[i : i + size] for i in range(0, len(steps), size)]
         messages = []
-        for i, chunk in enumerate(chunks or [[]]):
+        for i, (count, columns) in enumerate(parts or [(0, [])]):
             msg = dict(header)
             msg["step_fields"] = STEP_FIELDS
-            msg["step_count"] = len(chunk)
-            msg["step_columns"] = pack_steps(chunk) if chunk else []
+            msg["step_count"] = count
+            msg["step_columns"] = columns
             if i == 0:
                 msg["dataloaders"] = loaders
                 msg["settings"] = settings_rows

@@ -138,6 +138,7 @@ def install(agent, torch) -> None:
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(step_hook)
     counter.backward_patch.install()
+    counter.watch_cuda_start(torch)
     agent.active = True
     agent.event("process-start", settings.process_detail(agent))
     agent.setting("agent.fast_path", compiled.FAST_PATH)

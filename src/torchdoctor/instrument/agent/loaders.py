@@ -24,6 +24,12 @@ class LoaderInfo:
 class Loaders:
     """The DataLoaders of this process; records go to ``agent.loaders`` once complete."""
 
+    # Slots: the compiled path reads awaiting_first_batch on every batch (at its offset).
+    __slots__ = (
+        "agent", "iterable_dataset", "info_of", "first_of", "pass_of", "batch_size_of",
+        "pending", "next_id", "awaiting_first_batch",
+    )  # fmt: skip
+
     def __init__(self, agent, torch) -> None:
         self.agent = agent
         self.iterable_dataset = torch.utils.data.IterableDataset

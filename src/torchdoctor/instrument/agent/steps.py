@@ -43,14 +43,18 @@ class StepCounter(CounterFields):
         self.grad_enabled = torch.is_grad_enabled
         self.cuda_is_initialized = torch.cuda.is_initialized
         # torch.cuda.is_initialized() is `_initialized and not _is_in_bad_fork()`: reading the
-        # flag first spares every step of a CPU job a Python call (None: call it every step).
+        # flag first spares every full step of a CPU job a Python call (None: call it).
         flag = getattr(torch.cuda, "_initialized", None)
         self.cuda_module = torch.cuda if isinstance(flag, bool) else None
+        # The short path never asks whether CUDA has started: torch tells (watch_cuda_start).
+        self.cuda_started = False
+        self.cuda_watched = False
         self.loaders = None  # loaders.Loaders, set by hooks.install
         self.backward_patch = None  # hooks.BackwardPatch, set by hooks.install
         self.reset()
 
     def reset(self) -> None:
+        self.discard_rows()
         self.step = 0
         self.boundary: int | None = None  # perf_counter_ns of the last step boundary
         self.start_ns = perf_ns()
@@ -78,6 +82,20 @@ class StepCounter(CounterFields):
         if self.backward_patch is not None:
             # A forked child counts afresh: its steps may end at backward passes.
             self.backward_patch.restore()
+
+    def watch_cuda_start(self, torch) -> None:
+        """Have torch call :meth:`on_cuda_start` when CUDA initialises (at once if it has):
+        the short step path needs CUDA off and no longer reads torch's flag every step."""
+        lazy_call = getattr(torch.cuda, "_lazy_call", None)
+        if self.cuda_watched or lazy_call is None or self.cuda_module is None:
+            return  # no way to be told: every step takes the full path
+        self.cuda_watched = True
+        lazy_call(self.on_cuda_start)
+
+    def on_cuda_start(self) -> None:
+        # Runs inside torch.cuda's lazy init: two stores, nothing that can raise.
+        self.cuda_started = True
+        self.fast = False
 
     def on_step_thread(self) -> bool:
         """Only the thread that steps the optimizer waits for data in the step's time (a loader
@@ -184,16 +202,11 @@ class StepCounter(CounterFields):
     def on_step(self, optimizer) -> None:
         t = perf_ns()
         # The common step: nothing to settle, the same optimizer, CPU only, no rank figures,
-        # no stop rule (``fast`` says the rest held at the previous step; see _refresh_fast).
-        # It appends the step's values and zeroes the counters; the message is built at
-        # flush time (contract.pack_steps).
+        # no stop rule (``fast`` says the rest held at the previous step, see _refresh_fast;
+        # CUDA's start clears it). It appends the step's values and zeroes the counters; the
+        # message is built at flush time (contract.pack_steps).
         last_optimizer = self.last_optimizer  # read, then called: see on_batch
-        if (
-            self.fast
-            and self.evaluation is None
-            and not self.cuda_module._initialized
-            and last_optimizer() is optimizer
-        ):
+        if self.fast and self.evaluation is None and last_optimizer() is optimizer:
             agent = self.agent
             steps = agent.steps
             step = self.step
@@ -233,7 +246,8 @@ class StepCounter(CounterFields):
             and not agent.threads_override_pending
             and agent.stop_after is None
             and agent.distributed is None
-            and self.cuda_module is not None
+            and self.cuda_watched
+            and not self.cuda_started
             and not agent.cuda.seen
         )
 
@@ -303,6 +317,7 @@ class StepCounter(CounterFields):
             self.step_thread = get_ident()
             settings.capture_settings(agent, None)
         held, self.held_steps = self.held_steps, []
+        self.drain_rows(agent.steps)  # rows of the compiled short path come first
         for row in held:
             row[0] = self.step
             agent.steps.append(row)
@@ -346,6 +361,7 @@ class StepCounter(CounterFields):
     def _close_step(self, t: int) -> None:
         boundary = self.boundary if self.boundary is not None else self.start_ns
         agent = self.agent
+        self.drain_rows(agent.steps)  # rows of the compiled short path come first
         agent.steps.append(self._step_row(t, boundary))
         self.step += 1
         self.boundary = t
