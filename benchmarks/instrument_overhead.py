@@ -7,9 +7,11 @@ time by other work on the machine. Rounds are short (8 steps of the train loop, 
 and many: a shared VM's speed drifts by tens of per cent within seconds, and only rounds run
 next to each other see the same machine. Each round starts with untimed steps (the first
 step after an install takes the agent's full path, and CPython re-specialises the loop's code
-on the classes an install changes: both once per process in a real run; see run_round), and the
-steps the agent buffered carry over from round to round, so that its flush of 128 steps
-falls inside the timed rounds as often as it would in one long run.
+on the classes an install changes: both once per process in a real run; see run_round). As in
+one long run, the steps the agent buffered carry over from round to round, so that its flush
+(every 1024 steps) falls inside the timed rounds as often as it would, and so does each
+variant's DataLoader pass, so that a new pass (the agent's epoch-start) begins only where the
+last one ended (every 40 steps of the train loop; its cost per pass is measured apart).
 
   plain        the loop, no instrumentation;
   torchdoctor  the agent installed as ``torchdoctor run`` installs it, shipping its records
@@ -145,6 +147,11 @@ print(Counting.steps, flush=True)
 
 
 def build_loops(torch):
+    """The train and tiny loops, ``loop(steps, key)``. Each key (a variant) keeps its own
+    iterator from round to round: a DataLoader pass runs on across that variant's rounds and a
+    new one starts (``iter()``, the agent's epoch-start) only where the last ended, as in one
+    long run. A pass per round made the train loop's 8-step rounds pay the agent's per-pass work
+    (about 50 µs) over 8 steps instead of the 40 of an epoch; measure_pass_start times it."""
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(0)
@@ -155,33 +162,34 @@ def build_loops(torch):
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     train_loader = DataLoader(data, batch_size=64, shuffle=True)
-
-    def train(steps):
-        done = 0
-        while done < steps:
-            for x, y in train_loader:
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                done += 1
-                if done == steps:
-                    return
-
     batches = [torch.ones(1) for _ in range(1000)]
     tiny_loader = DataLoader(batches, batch_size=None)
     weight = torch.nn.Parameter(torch.zeros(1))
     tiny_opt = torch.optim.SGD([weight], lr=0.0)
+    passes: dict[tuple, object] = {}  # (loader, key) -> the iterator of that key's pass
 
-    def tiny(steps):
-        done = 0
-        while done < steps:
-            for _ in tiny_loader:
-                tiny_opt.step()
-                done += 1
-                if done == steps:
-                    return
+    def next_batch(loader, key):
+        it = passes.get((loader, key))
+        batch = next(it, None) if it is not None else None
+        if batch is None:  # the pass ended (StopIteration, seen by the agent): a new epoch
+            it = passes[loader, key] = iter(loader)
+            batch = next(it)
+        return batch
 
+    def train(steps, key="plain"):
+        for _ in range(steps):
+            x, y = next_batch(train_loader, key)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    def tiny(steps, key="plain"):
+        for _ in range(steps):
+            next_batch(tiny_loader, key)
+            tiny_opt.step()
+
+    tiny.loader = tiny_loader  # measure_pass_start's
     return {"train": train, "tiny": tiny}
 
 
@@ -364,18 +372,41 @@ def run_round(torch, loop, steps, variant: Variant) -> float:
     # only after ~53 misses of each instruction. Both are paid once per process in a real run,
     # once per round here: with one untimed step they added ~2 µs a step to every variant that
     # installs anything, the agent with every hook restored included.
-    loop(min(steps, WARM_STEPS))
+    loop(min(steps, WARM_STEPS), variant.name)
     t0 = time.process_time()
     if variant.name == "profiler":
         from torch.profiler import ProfilerActivity, profile
 
         with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]):
-            loop(steps)
+            loop(steps, variant.name)
     else:
-        loop(steps)
+        loop(steps, variant.name)
     elapsed = time.process_time() - t0
     variant.off()
     return elapsed / steps
+
+
+def measure_pass_start(loader, instrumented: Variant, rounds: int, card: Scorecard) -> None:
+    """What the agent adds once per DataLoader pass (``iter()``: the pass's start and its
+    epoch-start event; the first batch: its latency), which the rounds above spread over the
+    steps of an epoch: ten passes a round, interleaved with plain rounds."""
+    plain = Variant("plain")
+    times: dict[str, list[float]] = {"plain": [], "torchdoctor": []}
+    for r in range(rounds):
+        for variant in (plain, instrumented) if r % 2 == 0 else (instrumented, plain):
+            variant.on()
+            t0 = time.process_time()
+            for _ in range(10):
+                next(iter(loader))
+            times[variant.name].append((time.process_time() - t0) / 10)
+            variant.off()
+    extra, spread = paired_difference(times["torchdoctor"], times["plain"])
+    card.info(
+        "a DataLoader pass's start under the agent (iter(), its epoch-start event, the first"
+        " batch; once per pass, near-empty loop's loader)",
+        f"{1e6 * extra:+.1f} µs ± {1e6 * spread:.1f} µs a pass"
+        f" (on {1e6 * statistics.median(times['plain']):.0f} µs)",
+    )
 
 
 def paired_difference(times: list[float], plain: list[float]) -> tuple[float, float]:
@@ -484,6 +515,7 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
             at_most=bound,
             target=f"<= {bound:g} µs",
         )
+    measure_pass_start(loops["tiny"].loader, instrumented, max(51, rounds // 4), card)
     floor, floor_spread = paired_difference(tiny["python-floor"], tiny["plain"])
     card.info(
         "the least a Python agent can do on the same hooks (near-empty loop, for comparison)",

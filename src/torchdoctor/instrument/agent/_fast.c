@@ -5,15 +5,19 @@
  * Why C: in the job's loop the agent's Python runs cold (between two steps the job's own work
  * evicts it), so each bytecode it runs costs several times its warm price; the least a Python
  * agent can do on the same hooks measured above the per-step target. Here the common batch and
- * the common step are a few dozen loads and stores on one small struct.
+ * the common step are a few dozen loads and stores on one small struct, and allocate nothing:
+ * the counters are C integers, and a step's values go into a C array of rows that becomes the
+ * message's columns only at flush time (pack_rows), in C too.
  *
  * What is compiled is only the common case, written after steps.StepCounter.on_batch and
  * on_step, which stay the reference: anything else (an evaluation batch, a step that is not
  * ``fast``, a flush, the first batch of a loader) calls the same Python as the pure path, so
  * the two paths record the same rows.
  *
- * - CounterFields: the step counter's hot fields as object slots, the base class of
- *   steps.StepCounter (Python reads them as it reads __slots__).
+ * - CounterFields: the step counter's hot fields, the base class of steps.StepCounter (Python
+ *   reads and writes them as the pure path's slots: ints, None where the pure path has None),
+ *   and the rows of the steps the common path ended, kept in order after agent.steps' own:
+ *   whatever reads or appends to agent.steps drains them first (Agent.flush, the full path).
  * - NextWrapper: _BaseDataLoaderIter.__next__ (a method descriptor, called unbound).
  * - StepHook: torch's global optimizer step post-hook.
  *
