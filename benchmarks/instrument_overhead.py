@@ -35,6 +35,9 @@ DataLoader over a tensor, batch 1 (a batch, a backward and a step each step), un
 per step after a warm-up; wall time beside it). The two processes, and a third with the agent
 alone (no recorder), are alive side by side and take turns chunk by chunk, so that the
 machine's drift falls on all of them alike; several such sets, each its own memory layout.
+Processes differ from each other by their layout alone by +-15 us a step on this loop (the
+same plain command, started again), far more than chunks of one process do: more sets of
+fewer chunks each tell the agent's cost more closely than a few long ones.
 
 Where the cost goes, in the same interleaved rounds: on the train loop each hook the agent
 uses, alone, empty and without torchdoctor (an empty global optimizer step post-hook, a
@@ -54,7 +57,7 @@ JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a p
 per-process file (receivers drain in another process).
 
     python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--startup-only]
-        [--near-empty-pairs 4] [--near-empty-chunks 30] [--near-empty-steps 1000]
+        [--near-empty-pairs 8] [--near-empty-chunks 15] [--near-empty-steps 1000]
 """
 
 from __future__ import annotations
@@ -819,8 +822,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--startup-only", action="store_true")
     parser.add_argument("--near-empty-only", action="store_true")
-    parser.add_argument("--near-empty-pairs", type=int, default=4)
-    parser.add_argument("--near-empty-chunks", type=int, default=30)
+    parser.add_argument("--near-empty-pairs", type=int, default=8)
+    parser.add_argument("--near-empty-chunks", type=int, default=15)
     parser.add_argument("--near-empty-steps", type=int, default=1000)
     args = parser.parse_args()
     card = Scorecard("instrument_overhead")
