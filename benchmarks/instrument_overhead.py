@@ -598,8 +598,8 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
                     plain, {**bootstrap_env(env, address), ENV_PURE_PYTHON: "1"}, folder, "pure"),
             }  # fmt: skip
             for c in range(chunks):
-                names = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
-                for name in names:
+                turns = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
+                for name in turns:
                     figures[name].append(runs[name].chunk())
             for run in runs.values():
                 run.finish()

@@ -33,7 +33,7 @@
 #include <time.h>
 
 static PyObject *str_active, *str_steps, *str_flush_max_steps, *str_last_flush, *str_after_step,
-    *str_disable, *str_shape, *str_awaiting_first_batch, *str_first_batch,
+    *str_disable, *str_shape, *str_first_batch,
     *str_dataloader_next, *str_optimizer_step;
 
 /* time.perf_counter_ns on Linux (time.get_clock_info('perf_counter'): CLOCK_MONOTONIC); the
@@ -62,9 +62,10 @@ typedef struct {
     PyObject_HEAD
     /* the step under way: plain integers, so that a batch or a step allocates nothing */
     long long step, boundary, data_wait, samples, batches, last_batch_size, loader_batch_size,
-        eval_ns; /* boundary and the two batch sizes may be NONE_INT */
-    char loader_seen, scaler_used, fast, cuda_started;
-    PyObject *prev_step_fed, *autocast_dtype, *evaluation, *step_thread, *last_optimizer;
+        eval_ns, first_batches_due; /* boundary and the two batch sizes may be NONE_INT */
+    unsigned long step_thread; /* the thread that steps the optimizer, if has_step_thread */
+    char has_step_thread, loader_seen, scaler_used, fast, cuda_started;
+    PyObject *prev_step_fed, *autocast_dtype, *evaluation, *last_optimizer;
     /* set once (StepCounter.__init__, hooks.install) */
     PyObject *agent, *loaders, *grad_enabled, *tensor_type, *batch_len;
     /* steps ended by the common path, in order after agent.steps' rows (drain_rows) */
@@ -73,7 +74,7 @@ typedef struct {
 } CounterFields;
 
 #define OBJECT_FIELDS(X)                                                                        \
-    X(prev_step_fed) X(autocast_dtype) X(evaluation) X(step_thread) X(last_optimizer) X(agent) \
+    X(prev_step_fed) X(autocast_dtype) X(evaluation) X(last_optimizer) X(agent)                \
     X(loaders) X(grad_enabled) X(tensor_type) X(batch_len)
 
 #define OBJECT_FIELD(name) {#name, T_OBJECT_EX, offsetof(CounterFields, name), 0, NULL},
@@ -81,7 +82,7 @@ typedef struct {
 #define BOOL_FIELD(name) {#name, T_BOOL, offsetof(CounterFields, name), 0, NULL},
 static PyMemberDef counter_members[] = {
     INT_FIELD(step) INT_FIELD(data_wait) INT_FIELD(samples) INT_FIELD(batches)
-    INT_FIELD(eval_ns) BOOL_FIELD(loader_seen) BOOL_FIELD(scaler_used) BOOL_FIELD(fast)
+    INT_FIELD(eval_ns) INT_FIELD(first_batches_due) BOOL_FIELD(loader_seen) BOOL_FIELD(scaler_used) BOOL_FIELD(fast)
     BOOL_FIELD(cuda_started) OBJECT_FIELDS(OBJECT_FIELD) {NULL}};
 #undef OBJECT_FIELD
 #undef INT_FIELD
@@ -116,11 +117,35 @@ static PyObject *counter_pending_rows(CounterFields *self, void *unused) {
     return PyLong_FromSsize_t(self->row_count);
 }
 
+/* step_thread: a thread identifier (threading.get_ident()) or None. */
+static PyObject *step_thread_get(CounterFields *self, void *unused) {
+    if (!self->has_step_thread) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(self->step_thread);
+}
+
+static int step_thread_set(CounterFields *self, PyObject *value, void *unused) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the counter's fields cannot be deleted");
+        return -1;
+    }
+    if (value == Py_None) {
+        self->has_step_thread = 0;
+        return 0;
+    }
+    unsigned long ident = PyLong_AsUnsignedLong(value);
+    if (ident == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    self->step_thread = ident;
+    self->has_step_thread = 1;
+    return 0;
+}
+
 #define OPTIONAL_INT(name)                                                                     \
     {#name, (getter)optional_int_get, (setter)optional_int_set, "an int or None",           \
      (void *)offsetof(CounterFields, name)},
 static PyGetSetDef counter_getset[] = {
     OPTIONAL_INT(boundary) OPTIONAL_INT(last_batch_size) OPTIONAL_INT(loader_batch_size)
+    {"step_thread", (getter)step_thread_get, (setter)step_thread_set,
+     "the thread that steps the optimizer, or None", NULL},
     {"pending_rows", (getter)counter_pending_rows, NULL,
      "steps ended by the compiled path and not yet drained into agent.steps", NULL},
     {NULL}};
@@ -422,7 +447,7 @@ typedef struct {
     PyObject *on_batch;     /* counter.on_batch: the full handler (evaluation batches) */
     PyObject *on_exhausted; /* guarded counter.on_exhausted */
     char record; /* 0: time the call and count nothing (instrument_overhead's ablation) */
-    SlotCache active_slot, awaiting_slot;
+    SlotCache active_slot;
 } NextWrapper;
 
 /* An int a Python handler returned (None: NONE_INT); -1 with an exception set. */
@@ -488,12 +513,7 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
     CounterFields *c = w->counter;
     if (!c->grad_enabled || !c->tensor_type || !c->batch_len || !c->loaders)
         return 1; /* not set up: the full handler says what is missing */
-    int on_step_thread = c->step_thread == NULL || c->step_thread == Py_None;
-    if (!on_step_thread) {
-        unsigned long ident = PyLong_AsUnsignedLong(c->step_thread);
-        if (ident == (unsigned long)-1 && PyErr_Occurred()) return -1;
-        on_step_thread = ident == PyThread_get_thread_ident();
-    }
+    int on_step_thread = !c->has_step_thread || c->step_thread == PyThread_get_thread_ident();
     if (on_step_thread) {
         if (c->evaluation != NULL && c->evaluation != Py_None) return 1;
         PyObject *grad = PyObject_CallNoArgs(c->grad_enabled);
@@ -514,12 +534,7 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
         c->samples += n;
         c->last_batch_size = n;
     }
-    PyObject *awaiting = slot_get(c->loaders, str_awaiting_first_batch, &w->awaiting_slot);
-    if (awaiting == NULL) return -1;
-    int first_due = PyObject_IsTrue(awaiting);
-    Py_DECREF(awaiting);
-    if (first_due < 0) return -1;
-    if (first_due) {
+    if (c->first_batches_due > 0) {
         PyObject *t_end = PyLong_FromLongLong(t0 + dt);
         if (t_end == NULL) return -1;
         PyObject *r = PyObject_CallMethodObjArgs(c->loaders, str_first_batch, it, t_end, NULL);
@@ -867,7 +882,6 @@ PyMODINIT_FUNC PyInit__fast(void) {
     INTERN(str_after_step, "after_step")
     INTERN(str_disable, "disable")
     INTERN(str_shape, "shape")
-    INTERN(str_awaiting_first_batch, "awaiting_first_batch")
     INTERN(str_first_batch, "first_batch")
     INTERN(str_dataloader_next, "dataloader-next")
     INTERN(str_optimizer_step, "optimizer-step")

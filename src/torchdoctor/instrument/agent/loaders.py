@@ -24,10 +24,11 @@ class LoaderInfo:
 class Loaders:
     """The DataLoaders of this process; records go to ``agent.loaders`` once complete."""
 
-    # Slots: the compiled path reads awaiting_first_batch on every batch (at its offset).
+    # How many iterators still await their first batch is the counter's first_batches_due:
+    # every batch reads it, on the compiled path as a C integer.
     __slots__ = (
         "agent", "iterable_dataset", "info_of", "first_of", "pass_of", "batch_size_of",
-        "pending", "next_id", "awaiting_first_batch",
+        "pending", "next_id",
     )  # fmt: skip
 
     def __init__(self, agent, torch) -> None:
@@ -44,7 +45,6 @@ class Loaders:
     def reset(self) -> None:
         self.pending: list[LoaderInfo] = []  # built, first batch still to come
         self.next_id = 0
-        self.awaiting_first_batch = 0  # iterators whose first batch is still to come
 
     def on_created(self, loader) -> None:
         dataset = loader.dataset
@@ -99,12 +99,12 @@ class Loaders:
         if not info.sent and it not in self.first_of:
             self.first_of.set(it, (info, t_iter))
             if it in self.first_of:
-                self.awaiting_first_batch += 1
+                counter.first_batches_due += 1
 
     def first_batch(self, it, t_end: int) -> None:
         first = self.first_of.pop(it)
         if first is not None:
-            self.awaiting_first_batch -= 1
+            self.agent.counter.first_batches_due -= 1
             info, t_iter = first
             info.record["first_batch_s"] = (t_end - t_iter) / 1e9
             self.emit(info)

@@ -68,6 +68,7 @@ class StepCounter(CounterFields):
         self.step_thread: int | None = None  # thread id of the first optimizer step
         self.last_optimizer = None  # weakref to the optimizer that ended the last step
         self.loader_seen = False
+        self.first_batches_due = 0  # iterators whose first batch is still to come (loaders.py)
         # The evaluation under way, and evaluation time already taken out of the step.
         self.evaluation: Evaluation | None = None
         self.eval_ns = 0
@@ -134,7 +135,7 @@ class StepCounter(CounterFields):
         if n is not None:
             self.samples += n
             self.last_batch_size = n
-        if self.loaders.awaiting_first_batch:
+        if self.first_batches_due:
             self.loaders.first_batch(it, t0 + dt)
 
     def on_exhausted(self, it, t0: int, dt: int) -> None:
@@ -174,7 +175,7 @@ class StepCounter(CounterFields):
         if n is None:
             n = self.loaders.batch_size_of.get(it)
         self.evaluation.add_batch(n, dt, t0 + dt)
-        if self.loaders.awaiting_first_batch:
+        if self.first_batches_due:
             self.loaders.first_batch(it, t0 + dt)
 
     def end_evaluation(self, t_end: int, ended_by: str) -> None:
