@@ -164,10 +164,16 @@ def test_its_steps_reach_the_sink_in_order_packed_as_the_pure_path_packs_them(fa
     agent.flush()
     sent = len(agent.sink)
     agent.flush_max_steps = 100
-    _train(_pairs(150, batch_size=1), model, opt)
-    assert agent.counter.pending_rows > 0  # kept as numbers until the next flush
-    agent.counter.autocast_dtype = "bfloat16"  # the next step ran under autocast
-    _train(_pairs(150, batch_size=1), model, opt)
+
+    def train():
+        _train(_pairs(150, batch_size=1), model, opt)
+        assert agent.counter.pending_rows > 0  # kept as numbers until the next flush
+        agent.counter.autocast_dtype = "bfloat16"  # the next step ran under autocast
+        _train(_pairs(150, batch_size=1), model, opt)
+
+    # Every flush of these steps packs them in C: no row is built, no Python packing runs.
+    calls = _python_calls({"pack_steps", "_step_row", "_on_step"}, train)
+    assert calls == dict.fromkeys(calls, 0)
     agent.flush()
     assert agent.counter.pending_rows == 0
     fresh = [m for m in agent.sink[sent:] if m["step_count"]]

@@ -82,8 +82,9 @@ typedef struct {
 #define BOOL_FIELD(name) {#name, T_BOOL, offsetof(CounterFields, name), 0, NULL},
 static PyMemberDef counter_members[] = {
     INT_FIELD(step) INT_FIELD(data_wait) INT_FIELD(samples) INT_FIELD(batches)
-    INT_FIELD(eval_ns) INT_FIELD(first_batches_due) BOOL_FIELD(loader_seen) BOOL_FIELD(scaler_used) BOOL_FIELD(fast)
-    BOOL_FIELD(cuda_started) OBJECT_FIELDS(OBJECT_FIELD) {NULL}};
+    INT_FIELD(eval_ns) INT_FIELD(first_batches_due) BOOL_FIELD(loader_seen)
+    BOOL_FIELD(scaler_used) BOOL_FIELD(fast) BOOL_FIELD(cuda_started)
+    OBJECT_FIELDS(OBJECT_FIELD) {NULL}};
 #undef OBJECT_FIELD
 #undef INT_FIELD
 #undef BOOL_FIELD
@@ -155,6 +156,14 @@ static PyObject *optional_int(long long value) {
     return value == NONE_INT ? Py_NewRef(Py_None) : PyLong_FromLongLong(value);
 }
 
+/* Forget the first n kept rows (their references released). */
+static void forget_rows(CounterFields *self, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(self->rows[i].autocast_dtype);
+    self->row_count -= n;
+    if (self->row_count > 0)
+        memmove(self->rows, self->rows + n, self->row_count * sizeof(StepRow));
+}
+
 /* The row steps.StepCounter.on_step appends, as a new tuple; NULL with an exception set. */
 static PyObject *row_tuple(const StepRow *row) {
     PyObject *items[8] = {
@@ -192,11 +201,8 @@ static int drain_into(CounterFields *self, PyObject *steps) {
             break;
         }
         Py_DECREF(tuple);
-        Py_CLEAR(self->rows[done].autocast_dtype);
     }
-    self->row_count -= done;
-    if (self->row_count > 0)
-        memmove(self->rows, self->rows + done, self->row_count * sizeof(StepRow));
+    forget_rows(self, done);
     return status;
 }
 
@@ -241,7 +247,7 @@ static PyObject *int_column(const StepRow *rows, Py_ssize_t n, size_t offset, in
 #undef IS_NONE
 }
 
-/* The column of an object field (the autocast dtype), or of the scaler flag (objects NULL):
+/* The column of the autocast dtype, or (`scaler`) of the scaler flag:
  * ["=", v] when all are equal, else ["j", values]. New reference. */
 static PyObject *object_column(const StepRow *rows, Py_ssize_t n, int scaler) {
 #define ITEM(i) (scaler ? (rows[i].scaler_used ? Py_True : Py_False) : rows[i].autocast_dtype)
@@ -290,10 +296,7 @@ static PyObject *counter_pack_rows(CounterFields *self, PyObject *arg) {
         return NULL;
     }
     for (int i = 0; i < 8; i++) PyList_SET_ITEM(out, i, columns[i]);
-    for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(self->rows[i].autocast_dtype);
-    self->row_count -= n;
-    if (self->row_count > 0)
-        memmove(self->rows, self->rows + n, self->row_count * sizeof(StepRow));
+    forget_rows(self, n);
     return out;
 }
 
@@ -306,13 +309,8 @@ static PyObject *counter_drain_rows(CounterFields *self, PyObject *steps) {
     Py_RETURN_NONE;
 }
 
-static void discard_rows(CounterFields *self) {
-    for (Py_ssize_t i = 0; i < self->row_count; i++) Py_CLEAR(self->rows[i].autocast_dtype);
-    self->row_count = 0;
-}
-
 static PyObject *counter_discard_rows(CounterFields *self, PyObject *unused) {
-    discard_rows(self);
+    forget_rows(self, self->row_count);
     Py_RETURN_NONE;
 }
 
@@ -326,14 +324,9 @@ static PyMethodDef counter_methods[] = {
      "Forget the steps the compiled path ended (a forked child's copy of its parent's)."},
     {NULL}};
 
-static int counter_init_numbers(CounterFields *self) {
-    self->boundary = self->last_batch_size = self->loader_batch_size = NONE_INT;
-    return 0;
-}
-
 static PyObject *counter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     CounterFields *self = (CounterFields *)type->tp_alloc(type, 0);
-    if (self != NULL) counter_init_numbers(self);
+    if (self != NULL) self->boundary = self->last_batch_size = self->loader_batch_size = NONE_INT;
     return (PyObject *)self;
 }
 
@@ -349,7 +342,7 @@ static int counter_clear(CounterFields *self) {
 #define CLEAR(name) Py_CLEAR(self->name);
     OBJECT_FIELDS(CLEAR)
 #undef CLEAR
-    discard_rows(self);
+    forget_rows(self, self->row_count);
     return 0;
 }
 
@@ -693,25 +686,9 @@ static PyObject *last_optimizer(CounterFields *c) {
 #endif
 }
 
-/* Hand the kept rows to agent.steps (before Python reads or appends to it); -1 with an
- * exception set. */
-static int drain_to_agent(StepHook *h) {
-    CounterFields *c = h->counter;
-    if (c->row_count == 0) return 0;
-    PyObject *steps = slot_get(c->agent, str_steps, &h->steps_slot);
-    if (steps == NULL) return -1;
-    int status = -1;
-    if (PyList_Check(steps))
-        status = drain_into(c, steps);
-    else
-        PyErr_SetString(PyExc_TypeError, "agent.steps is not a list");
-    Py_DECREF(steps);
-    return status;
-}
-
 /* StepCounter.on_step's short path: 0 done, 1 not the common step, -1 with an exception set.
- * The step's numbers go into the counter's array of rows; Python sees them as rows at the next
- * flush (Agent.flush drains them) or before the full path runs. */
+ * The step's numbers go into the counter's array of rows: Agent.flush packs them into the
+ * message's columns (pack_rows); whatever else appends to agent.steps drains them first. */
 static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     CounterFields *c = h->counter;
     /* `fast` says what on_step's short path needs held at the last full step; CUDA's start
@@ -763,7 +740,6 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     Py_DECREF(last_flush);
     if (PyErr_Occurred()) return -1;
     if (buffered >= most || t - flushed >= h->flush_interval_ns) {
-        if (drain_to_agent(h) < 0) return -1;
         PyObject *end = PyLong_FromLongLong(t);
         if (end == NULL) return -1;
         PyObject *r = PyObject_CallMethodOneArg(agent, str_after_step, end);
@@ -790,10 +766,8 @@ static PyObject *step_vectorcall(StepHook *h, PyObject *const *args, size_t narg
     long long t = now_ns();
     if (!h->record) Py_RETURN_NONE;
     int status = close_step(h, args[0], t);
-    if (status == 1) {
-        /* the full path appends its row after the kept ones */
-        PyObject *r = drain_to_agent(h) < 0 ? NULL
-                                            : PyObject_CallFunction(h->full_step, "OL", args[0], t);
+    if (status == 1) { /* the full path (steps.StepCounter._on_step) drains the kept rows */
+        PyObject *r = PyObject_CallFunction(h->full_step, "OL", args[0], t);
         status = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }

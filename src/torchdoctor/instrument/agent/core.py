@@ -265,7 +265,8 @@ class Agent:
 
     def after_step(self, t: int) -> None:
         """A step was recorded: flush when due, stop when TORCHDOCTOR_STOP_AFTER_STEPS says."""
-        if len(self.steps) >= self.flush_max_steps or t - self.last_flush >= FLUSH_INTERVAL_NS:
+        buffered = len(self.steps) + self.counter.pending_rows  # the compiled path's kept too
+        if buffered >= self.flush_max_steps or t - self.last_flush >= FLUSH_INTERVAL_NS:
             self.flush()
         stop_after = self.stop_after
         if stop_after is not None and self.counter.step >= stop_after and not self.stopping:
