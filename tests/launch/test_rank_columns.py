@@ -19,13 +19,14 @@ JOB = str(Path(__file__).resolve().parent / "jobs" / "timed_ranks_job.py")
 # Both sides time the same calls (DDP's forward, autograd's backward, optimizer.step()); the
 # planned times of two fields differ by 6 ms or more, so a slack of half that still tells a
 # figure in the wrong column. On a busy machine a call can be preempted between our clock
-# read and the job's. The first optimizer.step() also does one-off work after the agent's
-# clock read (the settings it captures at the first step: 2.1-3.6 ms on a loaded 2-core CI
-# machine), which the job's own timing holds and the recorded figure rightly does not: there
-# the recorded figure may fall short of the job's by FIRST_STEP_SLACK_S, never exceed it.
+# read and the job's. The agent also works inside optimizer.step()'s post-hook after its clock
+# read: the settings it captures at the first step, a flush every 0.25 s (2.1-4.5 ms seen on a
+# loaded 2-core CI machine). The job's own timing of the call holds that work and the recorded
+# figure rightly does not: a recorded optimizer time may fall short of the job's by up to
+# AGENT_WORK_S, never exceed it (as tests/instrument/test_step_times.py allows step ends).
 FIELDS = ("forward", "backward", "optimizer")
 SLACK_S = 0.003
-FIRST_STEP_SLACK_S = 0.010
+AGENT_WORK_S = 0.010
 
 
 def test_recorded_rank_timings_line_up_with_what_the_ranks_measured(tmp_path):
@@ -50,8 +51,8 @@ def test_recorded_rank_timings_line_up_with_what_the_ranks_measured(tmp_path):
             where = f"rank {rank} step {step['step']}: recorded {step}, measured {own}"
             for field in FIELDS:
                 recorded = step[f"{field}_s"]
-                if field == "optimizer" and step["step"] == 0:
-                    low, high = own[field] - FIRST_STEP_SLACK_S, own[field] + SLACK_S
+                if field == "optimizer":
+                    low, high = own[field] - AGENT_WORK_S, own[field] + SLACK_S
                     assert low <= recorded <= high, where
                     continue
                 assert recorded == pytest.approx(own[field], abs=SLACK_S), where
