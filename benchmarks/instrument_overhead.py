@@ -1,17 +1,21 @@
 """Per-step cost of torchdoctor's in-job instrumentation, against the same loop without it
 and against torch.profiler, side by side in one run.
 
-Variants, interleaved round by round on the same model and data. Costs are CPU time of this
-process per step (torch uses 1 thread): what the job pays, and far less disturbed than wall
-time by other work on the machine. Rounds are short (8 steps of the train loop, about 10 ms)
-and many: a shared VM's speed drifts by tens of per cent within seconds, and only rounds run
-next to each other see the same machine. Each round starts with untimed steps (the first
-step after an install takes the agent's full path, and CPython re-specialises the loop's code
-on the classes an install changes: both once per process in a real run; see run_round). As in
-one long run, the steps the agent buffered carry over from round to round, so that its flush
-(every 1024 steps) falls inside the timed rounds as often as it would, and so does each
-variant's DataLoader pass, so that a new pass (the agent's epoch-start) begins only where the
-last one ended (every 40 steps of the train loop; its cost per pass is measured apart).
+Variants, interleaved round by round on the same model and data, in one process held on one
+CPU (a VM's vCPUs differ in speed). Costs are CPU time of this process per step (torch uses 1
+thread): what the job pays, and far less disturbed than wall time by other work on the
+machine. Rounds are short and many: a shared VM's speed drifts by tens of per cent from one
+millisecond to the next, and only rounds run next to each other see the same machine. On the
+train loop (about 2 ms a step here) a round times one step, after two untimed ones; on the
+near-empty loop 80 steps, after 64 untimed. The untimed steps take what an install costs
+once per process in a real run and once per round here: the caches it evicts, and CPython
+re-specialising the loop's code on the classes it changes (see run_round). As in one long
+run, the agent between rounds keeps its patches' effects (its first step's check of the
+install holds), the steps it buffered and its connection, and its flush clock runs on its own
+rounds' time (see Paused): its flush (every 0.5 s or 1024 steps) falls inside the timed steps
+as often as it would in a job. Each variant's DataLoader pass runs on across its rounds, so
+that a new pass (the agent's epoch-start) begins only where the last one ended (every 40
+steps of the train loop; its cost per pass is measured apart).
 
   plain        the loop, no instrumentation;
   torchdoctor  the agent installed as ``torchdoctor run`` installs it, shipping its records
@@ -25,7 +29,7 @@ time, so the best rounds are the closest to the intrinsic cost), "median" the me
 plain round run next to it and "+-" the half-width of its ~95 % interval (the machine's noise);
 "slowdown" is +best relative to plain.
 
-Two loops: "train" is a small MLP at about 1 ms per step (target: <= 0.3 % slower), "tiny"
+Two loops: "train" is a small MLP at 1-2 ms per step (target: <= 0.3 % slower), "tiny"
 does almost nothing per step (a DataLoader handing out ready batches and one SGD step on one
 parameter), so its difference is the absolute per-step cost of the hooks (<= 4 us).
 
@@ -56,7 +60,8 @@ Then the transport: the cost inside the job of shipping one batch of 128 step re
 JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a pipe and a
 per-process file (receivers drain in another process).
 
-    python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--startup-only]
+    python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--train-rounds 8001]
+        [--train-steps 1] [--train-warm 2] [--startup-only]
         [--near-empty-pairs 8] [--near-empty-chunks 15] [--near-empty-steps 1000]
 """
 
@@ -274,10 +279,10 @@ def ablation_variants(address: str) -> list[Variant]:
             return optimizer_mod._global_optimizer_post_hooks[agent._hook_handle.id]
         return dataloader_mod._BaseDataLoaderIter.__dict__["__next__"]
 
-    def arm_without(agent, handler: str) -> None:
-        agent.arm()
+    def arm_without(paused: Paused, handler: str) -> None:
+        paused.arm()
         if compiled.fast is not None:
-            compiled_hook(agent, handler).record = False
+            compiled_hook(paused.agent, handler).record = False
 
     out = []
     for name, handler, empty in (
@@ -290,24 +295,48 @@ def ablation_variants(address: str) -> list[Variant]:
         agent.uninstall()
         if compiled.fast is None:
             setattr(agent.counter, handler, empty)
-        out.append(
-            Variant(
-                name,
-                lambda agent=agent, handler=handler: arm_without(agent, handler),
-                lambda agent=agent: pause(agent),
-            )
-        )
+        paused = Paused(agent)
+        out.append(paused.variant(name, lambda p=paused, h=handler: arm_without(p, h)))
     return out
 
 
-def pause(agent) -> None:
-    """Uninstall the agent between rounds but keep the steps it buffered: they are sent by
-    the flush of a later round when 128 have gathered, as in one long run (an uninstall would
-    send them at every round's end, outside the timed steps)."""
-    agent.counter.drain_rows(agent.steps)  # the compiled path's kept steps, as rows
-    steps, agent.steps = agent.steps, []
-    agent.uninstall()
-    agent.steps = steps
+class Paused:
+    """Takes the agent's patches off between rounds and puts them back, keeping everything it
+    buffered (its kept steps, its connection) for a later round's flush, as in one long run,
+    and its clocks on the agent's own time: its flush comes every ``FLUSH_INTERVAL_S`` of its
+    rounds, not of the benchmark's (the other variants' rounds between would make it flush
+    several times as often per instrumented step as a job does). An uninstall would end with a
+    final flush, sending the steps at every round's end, outside the timed steps, and closing
+    the connection, so that the next flush would connect again inside a timed one."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+        self.since: int | None = None
+        self.fast = False
+
+    def arm(self) -> None:
+        agent = self.agent
+        if self.since is not None:
+            away = time.perf_counter_ns() - self.since
+            agent.last_flush += away
+            agent.last_volatile += away
+        agent.arm()
+        # An install's first step takes the full path, to check what the install set up; a
+        # job installs once. Here every round installs again: the check made in the first
+        # round holds (nothing it checks changes between rounds). Taken every round, it put a
+        # full step's row before the kept ones in every flush, packed in Python.
+        if self.fast:
+            agent.counter.fast = True
+
+    def pause(self) -> None:
+        agent = self.agent
+        self.fast = bool(agent.counter.fast)
+        agent.active = agent.armed = False
+        agent._restore_patches()
+        self.since = time.perf_counter_ns()
+
+    def variant(self, name: str, arm=None) -> Variant:
+        return Variant(name, arm or self.arm, self.pause)
 
 
 def python_floor_variant(torch) -> Variant:
@@ -353,21 +382,23 @@ def python_floor_variant(torch) -> Variant:
     return Variant("python-floor", on, off)
 
 
-def interleave(torch, loop, steps: int, variants: list[Variant], rounds: int) -> dict:
+def interleave(
+    torch, loop, steps: int, variants: list[Variant], rounds: int, warm: int | None = None
+) -> dict:
     """CPU seconds per step of each variant, round by round, in alternating order."""
     for variant in variants:  # warm-up: caches, allocator, lazy imports
         run_round(torch, loop, max(20, steps // 10), variant)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     for r in range(rounds):
         for variant in variants if r % 2 == 0 else variants[::-1]:
-            times[variant.name].append(run_round(torch, loop, steps, variant))
+            times[variant.name].append(run_round(torch, loop, steps, variant, warm))
     return times
 
 
 WARM_STEPS = 64
 
 
-def run_round(torch, loop, steps, variant: Variant) -> float:
+def run_round(torch, loop, steps, variant: Variant, warm: int | None = None) -> float:
     variant.on()
     # Untimed steps first, as many as the round times (at most WARM_STEPS): the first step after
     # an install takes the agent's full path, and an install (or an uninstall) changes classes
@@ -375,7 +406,7 @@ def run_round(torch, loop, steps, variant: Variant) -> float:
     # only after ~53 misses of each instruction. Both are paid once per process in a real run,
     # once per round here: with one untimed step they added ~2 µs a step to every variant that
     # installs anything, the agent with every hook restored included.
-    loop(min(steps, WARM_STEPS), variant.name)
+    loop(min(steps, WARM_STEPS) if warm is None else warm, variant.name)
     t0 = time.process_time()
     if variant.name == "profiler":
         from torch.profiler import ProfilerActivity, profile
@@ -420,40 +451,63 @@ def paired_difference(times: list[float], plain: list[float]) -> tuple[float, fl
     return statistics.median(diffs), 1.58 * (q[2] - q[0]) / len(diffs) ** 0.5
 
 
-def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
+def measure_overhead(
+    torch,
+    rounds: int,
+    steps: int,
+    train_rounds: int,
+    train_steps: int,
+    train_warm: int,
+    card: Scorecard,
+) -> None:
     from torchdoctor.instrument.agent import Agent, SocketSink
 
     collector = subprocess.Popen(
         [sys.executable, "-c", COLLECTOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     address = collector.stdout.readline().strip()
+    # One CPU for every round: a VM's two vCPUs run at speeds of their own (~20 % apart here),
+    # and a process that moves between them mixes both into the rounds' noise.
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
     agent = Agent()
     agent.sinks.append(SocketSink(address))
     loops = build_loops(torch)
     plain = Variant("plain")
-    instrumented = Variant("torchdoctor", agent.arm, lambda: pause(agent))
+    instrumented = Paused(agent).variant("torchdoctor")
     results = {}
     for name, loop in loops.items():
-        n = steps if name == "train" else steps * 10
         hooks_alone = attribution_variants(torch)
         if name == "train":
-            chosen = [plain, instrumented, *hooks_alone]
+            # The direct figure: the machine's speed drifts within milliseconds (a step's CPU
+            # time moves by +-20 % from one step to the next here, and steps a few apart
+            # share much of it), so the rounds are a step each, many of them, and only the
+            # two variants compared take turns, to keep each pair close.
+            n, turns, warm = train_steps, train_rounds, train_warm
+            chosen = [plain, instrumented]
         else:  # no backward in this loop
+            n, turns, warm = steps * 10, rounds, None
             chosen = [plain, instrumented, *(v for v in hooks_alone if v.name != "wrap-backward")]
             chosen += ablation_variants(address)
             chosen.append(python_floor_variant(torch))
-        times = interleave(torch, loop, n, chosen, rounds)
+        times = interleave(torch, loop, n, chosen, turns, warm)
         # The profiler in a rotation of its own: next to it, the instrumented rounds measured
         # several times their cost (whatever a profiler session leaves behind for a while).
-        # Its rounds ten times longer: a profiler session's start and end are costs of their own.
+        # Its rounds of 80 steps or more: a profiler session's start and end are costs of their own.
         with_profiler = interleave(
-            torch, loop, n * 10, [plain, Variant("profiler")], max(15, rounds // 20)
+            torch, loop, max(80, n * 10), [plain, Variant("profiler")], max(15, rounds // 20)
         )
         times["profiler"] = with_profiler["profiler"]
         baselines = {"profiler": with_profiler["plain"]}
-        results[name] = times
         results[name + ":profiler-plain"] = with_profiler["plain"]
-        print(f"\n{name} loop: {rounds} rounds x {n} steps per variant, CPU us per step")
+        if name == "train":  # the backward wrapper alone, in a shorter rotation of its own
+            backward = [v for v in hooks_alone if v.name == "wrap-backward"]
+            with_backward = interleave(torch, loop, n, [plain, *backward], turns // 4, warm)
+            times["wrap-backward"] = with_backward["wrap-backward"]
+            results["train:wrap-backward-plain"] = with_backward["plain"]
+            baselines["wrap-backward"] = with_backward["plain"]
+        results[name] = times
+        print(f"\n{name} loop: {turns} rounds x {n} steps per variant, CPU us per step")
         print(
             f"  {'variant':<13} {'best':>8} {'median':>8} {'+best':>8} {'+paired':>8}"
             f" {'+-':>6} {'slowdown':>9}"
@@ -497,7 +551,8 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
         # Read on the near-empty loop where it has the hook (precise), else on the train loop.
         loop_name = "tiny" if variant in results["tiny"] else "train"
         times = results[loop_name]
-        alone, alone_spread = paired_difference(times[variant], times["plain"])
+        base = results.get(f"{loop_name}:{variant}-plain", times["plain"])
+        alone, alone_spread = paired_difference(times[variant], base)
         card.info(
             f"{what} ({loop_name} loop)",
             f"{1e6 * alone:+.1f} µs ± {1e6 * alone_spread:.1f} µs per step",
@@ -525,6 +580,7 @@ def measure_overhead(torch, rounds: int, steps: int, card: Scorecard) -> None:
         f"{1e6 * floor:+.1f} µs ± {1e6 * floor_spread:.1f} µs per step"
         f" ({1e6 * (min(tiny['python-floor']) - min(tiny['plain'])):.1f} µs best to best)",
     )
+    os.sched_setaffinity(0, cpus)
     collector.stdin.close()
     received = collector.stdout.readline().strip()
     collector.wait(10)
@@ -820,6 +876,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=601)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--train-rounds", type=int, default=8001)
+    parser.add_argument("--train-steps", type=int, default=1)
+    parser.add_argument("--train-warm", type=int, default=2)
     parser.add_argument("--startup-only", action="store_true")
     parser.add_argument("--near-empty-only", action="store_true")
     parser.add_argument("--near-empty-pairs", type=int, default=8)
@@ -841,7 +900,15 @@ def main() -> int:
 
     print(f"torch {torch.__version__}, 1 thread, Python {sys.version.split()[0]}")
     print(f"the agent's fast path in this process: {compiled.FAST_PATH}")
-    measure_overhead(torch, args.rounds, args.steps, card)
+    measure_overhead(
+        torch,
+        args.rounds,
+        args.steps,
+        args.train_rounds,
+        args.train_steps,
+        args.train_warm,
+        card,
+    )
     measure_near_empty(args.near_empty_pairs, args.near_empty_chunks, args.near_empty_steps, card)
     measure_transport()
     return card.exit_code()

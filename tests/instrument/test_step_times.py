@@ -15,7 +15,7 @@ JOB = str(JOBS / "known_steps_job.py")
 # The loop's own clock reads sit next to the agent's (the step hook runs at the end of
 # optimizer.step()); a busy machine may preempt either side briefly (SLACK_S). The agent may
 # also work in its hook after its clock read: the settings it captures at the first step, a
-# flush every 0.25 s (3.1-3.4 ms each seen on a loaded 2-core machine). The loop's clock holds
+# flush every 0.5 s (3.1-3.4 ms each seen on a loaded 2-core machine). The loop's clock holds
 # that time and the recorded end rightly does not: a recorded end may come before the loop's by
 # up to AGENT_WORK_S, never after it, and each recorded wall time is the loop's shifted by what
 # the agent did in this step's hook and in the last one (the recorded steps' ends).

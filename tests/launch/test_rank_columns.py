@@ -20,7 +20,7 @@ JOB = str(Path(__file__).resolve().parent / "jobs" / "timed_ranks_job.py")
 # planned times of two fields differ by 6 ms or more, so a slack of half that still tells a
 # figure in the wrong column. On a busy machine a call can be preempted between our clock
 # read and the job's. The agent also works inside optimizer.step()'s post-hook after its clock
-# read: the settings it captures at the first step, a flush every 0.25 s (2.1-4.5 ms seen on a
+# read: the settings it captures at the first step, a flush every 0.5 s (2.1-4.5 ms seen on a
 # loaded 2-core CI machine). The job's own timing of the call holds that work and the recorded
 # figure rightly does not: a recorded optimizer time may fall short of the job's by up to
 # AGENT_WORK_S, never exceed it (as tests/instrument/test_step_times.py allows step ends).

@@ -28,7 +28,10 @@ FR_PREFIX = "fr_trace_rank_"
 # never uses it). The recording also gets a "stopped-after-steps" event.
 STOPPED_EXIT_STATUS = 75
 
-FLUSH_INTERVAL_S = 0.25
+# A flush every half second: soon enough for a live view (show, top, the exporters), and half
+# what flushes cost the job at 0.25 s (a flush takes ~100-200 us of its time on a 2-core VM:
+# 0.04-0.08 % of its CPU at 0.25 s, ~1 us a step of 2 ms).
+FLUSH_INTERVAL_S = 0.5
 FLUSH_INTERVAL_NS = int(FLUSH_INTERVAL_S * 1e9)
 VOLATILE_EVERY_NS = 2_000_000_000  # re-read changeable settings at most every 2 s
 # Steps buffered before a flush (or FLUSH_INTERVAL_S, whichever comes first). A flush is the
