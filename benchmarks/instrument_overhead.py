@@ -11,11 +11,12 @@ near-empty loop 80 steps, after 64 untimed. The untimed steps take what an insta
 once per process in a real run and once per round here: the caches it evicts, and CPython
 re-specialising the loop's code on the classes it changes (see run_round). As in one long
 run, the agent between rounds keeps its patches' effects (its first step's check of the
-install holds), the steps it buffered and its connection, and its flush clock runs on its own
-rounds' time (see Paused): its flush (every 0.5 s or 1024 steps) falls inside the timed steps
-as often as it would in a job. Each variant's DataLoader pass runs on across its rounds, so
-that a new pass (the agent's epoch-start) begins only where the last one ended (every 40
-steps of the train loop; its cost per pass is measured apart).
+install holds), the steps it buffered and its connection; its flush clock runs on its own
+rounds' time, and its process-start event is not sent again (see Paused): its flush (every
+0.5 s or 1024 steps) falls inside the timed steps as often as, and carries what, it would in
+a job. Each variant's DataLoader pass runs on across its rounds, so that a new pass (the
+agent's epoch-start) begins only where the last one ended (every 40 steps of the train loop;
+its cost per pass is measured apart).
 
   plain        the loop, no instrumentation;
   torchdoctor  the agent installed as ``torchdoctor run`` installs it, shipping its records
@@ -320,7 +321,12 @@ class Paused:
             away = time.perf_counter_ns() - self.since
             agent.last_flush += away
             agent.last_volatile += away
+        events = len(agent.events)
         agent.arm()
+        if self.since is not None:
+            # An install records the process's start: once in a job, once a round here (60
+            # events of 200 bytes a flush, which its JSON then carried).
+            del agent.events[events:]
         # An install's first step takes the full path, to check what the install set up; a
         # job installs once. Here every round installs again: the check made in the first
         # round holds (nothing it checks changes between rounds). Taken every round, it put a
