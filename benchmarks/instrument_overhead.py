@@ -406,12 +406,13 @@ WARM_STEPS = 64
 
 def run_round(torch, loop, steps, variant: Variant, warm: int | None = None) -> float:
     variant.on()
-    # Untimed steps first, as many as the round times (at most WARM_STEPS): the first step after
-    # an install takes the agent's full path, and an install (or an uninstall) changes classes
-    # that torch's loop code was specialised on, which CPython's adaptive interpreter takes back
-    # only after ~53 misses of each instruction. Both are paid once per process in a real run,
-    # once per round here: with one untimed step they added ~2 µs a step to every variant that
-    # installs anything, the agent with every hook restored included.
+    # Untimed steps first, ``warm`` of them or as many as the round times (at most WARM_STEPS):
+    # the first step after an install runs with the caches it evicted (+50-64 µs on the train
+    # loop) and, but for Paused, on the agent's full path; and an install (or an uninstall)
+    # changes classes that torch's loop code was specialised on, which CPython's adaptive
+    # interpreter takes back only after ~53 misses of each instruction. All are paid once per
+    # process in a real run, once per round here: with one untimed step the last added ~2 µs a
+    # step on the near-empty loop to every variant that installs anything.
     loop(min(steps, WARM_STEPS) if warm is None else warm, variant.name)
     t0 = time.process_time()
     if variant.name == "profiler":
@@ -499,7 +500,7 @@ def measure_overhead(
         times = interleave(torch, loop, n, chosen, turns, warm)
         # The profiler in a rotation of its own: next to it, the instrumented rounds measured
         # several times their cost (whatever a profiler session leaves behind for a while).
-        # Its rounds of 80 steps or more: a profiler session's start and end are costs of their own.
+        # Its rounds of 80 steps or more: a profiler session's start and end cost on their own.
         with_profiler = interleave(
             torch, loop, max(80, n * 10), [plain, Variant("profiler")], max(15, rounds // 20)
         )

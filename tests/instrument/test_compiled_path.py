@@ -155,6 +155,25 @@ def test_the_common_batch_and_step_run_no_python_of_the_agent(fast, agent):
     assert agent.counter.step == 12
 
 
+def test_a_step_flushes_once_the_interval_has_passed_since_the_last_flush(fast, agent):
+    # What a live view (show, top, the exporters) relies on: steps leave the job within
+    # FLUSH_INTERVAL_S however few there are, and not at every step before then.
+    from torchdoctor.instrument.agent.contract import FLUSH_INTERVAL_NS, perf_ns
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    _train(_pairs(8), model, opt)  # the first steps take the full path (settings, checks)
+    agent.flush()
+    sent = len(agent.sink)
+    agent.last_flush = perf_ns()
+    _train(_pairs(8), model, opt)  # two steps, well inside the interval: kept
+    assert (len(agent.sink), agent.counter.pending_rows) == (sent, 2)
+    agent.last_flush = perf_ns() - FLUSH_INTERVAL_NS  # the interval has passed
+    _train(_pairs(4), model, opt)  # the next step sends all three
+    assert (len(agent.sink), agent.counter.pending_rows) == (sent + 1, 0)
+    assert agent.sink[-1]["step_count"] == 3
+
+
 def test_its_steps_reach_the_sink_in_order_packed_as_the_pure_path_packs_them(fast, agent):
     from torchdoctor.instrument.agent.contract import pack_steps, unpack_steps
 

@@ -21,7 +21,8 @@ from .contract import ENV_PURE_PYTHON, env_flag
 COUNTER_FIELDS = (
     "step", "boundary", "data_wait", "samples", "batches", "last_batch_size",
     "loader_batch_size", "loader_seen", "eval_ns", "first_batches_due", "prev_step_fed",
-    "autocast_dtype", "scaler_used", "evaluation", "step_thread", "last_optimizer", "fast", "cuda_started",
+    "autocast_dtype", "scaler_used", "evaluation", "step_thread", "last_optimizer", "fast",
+    "cuda_started",
     "agent", "loaders", "grad_enabled", "tensor_type", "batch_len",
 )  # fmt: skip
 
