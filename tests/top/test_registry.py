@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests import fake_nvml
@@ -71,6 +73,28 @@ def test_unregister_and_errors(runtime_dir, tmp_path):
     child.wait()
     with pytest.raises(ProcessLookupError):
         registry.register(child.pid, tmp_path / "r.sqlite")
+
+
+def test_a_new_entry_for_the_same_pid_is_read_and_a_reused_pid_is_not_the_job(
+    runtime_dir, tmp_path
+):
+    # The exporter lists the registry at every scrape and keeps what it read: a job that
+    # announces itself again (a new recording) must be seen, not the entry as first read.
+    registry.register(os.getpid(), tmp_path / "first.sqlite")
+    (entry,) = registry.active()
+    assert entry.recording_path.name == "first.sqlite"
+    entry_file = registry.register(os.getpid(), tmp_path / "second.sqlite")
+    (entry,) = registry.active()
+    assert entry.recording_path.name == "second.sqlite"
+    assert abs(entry.create_time - psutil.Process().create_time()) < 1.0
+    # The same PID started at another time is another process: the entry is stale.
+    data = json.loads(entry_file.read_text())
+    data["create_time"] -= 3600
+    replacement = entry_file.with_suffix(".new")  # written then renamed, as register() does
+    replacement.write_text(json.dumps(data))
+    os.replace(replacement, entry_file)
+    assert registry.active() == []
+    assert not entry_file.exists()
 
 
 def test_a_folder_others_can_write_is_refused(runtime_dir):

@@ -29,7 +29,7 @@ def first_row_of_latest_sample(tail: RecordingTail, table: str) -> int:
 def rows_of_sample(tail: RecordingTail, table: str, columns: list[str], rowid: int) -> list:
     """The rows of the sample row ``rowid`` belongs to (same ``t``), up to it, as tuples of
     ``columns`` in rowid order: found through the index on ``t``, however long the table."""
-    select = ", ".join(tail.column(table, c) for c in columns)
+    select = tail.selection(table, columns)
     return tail.query(
         f"SELECT {select} FROM {table} "
         f"WHERE t = (SELECT t FROM {table} WHERE rowid = ?) AND rowid <= ? ORDER BY rowid",

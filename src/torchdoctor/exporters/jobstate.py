@@ -16,6 +16,7 @@ was most of a steady scrape of the host exporter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from torchdoctor.exporters import history
@@ -31,6 +32,10 @@ from torchdoctor.recording.totals import (
 
 # Process rows read at once at most: a week of a 20-process job is 24 million.
 PROCESS_PART = 50_000
+# What the gauges are made of, of a sample's process rows: a steady update reads only these
+# (each value read costs, and a job has tens of processes a sample).
+GAUGE_COLUMNS = ["t", "pid", "create_time", "role", "rss", "swap", "threads"]
+_GAUGE_OF_PROCESS_ROW = itemgetter(*(PROCESS_COLUMNS.index(c) for c in GAUGE_COLUMNS))
 GPU_PROCESS_COLUMNS = ["t", "gpu_index", "used_memory", "in_job"]
 # The host figures the series are made of: scalars only (the per-core JSON is not decoded).
 HOST_COLUMNS = [
@@ -155,7 +160,7 @@ class JobState:
             if 0 < latest <= through:
                 tail.seek("process_samples", latest - 1)
                 self._gauges(
-                    tail.new_tuples("process_samples", PROCESS_COLUMNS, through - latest + 1)
+                    tail.new_tuples("process_samples", GAUGE_COLUMNS, through - latest + 1)
                 )
             for table, rowid in saved.through.items():
                 tail.seek(table, rowid)
@@ -191,7 +196,7 @@ class JobState:
             # Rows committed after the meta was read are summed by the next totals.
             tail.seek(table, sums.through[table])
         if new_sample:
-            self._gauges(history.rows_of_sample(tail, "process_samples", PROCESS_COLUMNS, through))
+            self._gauges(history.rows_of_sample(tail, "process_samples", GAUGE_COLUMNS, through))
         return True
 
     def add_process_rows(self, rows: list[tuple]) -> None:
@@ -202,16 +207,17 @@ class JobState:
             return
         self.sums.add_process_rows(rows)
         t = rows[-1][0]
-        self._gauges([r for r in rows if r[0] == t])
+        self._gauges([_GAUGE_OF_PROCESS_ROW(r) for r in rows if r[0] == t])
 
     def _gauges(self, latest: list[tuple]) -> None:
-        """The gauges of one sample's rows (PSS from the sums: it is read on a slower tier)."""
+        """The gauges of one sample's rows, tuples of GAUGE_COLUMNS (PSS from the sums: it is
+        read on a slower tier)."""
         if not latest:
             return
         now: dict[str, RoleNow] = {}
         alive = set()
         pss_of = self.sums.pss
-        for _t, pid, create_time, role, _u, _s, rss, _p, _u2, swap, threads, *_ in latest:
+        for _t, pid, create_time, role, rss, swap, threads in latest:
             key = (pid, create_time)
             alive.add(key)
             g = now.get(role)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from torchdoctor.sampling import procfs
+
 
 @dataclass(frozen=True, slots=True)
 class RegistryEntry:
@@ -162,10 +164,20 @@ def every_users_active() -> list[tuple[int, RegistryEntry]]:
     return out
 
 
+# Entries as last read, by file: the exporter lists the registry at every scrape, and an
+# entry never changes once written (a new one replaces the file: another inode).
+_read: dict[Path, tuple[tuple[int, int, int], RegistryEntry]] = {}
+_READ_MAX = 4096  # entries of jobs long gone go with the next clear-out
+
+
 def _load(path: Path) -> RegistryEntry | None:
     try:
+        st = os.stat(path)
+        known = _read.get(path)
+        if known is not None and known[0] == (st.st_ino, st.st_mtime_ns, st.st_size):
+            return known[1]
         data = json.loads(path.read_text())
-        return RegistryEntry(
+        entry = RegistryEntry(
             pid=int(data["pid"]),
             create_time=float(data["create_time"]),
             recording_path=Path(data["recording"]),
@@ -175,17 +187,19 @@ def _load(path: Path) -> RegistryEntry | None:
         return None
     except (OSError, ValueError, KeyError, TypeError):
         return None  # unreadable or foreign file: pruned like a stale entry
+    if len(_read) >= _READ_MAX:
+        _read.clear()
+    _read[path] = ((st.st_ino, st.st_mtime_ns, st.st_size), entry)
+    return entry
 
 
 def _alive(entry: RegistryEntry) -> bool:
     try:
         # create_time is rounded differently across psutil versions; a reused PID differs by
         # far more than this.
-        return abs(psutil.Process(entry.pid).create_time() - entry.create_time) < 1.0
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return abs(procfs.create_time(entry.pid) - entry.create_time) < 1.0
+    except (OSError, ValueError, IndexError):  # gone (or its stat file unreadable)
         return False
-    except psutil.AccessDenied:
-        return True
 
 
 def _own_folder(create: bool) -> Path | None:

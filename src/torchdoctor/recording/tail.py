@@ -29,6 +29,9 @@ class RecordingTail:
         )
         self._last: dict[str, int] = {}
         self._stored: dict[str, set[str]] = {}
+        # What a read of these columns selects, and whether any is JSON, made once: the same
+        # few reads repeat at every scrape.
+        self._selects: dict[tuple[str, ...], tuple[str, bool]] = {}
         self.meta: dict[str, Any] = {}
         self._raw_meta: dict[str, str] = {}  # meta's values as stored (JSON text)
         self.refresh_meta()
@@ -52,7 +55,7 @@ class RecordingTail:
         spec = TABLES[table]
         cols = columns or spec.column_names
         rows = self.new_tuples(table, cols)
-        if any(c.kind == "json" for c in spec.columns if c.name in cols):
+        if rows and self._select(table, cols)[1]:
             return [from_row(spec, dict(zip(cols, r, strict=True))) for r in rows]
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
@@ -60,11 +63,20 @@ class RecordingTail:
         """As :meth:`new_rows`, as tuples of ``columns`` in that order and JSON left as text:
         for readers of many rows (a dict per row costs more than the rest of their work).
         With ``limit``, at most that many: a reader of a long history takes it in parts."""
-        select = select_list(columns, self._columns(table))
+        select = self.selection(table, columns)
         last = self._last.get(table, 0)
-        end = self.count(table)
-        if limit is not None:
-            end = min(end, last + limit)  # rowids of rows only ever appended follow each other
+        if limit is None:
+            # One query, the rowid beside the columns: a follower reads several tables at
+            # every scrape, most of them with nothing new.
+            rows = self._db.execute(
+                f"SELECT rowid, {select} FROM {table} WHERE rowid > ? ORDER BY rowid", (last,)
+            ).fetchall()
+            if not rows:
+                return []
+            self._last[table] = rows[-1][0]
+            return [r[1:] for r in rows]
+        # rowids of rows only ever appended follow each other
+        end = min(self.count(table), last + limit)
         if end <= last:
             return []
         rows = self._db.execute(
@@ -109,13 +121,33 @@ class RecordingTail:
         last: int | None = None,
     ) -> list[dict[str, Any]]:
         """Rows of ``table`` in order of ``by``: those with ``by >= since``, else the ``last``."""
-        select = select_list(columns, self._columns(table))
+        select = self.selection(table, columns)
         if since is not None:
             query, args = f"SELECT {select} FROM {table} WHERE {by} >= ? ORDER BY {by}", (since,)
         else:
             query, args = f"SELECT {select} FROM {table} ORDER BY {by} DESC LIMIT ?", (last,)
         rows = [dict(zip(columns, r, strict=True)) for r in self._db.execute(query, args)]
         return rows if since is not None else rows[::-1]
+
+    def selection(self, table: str, columns: list[str]) -> str:
+        """The SELECT list of ``columns`` over ``table``: NULL where the recording lacks one."""
+        return self._select(table, columns)[0]
+
+    def _select(self, table: str, columns: list[str]) -> tuple[str, bool]:
+        """(The SELECT list of ``columns`` over ``table``, whether any of them is JSON)."""
+        key = (table, *columns)
+        known = self._selects.get(key)
+        if known is not None:
+            return known
+        stored = self._columns(table)
+        names = set(columns)
+        made = (
+            select_list(columns, stored),
+            any(c.kind == "json" for c in TABLES[table].columns if c.name in names),
+        )
+        if stored:  # a table not created yet is asked again
+            self._selects[key] = made
+        return made
 
     def _columns(self, table: str) -> set[str]:
         stored = self._stored.get(table)

@@ -144,6 +144,19 @@ def boot_time() -> float:
     return float(stat.btime)
 
 
+_boot_time: float | None = None
+
+
+def create_time(pid: int) -> float:
+    """When process ``pid`` started, in UNIX seconds (psutil's ``create_time``): one read of
+    its stat file, on the boot time read once (a check of many PIDs at every scrape would
+    otherwise read /proc/stat as often). Raises ``OSError`` when the process is not there."""
+    global _boot_time
+    if _boot_time is None:
+        _boot_time = boot_time()
+    return _boot_time + parse_pid_stat(read_path(f"/proc/{pid}/stat")).starttime / CLK_TCK
+
+
 def parse_meminfo_fields(data: bytes) -> tuple[int | None, int | None, int | None, int | None]:
     """(MemTotal, MemAvailable, SwapTotal, SwapFree) in bytes; the hot-path subset."""
     values = []
