@@ -40,9 +40,12 @@ DataLoader over a tensor, batch 1 (a batch, a backward and a step each step), un
 per step after a warm-up; wall time beside it). The two processes, and a third with the agent
 alone (no recorder), are alive side by side and take turns chunk by chunk, so that the
 machine's drift falls on all of them alike; several such sets, each its own memory layout.
+Each loop runs on the same one CPU (the VM's two run ~20 % apart; a process the scheduler
+moves between them changes speed), the recorder where the scheduler puts it.
 Processes differ from each other by their layout alone by +-15 us a step on this loop (the
 same plain command, started again), far more than chunks of one process do: more sets of
-fewer chunks each tell the agent's cost more closely than a few long ones.
+fewer chunks each tell the agent's cost more closely than a few long ones, and the figure is
+the median of the sets' own (each set's median over its chunks), its interval counted in sets.
 
 Where the cost goes, in the same interleaved rounds: on the train loop each hook the agent
 uses, alone, empty and without torchdoctor (an empty global optimizer step post-hook, a
@@ -63,7 +66,7 @@ per-process file (receivers drain in another process).
 
     python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--train-rounds 8001]
         [--train-steps 1] [--train-warm 2] [--startup-only]
-        [--near-empty-pairs 8] [--near-empty-chunks 15] [--near-empty-steps 1000]
+        [--near-empty-pairs 24] [--near-empty-chunks 5] [--near-empty-steps 1000]
 """
 
 from __future__ import annotations
@@ -111,10 +114,11 @@ else:
 # tens of per cent over seconds on a shared VM, is the same for both halves of each pair.
 NEAR_EMPTY = r"""
 import json, os, sys, time
+steps, chunks, cpu, go_path, done_path = (*map(int, sys.argv[1:4]), *sys.argv[4:6])
+os.sched_setaffinity(0, {cpu})
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 torch.set_num_threads(1)
-steps, chunks, go_path, done_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 w = torch.nn.Parameter(torch.zeros(1))
 opt = torch.optim.SGD([w], lr=1e-3)
 loader = DataLoader(TensorDataset(torch.randn(steps * (chunks + 1) + 200, 1)), batch_size=1)
@@ -458,6 +462,17 @@ def paired_difference(times: list[float], plain: list[float]) -> tuple[float, fl
     return statistics.median(diffs), 1.58 * (q[2] - q[0]) / len(diffs) ** 0.5
 
 
+def set_difference(times: list[float], plain: list[float], per_set: int) -> tuple[float, float]:
+    """As :func:`paired_difference`, for processes: each set's median difference (its chunks
+    side by side), then the median over sets and its ~95 % interval counted in sets. A
+    process's layout is one draw for all its chunks: counted chunk by chunk, the interval
+    would claim far more certainty than the sets give."""
+    diffs = [t - p for t, p in zip(times, plain, strict=True)]
+    sets = [statistics.median(diffs[i : i + per_set]) for i in range(0, len(diffs), per_set)]
+    q = statistics.quantiles(sets, n=4)
+    return statistics.median(sets), 1.58 * (q[2] - q[0]) / len(sets) ** 0.5
+
+
 def measure_overhead(
     torch,
     rounds: int,
@@ -598,12 +613,17 @@ class ChunkedRun:
     """One process of the near-empty loop waiting for its turns (see NEAR_EMPTY)."""
 
     def __init__(self, argv: list[str], env: dict, folder: str, name: str) -> None:
-        go, done = os.path.join(folder, name + ".go"), os.path.join(folder, name + ".done")
-        os.mkfifo(go)
-        os.mkfifo(done)
+        self.fifos = os.path.join(folder, name + ".go"), os.path.join(folder, name + ".done")
+        for fifo in self.fifos:
+            os.mkfifo(fifo)
         self.proc = subprocess.Popen(
-            [*argv, go, done], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [*argv, *self.fifos], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+
+    def connect(self) -> None:
+        """Wait until the loop is warm and waits for its first turn. (The processes of a set
+        start together: importing torch is most of a set's time.)"""
+        go, done = self.fifos
         # Both ends open in the order the script opens them: go first, then done.
         self.go = os.open(go, os.O_WRONLY)
         self.done = os.fdopen(os.open(done, os.O_RDONLY), "rb")
@@ -645,7 +665,10 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
         script = os.path.join(tmp, "near_empty.py")
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(NEAR_EMPTY)
-        plain = [sys.executable, script, str(steps), str(chunks)]
+        # Every loop process on the same CPU (the VM's CPUs run ~20 % apart); a recorder is
+        # left to run where the scheduler puts it, as it does for a user.
+        cpu = min(os.sched_getaffinity(0))
+        plain = [sys.executable, script, str(steps), str(chunks), str(cpu)]
         for p in range(pairs):
             folder = os.path.join(tmp, f"pair{p}")
             os.mkdir(folder)
@@ -660,6 +683,8 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
                 "agent alone, pure Python": ChunkedRun(
                     plain, {**bootstrap_env(env, address), ENV_PURE_PYTHON: "1"}, folder, "pure"),
             }  # fmt: skip
+            for run in runs.values():
+                run.connect()
             for c in range(chunks):
                 turns = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
                 for name in turns:
@@ -675,9 +700,9 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
     )
     results = {}
     for name in names[1:]:
-        extra, spread = paired_difference([f["cpu"] for f in figures[name]], cpu)
-        wall, wall_spread = paired_difference(
-            [f["wall"] for f in figures[name]], [f["wall"] for f in figures["plain"]]
+        extra, spread = set_difference([f["cpu"] for f in figures[name]], cpu, chunks)
+        wall, wall_spread = set_difference(
+            [f["wall"] for f in figures[name]], [f["wall"] for f in figures["plain"]], chunks
         )
         results[name] = (extra, spread, wall, wall_spread)
     extra, spread, wall, wall_spread = results["torchdoctor run"]
@@ -888,8 +913,8 @@ def main() -> int:
     parser.add_argument("--train-warm", type=int, default=2)
     parser.add_argument("--startup-only", action="store_true")
     parser.add_argument("--near-empty-only", action="store_true")
-    parser.add_argument("--near-empty-pairs", type=int, default=8)
-    parser.add_argument("--near-empty-chunks", type=int, default=15)
+    parser.add_argument("--near-empty-pairs", type=int, default=24)
+    parser.add_argument("--near-empty-chunks", type=int, default=5)
     parser.add_argument("--near-empty-steps", type=int, default=1000)
     args = parser.parse_args()
     card = Scorecard("instrument_overhead")
