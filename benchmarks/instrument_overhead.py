@@ -613,18 +613,16 @@ class ChunkedRun:
     """One process of the near-empty loop waiting for its turns (see NEAR_EMPTY)."""
 
     def __init__(self, argv: list[str], env: dict, folder: str, name: str) -> None:
-        self.fifos = os.path.join(folder, name + ".go"), os.path.join(folder, name + ".done")
-        for fifo in self.fifos:
-            os.mkfifo(fifo)
+        go, done = os.path.join(folder, name + ".go"), os.path.join(folder, name + ".done")
+        os.mkfifo(go)
+        os.mkfifo(done)
+        # One process starts at a time: four importing torch at once put the machine's load
+        # at 2.6 (the load is read beside each figure).
         self.proc = subprocess.Popen(
-            [*argv, *self.fifos], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [*argv, go, done], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-
-    def connect(self) -> None:
-        """Wait until the loop is warm and waits for its first turn. (The processes of a set
-        start together: importing torch is most of a set's time.)"""
-        go, done = self.fifos
-        # Both ends open in the order the script opens them: go first, then done.
+        # Both ends open in the order the script opens them (go first, then done): this
+        # waits until the loop is warm and waits for its first turn.
         self.go = os.open(go, os.O_WRONLY)
         self.done = os.fdopen(os.open(done, os.O_RDONLY), "rb")
 
@@ -683,8 +681,6 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
                 "agent alone, pure Python": ChunkedRun(
                     plain, {**bootstrap_env(env, address), ENV_PURE_PYTHON: "1"}, folder, "pure"),
             }  # fmt: skip
-            for run in runs.values():
-                run.connect()
             for c in range(chunks):
                 turns = list(runs) if (c + p) % 2 == 0 else list(runs)[::-1]
                 for name in turns:
