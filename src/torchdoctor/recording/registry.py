@@ -21,15 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from torchdoctor.sampling import procfs
 
 
 @dataclass(frozen=True, slots=True)
 class RegistryEntry:
     pid: int  # the recorded job's root process
-    create_time: float  # psutil create time of ``pid``: guards against PID reuse
+    create_time: float  # when ``pid`` started (procfs.create_time): guards against PID reuse
     recording_path: Path
     registered_at: float
 
@@ -49,8 +47,8 @@ def register(pid: int, recording_path: str | os.PathLike[str]) -> Path:
     ``OSError`` when the folder cannot be written.
     """
     try:
-        create_time = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
+        create_time = procfs.create_time(pid)
+    except (FileNotFoundError, ProcessLookupError):
         raise ProcessLookupError(f"process {pid} is not running") from None
     folder = _own_folder(create=True)
     entry = {
@@ -195,8 +193,8 @@ def _load(path: Path) -> RegistryEntry | None:
 
 def _alive(entry: RegistryEntry) -> bool:
     try:
-        # create_time is rounded differently across psutil versions; a reused PID differs by
-        # far more than this.
+        # Entries written by older versions hold psutil's create_time, rounded differently;
+        # a reused PID differs by far more than this.
         return abs(procfs.create_time(entry.pid) - entry.create_time) < 1.0
     except (OSError, ValueError, IndexError):  # gone (or its stat file unreadable)
         return False
