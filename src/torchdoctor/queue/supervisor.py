@@ -348,6 +348,8 @@ def _preload() -> None:
     import email.parser  # noqa: F401 - importlib.metadata's, for the recording's versions
     import importlib.metadata  # noqa: F401
 
+    import psutil  # noqa: F401 - the host's and the job's readers import it when first used
+
     import torchdoctor.instrument.collector  # noqa: F401
     import torchdoctor.recording.summary  # noqa: F401
     import torchdoctor.run.session  # noqa: F401

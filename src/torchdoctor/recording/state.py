@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.sampling import procfs
 from torchdoctor.units import fmt_duration
 
 COMPLETE = "complete"
@@ -149,11 +150,9 @@ def journal_is_wal(path: Path) -> bool:
 
 
 def _create_time(pid: int) -> float | None:
-    import psutil
-
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return procfs.create_time(pid)
+    except (OSError, ValueError):  # gone, or a stat file this kernel writes otherwise
         return None
 
 
