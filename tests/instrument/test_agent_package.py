@@ -4,17 +4,18 @@ once the program imports torch."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from torchdoctor.instrument.collector import bootstrap_env
+from torchdoctor.instrument.collector import BOOTSTRAP_DIR, bootstrap_env
 
 BUILT = importlib.util.find_spec("torchdoctor.instrument.agent._fast") is not None
 
-START_UP = ["_torchdoctor_agent"]
-WITH_TORCH = [
+WITH_TORCH = ["_torchdoctor_agent"] + [
     f"_torchdoctor_agent.{m}"
     for m in (
         "compiled", "contract", "core", "cuda", "evaluation", "hooks", "loaders", "settings",
@@ -51,16 +52,32 @@ def _loaded(tmp_path, body: str) -> tuple[list[str], list[str]]:
     return before, after
 
 
-def test_a_process_that_never_imports_torch_loads_only_the_start_up_modules(tmp_path):
+def test_a_process_that_never_imports_torch_loads_none_of_the_agent(tmp_path):
     before, after = _loaded(tmp_path, "import json")
-    assert before == after == sorted(START_UP)
+    assert before == after == []
 
 
 def test_importing_torch_loads_the_hooks_and_installs_them(tmp_path):
     body = "import torch\nagent = sys.modules['_torchdoctor_agent'].AGENT\nassert agent.active"
     before, after = _loaded(tmp_path, body)
-    assert before == sorted(START_UP)
-    assert after == sorted(START_UP + WITH_TORCH)  # no torchdoctor module, by path only
+    assert before == []
+    assert after == sorted(WITH_TORCH)  # no torchdoctor module, by path only
+
+
+def test_looking_torch_up_loads_the_watch_and_importing_it_later_installs_the_agent(tmp_path):
+    # Libraries ask importlib.util.find_spec("torch") long before (or without) importing it.
+    body = """
+import importlib.util
+assert importlib.util.find_spec("torch") is not None
+agent = sys.modules['_torchdoctor_agent']
+assert "AGENT" not in vars(agent), "looking torch up built the agent"
+import torch
+assert agent.AGENT.active and agent.AGENT.sinks, "importing torch later did not install it"
+assert not any("torchdoctor_start_up" in vars(f) for f in sys.meta_path if hasattr(f, "__dict__"))
+"""
+    before, after = _loaded(tmp_path, body)
+    assert before == []
+    assert after == sorted(WITH_TORCH)
 
 
 def test_the_package_imports_under_both_names_to_one_behaviour():
@@ -72,15 +89,21 @@ def test_the_package_imports_under_both_names_to_one_behaviour():
 
 
 def test_the_variables_that_build_the_agent_at_start_up_are_the_contract_s():
-    from torchdoctor.instrument import agent
     from torchdoctor.instrument.agent import contract
 
-    assert agent._BUILD_NOW_IF_SET == (
+    # Read, not run: importing the bootstrap would bootstrap this process.
+    tree = ast.parse((Path(BOOTSTRAP_DIR) / "sitecustomize.py").read_text())
+    names = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    assert names["_BUILD_NOW_IF_SET"] == (
         contract.ENV_NO_INSTRUMENT,
         contract.ENV_OVERRIDES,
         contract.ENV_STOP_AFTER_STEPS,
     )
-    assert agent._START_UP_ENV[0] == contract.ENV_COLLECTOR
+    assert names["_START_UP_ENV"][0] == contract.ENV_COLLECTOR
 
 
 def test_a_start_up_with_overrides_builds_the_agent_at_once(tmp_path):

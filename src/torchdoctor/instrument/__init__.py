@@ -2,8 +2,9 @@
 
 - :mod:`~torchdoctor.instrument.agent` runs inside the job (standard library only): waits for
   torch to be imported, hooks it, batches records and ships them;
-- ``bootstrap/sitecustomize.py`` loads the agent into every Python process of a job started by
-  ``torchdoctor run`` (it never imports torch itself);
+- ``bootstrap/sitecustomize.py`` arms the agent in every Python process of a job started by
+  ``torchdoctor run``, loading it when the process first looks torch up (it never imports torch
+  itself);
 - :mod:`~torchdoctor.instrument.collector` is the recorder's end of the socket;
 - :mod:`~torchdoctor.instrument.wire` turns messages into the records of
   :mod:`~torchdoctor.recording.records`;

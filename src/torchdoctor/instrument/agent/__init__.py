@@ -6,13 +6,12 @@ be the one that has torchdoctor installed; its modules import each other relativ
 load under either name. It never imports torch itself: :meth:`Agent.arm` waits for the user's
 code to import torch and only then patches it.
 
-Every Python process of a job loads it, and most never import torch, so start-up loads only
-what waiting needs (this module and the import watch: the agent itself is built when torch is
-imported, unless the environment asks for overrides or a stop rule, which it records at once);
-the rest loads with torch:
+Every Python process of a job runs the bootstrap, and most never import torch: the bootstrap
+loads this package when the program first looks torch up (or at once when the environment asks
+for overrides or a stop rule, which are recorded even without torch). This module holds the
+lazy names, the import watch that arms the agent once torch is loaded (``TorchImportFinder``)
+and the hand-over from the bootstrap; the rest loads with torch:
 
-- this module: the lazy names, the deferred build and the finder that sees torch imported
-  (``TorchImportFinder``) (start-up);
 - :mod:`.contract`: wire version, step fields, environment variables, overrides;
 - :mod:`.sink`: the connection to the collector;
 - :mod:`.core`: ``Agent``, the per-process state: lifecycle, patch registry, record buffers,
@@ -35,11 +34,11 @@ Records leave the process in batches (at most every ``FLUSH_INTERVAL_S`` seconds
 ``SOCK_SEQPACKET`` connection to the collector, or to in-process sinks (``watch``).
 """
 
-import os
 import sys
 
-# Every name below loads its module on first use (PEP 562): a process that never imports torch
-# loads only this module.
+# Every name below loads its module on first use (PEP 562): a process that loads the agent and
+# never imports torch (overrides, a stop rule, a program that only looks torch up) loads only
+# this module.
 _LAZY = {
     **dict.fromkeys(
         (
@@ -66,19 +65,6 @@ _LAZY = {
 
 __all__ = ["AGENT", "arm_from_env", *_LAZY]
 
-# The variables that make start-up build the agent at once (contract.ENV_NO_INSTRUMENT,
-# ENV_OVERRIDES, ENV_STOP_AFTER_STEPS; a test keeps them equal): what they say is recorded as
-# events even in a process that never imports torch. Without them, nothing the agent does
-# before torch is imported can be seen, so it is built then.
-_BUILD_NOW_IF_SET = (
-    "TORCHDOCTOR_NO_INSTRUMENT",
-    "TORCHDOCTOR_OVERRIDES",
-    "TORCHDOCTOR_STOP_AFTER_STEPS",
-)
-# What a deferred agent reads of its start-up: the environment as it was then.
-_START_UP_ENV = ("TORCHDOCTOR_COLLECTOR", "RANK")
-_deferred: list = []  # [(environment, perf_counter_ns, finder)] while the agent waits for torch
-
 
 def __getattr__(name: str):
     if name == "AGENT":
@@ -93,8 +79,8 @@ def __getattr__(name: str):
 
 
 def _agent():
-    """The process's ``Agent``, built on first use; a start-up that deferred it is finished
-    now, as it would have been then (its environment, its flush clock, its process hooks)."""
+    """The process's ``Agent``, built on first use; a start-up that waited for torch is
+    finished now, as it would have been then (its environment, its flush clock)."""
     agent = globals().get("AGENT")
     if agent is not None:
         return agent
@@ -102,12 +88,11 @@ def _agent():
 
     agent = Agent()
     globals()["AGENT"] = agent
-    if _deferred:
-        environ, started_ns, finder = _deferred.pop()
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-        # The start-up registered the fork and exit hooks (in their order among the program's
-        # own): they call this agent now.
+    start_up = _take_start_up()
+    if start_up is not None:
+        environ, started_ns = start_up
+        # The bootstrap registered the fork and exit hooks (in their order among the
+        # program's own): they call this agent now.
         agent._fork_registered = agent._atexit_registered = True
         agent.last_flush = started_ns
         try:
@@ -119,24 +104,40 @@ def _agent():
     return agent
 
 
-def _after_fork() -> None:
+def _take_start_up():
+    """(environment, perf_counter_ns) of a start-up whose bootstrap waited for torch, taken
+    once: its finder (``torchdoctor_start_up``) leaves sys.meta_path. None without one."""
+    for finder in sys.meta_path:
+        # Read from the instance's own dict: another finder's __getattr__ may answer anything.
+        state = getattr(finder, "__dict__", None)
+        start_up = state.get("torchdoctor_start_up") if isinstance(state, dict) else None
+        if start_up is not None:
+            sys.meta_path.remove(finder)
+            return start_up
+    return None
+
+
+# The bootstrap's hand-over: it calls these through the module, by name.
+
+
+def after_fork() -> None:
     agent = globals().get("AGENT")
     if agent is not None:
         agent._after_fork()
 
 
-def _at_exit() -> None:
+def at_exit() -> None:
     agent = globals().get("AGENT")
     if agent is not None:
         agent._at_exit()
 
 
-def _torch_imported(torch) -> None:
+def torch_imported(torch) -> None:
     _agent()  # arms it: torch is in sys.modules, so it installs at once
 
 
 # The import watch lives here, not in a module of its own: one module fewer to find and load in
-# every process of the job.
+# every process that imports torch.
 
 
 class TorchImportFinder:
@@ -185,22 +186,10 @@ class _NotifyingLoader:
 
 
 def arm_from_env() -> bool:
-    """Entry point of the bootstrap: arm the agent unless the environment says no."""
-    environ = os.environ
-    if "AGENT" in globals() or "torch" in sys.modules or any(map(environ.get, _BUILD_NOW_IF_SET)):
-        agent = _agent()
-        if not agent.configure_from_env():
-            return False
-        agent.arm()
-        return True
-    # Nothing to do until torch is imported: wait for it with the import watch alone.
-    import atexit
-    import time
-
-    finder = TorchImportFinder(_torch_imported)
-    snapshot = {k: environ[k] for k in _START_UP_ENV if k in environ}
-    _deferred.append((snapshot, time.perf_counter_ns(), finder))
-    os.register_at_fork(after_in_child=_after_fork)
-    atexit.register(_at_exit)
-    sys.meta_path.insert(0, finder)
+    """The bootstrap's entry point when start-up builds the agent at once (torch already
+    imported, or overrides or a stop rule asked for): arm it unless the environment says no."""
+    agent = _agent()
+    if not agent.configure_from_env():
+        return False
+    agent.arm()
     return True

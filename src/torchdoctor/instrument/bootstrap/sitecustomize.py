@@ -1,11 +1,29 @@
 """torchdoctor's bootstrap, put first on PYTHONPATH by ``torchdoctor run`` for the job.
 
-Python imports ``sitecustomize`` at start-up. This one loads the torchdoctor agent (standard
-library only) and arms it: nothing happens until the program imports torch. Then it runs the
-``sitecustomize`` that would have been imported without torchdoctor, if there is one.
+Python imports ``sitecustomize`` at start-up. This one arms the torchdoctor agent (a package of
+the standard library only, loaded by path as ``_torchdoctor_agent``): nothing happens until the
+program imports torch. Then it runs the ``sitecustomize`` that would have been imported without
+torchdoctor, if there is one.
+
+Every Python process of the job runs this and most never import torch, so start-up loads none
+of the agent: it leaves a finder that loads the agent when the program first looks torch up
+(:class:`_AgentOnTorch`), and hands the search to the agent's own import watch. An environment
+that asks for overrides or a stop rule builds the agent at once (they are recorded even in a
+process that never imports torch).
 It never prints and never lets an exception of its own out: the program starts as it would.
-Every Python process of the job runs this, so it imports nothing that start-up has not.
+It imports nothing that start-up has not.
 """
+
+_AGENT = "_torchdoctor_agent"
+# The variables that make start-up build the agent at once (contract.ENV_NO_INSTRUMENT,
+# ENV_OVERRIDES, ENV_STOP_AFTER_STEPS; a test keeps them equal).
+_BUILD_NOW_IF_SET = (
+    "TORCHDOCTOR_NO_INSTRUMENT",
+    "TORCHDOCTOR_OVERRIDES",
+    "TORCHDOCTOR_STOP_AFTER_STEPS",
+)
+# What an agent built later reads of its start-up: the environment as it was then.
+_START_UP_ENV = ("TORCHDOCTOR_COLLECTOR", "RANK")
 
 
 def _torchdoctor_bootstrap():
@@ -13,27 +31,108 @@ def _torchdoctor_bootstrap():
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    flag = os.environ.get("TORCHDOCTOR_NO_INSTRUMENT", "").strip().lower()
+    environ = os.environ
+    flag = environ.get("TORCHDOCTOR_NO_INSTRUMENT", "").strip().lower()
     try:
-        if flag in ("", "0", "false", "no", "off") and "_torchdoctor_agent" not in sys.modules:
-            SourceFileLoader, _ = _machinery()
-            # The agent is a package: its modules import each other relatively, and with
-            # __path__ and __package__ set they load as _torchdoctor_agent.<name>.
+        if flag in ("", "0", "false", "no", "off") and _AGENT not in sys.modules:
             folder = os.path.join(os.path.dirname(here), "agent")
-            path = os.path.join(folder, "__init__.py")
-            loader = SourceFileLoader("_torchdoctor_agent", path)
-            agent = type(sys)("_torchdoctor_agent")
-            agent.__file__ = path
-            agent.__loader__ = loader
-            agent.__path__ = [folder]
-            agent.__package__ = "_torchdoctor_agent"
-            sys.modules["_torchdoctor_agent"] = agent
-            loader.exec_module(agent)
-            agent.arm_from_env()
+            if "torch" in sys.modules or any(map(environ.get, _BUILD_NOW_IF_SET)):
+                _load_agent(folder).arm_from_env()
+            else:
+                _wait_for_torch(folder, environ)
     except Exception:
-        for name in [n for n in sys.modules if n.partition(".")[0] == "_torchdoctor_agent"]:
-            sys.modules.pop(name, None)
+        _unload_agent()
     _chain_sitecustomize(here)
+
+
+def _wait_for_torch(folder, environ):
+    import atexit
+    import os
+    import sys
+    import time
+
+    snapshot = {k: environ[k] for k in _START_UP_ENV if k in environ}
+    finder = _AgentOnTorch(folder, (snapshot, time.perf_counter_ns()))
+    # Registered now, in their order among the program's own: the agent, once built, is
+    # forked and flushed at exit as an agent armed at start-up is.
+    os.register_at_fork(after_in_child=_after_fork)
+    atexit.register(_at_exit)
+    sys.meta_path.insert(0, finder)
+
+
+class _AgentOnTorch:
+    """A meta-path finder that loads the agent when torch is first looked up and answers with
+    the agent's import watch, which builds and installs the agent once torch is loaded.
+
+    ``torchdoctor_start_up`` is what the agent takes (and removes this finder) when it is
+    built: the start-up's environment and its clock."""
+
+    def __init__(self, folder, start_up):
+        self.folder = folder
+        self.torchdoctor_start_up = start_up
+        self._busy = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch" or self._busy:
+            return None
+        import sys
+
+        agent = sys.modules.get(_AGENT)
+        if agent is None:
+            try:
+                agent = _load_agent(self.folder)
+            except Exception:
+                _unload_agent()
+                return None
+        self._busy = True  # the agent's watch looks torch up through sys.meta_path again
+        try:
+            return agent.TorchImportFinder(agent.torch_imported).find_spec(fullname, path, target)
+        except Exception:
+            return None
+        finally:
+            self._busy = False
+
+
+def _after_fork():
+    import sys
+
+    agent = sys.modules.get(_AGENT)
+    if agent is not None:
+        agent.after_fork()
+
+
+def _at_exit():
+    import sys
+
+    agent = sys.modules.get(_AGENT)
+    if agent is not None:
+        agent.at_exit()
+
+
+def _load_agent(folder):
+    import os
+    import sys
+
+    SourceFileLoader, _ = _machinery()
+    # The agent is a package: its modules import each other relatively, and with __path__ and
+    # __package__ set they load as _torchdoctor_agent.<name>.
+    path = os.path.join(folder, "__init__.py")
+    loader = SourceFileLoader(_AGENT, path)
+    agent = type(sys)(_AGENT)
+    agent.__file__ = path
+    agent.__loader__ = loader
+    agent.__path__ = [folder]
+    agent.__package__ = _AGENT
+    sys.modules[_AGENT] = agent
+    loader.exec_module(agent)
+    return agent
+
+
+def _unload_agent():
+    import sys
+
+    for name in [n for n in sys.modules if n.partition(".")[0] == _AGENT]:
+        sys.modules.pop(name, None)
 
 
 def _machinery():
