@@ -114,7 +114,6 @@ class JobReader:
         # lets a new job get its first PSS readings without waiting, but bounds that burst.
         self._slow_tokens = _SLOW_BURST_S
         self._slow_mono = time.monotonic()
-        self._btime = procfs.boot_time()
         self._procs: dict[int, _Proc] = {}
         self._outside: set[int] = set()  # PIDs known not to belong to the job
         self._outside_reset = time.monotonic() + _FULL_RESCAN_S
@@ -343,7 +342,7 @@ class JobReader:
         p = _Proc()
         p.pid = pid
         p.starttime = st.starttime
-        p.create_time = self._btime + st.starttime / procfs.CLK_TCK
+        p.create_time = procfs.started_at(st.starttime)
         p.ppid = st.ppid
         p.stat = st
         p.stat_fd = p.status_fd = p.io_fd = None

@@ -147,14 +147,20 @@ def boot_time() -> float:
 _boot_time: float | None = None
 
 
-def create_time(pid: int) -> float:
-    """When process ``pid`` started, in UNIX seconds (psutil's ``create_time``): one read of
-    its stat file, on the boot time read once (a check of many PIDs at every scrape would
-    otherwise read /proc/stat as often). Raises ``OSError`` when the process is not there."""
+def started_at(starttime: int) -> float:
+    """A process's start in UNIX seconds (psutil's ``create_time``) from its stat's
+    ``starttime`` (clock ticks since boot), on the boot time read once: a check of many PIDs at
+    every scrape would otherwise read /proc/stat as often."""
     global _boot_time
     if _boot_time is None:
         _boot_time = boot_time()
-    return _boot_time + parse_pid_stat(read_path(f"/proc/{pid}/stat")).starttime / CLK_TCK
+    return _boot_time + starttime / CLK_TCK
+
+
+def create_time(pid: int) -> float:
+    """When process ``pid`` started, in UNIX seconds: one read of its stat file. Raises
+    ``OSError`` when the process is not there."""
+    return started_at(parse_pid_stat(read_path(f"/proc/{pid}/stat")).starttime)
 
 
 def parse_meminfo_fields(data: bytes) -> tuple[int | None, int | None, int | None, int | None]:

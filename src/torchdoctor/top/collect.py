@@ -288,7 +288,7 @@ def read_process_detail(pid: int, uid: int | None = None) -> ProcessDetail | Non
         username=username,
         own=uid == 0 or owner == uid,
         state=st.state,
-        create_time=procfs.boot_time() + st.starttime / procfs.CLK_TCK,
+        create_time=procfs.started_at(st.starttime),
         env=env,
         env_unavailable=env_unavailable,
         cpu_affinity=affinity,
