@@ -11,7 +11,7 @@ of the agent: it leaves a finder that loads the agent when the program first loo
 that asks for overrides or a stop rule builds the agent at once (they are recorded even in a
 process that never imports torch).
 It never prints and never lets an exception of its own out: the program starts as it would.
-It imports nothing that start-up has not.
+It imports nothing that start-up has not, but the built-in ``atexit``.
 """
 
 _AGENT = "_torchdoctor_agent"
