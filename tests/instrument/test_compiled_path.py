@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +94,42 @@ def test_it_reads_the_clock_the_python_parts_read(fast):
     inside = fast.perf_counter_ns()
     after = time.perf_counter_ns()
     assert before <= inside <= after
+
+
+def test_it_reads_each_threads_autograd_mode_in_torchs_own_library(fast):
+    # The batch's training-or-evaluation test: c10::GradMode::is_enabled, read in C, is what
+    # torch.is_grad_enabled says, per thread (a prefetch thread's mode is its own).
+    fields = fast.CounterFields()
+    assert compiled.read_grad_mode_natively(fields, torch)
+    assert fields.use_native_grad_mode(True) is True
+    with torch.no_grad():
+        assert fields.use_native_grad_mode(True) is False
+    with torch.inference_mode():
+        assert fields.use_native_grad_mode(True) is False
+    seen = []
+
+    def evaluating_thread():
+        torch.set_grad_enabled(False)
+        seen.append(fields.use_native_grad_mode(True))
+
+    thread = threading.Thread(target=evaluating_thread)
+    thread.start()
+    thread.join()
+    assert seen == [False] and fields.use_native_grad_mode(True) is True
+
+
+def test_the_python_call_stays_where_the_library_cannot_be_read(fast):
+    class Unreadable:  # a libc10 without the symbol: use_native_grad_mode answers None
+        def __init__(self) -> None:
+            self.calls = []
+
+        def use_native_grad_mode(self, on):
+            self.calls.append(on)
+
+    fields = Unreadable()
+    assert not compiled.read_grad_mode_natively(fields, torch)
+    assert fields.calls[-1] is False  # switched off: the batch calls grad_enabled
+    assert not compiled.read_grad_mode_natively(object(), torch)  # the pure path's fields
 
 
 def _record(pure: bool) -> dict:

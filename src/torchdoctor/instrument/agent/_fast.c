@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <pythread.h>
 #include <structmember.h>
 #include <limits.h>
@@ -35,6 +36,13 @@
 static PyObject *str_active, *str_steps, *str_flush_max_steps, *str_last_flush, *str_after_step,
     *str_disable, *str_shape, *str_first_batch,
     *str_dataloader_next, *str_optimizer_step;
+
+/* The common path's branches that are taken once in a long while (errors, a pass's end, a
+ * flush): marked so that the compiler lays the common batch and step out as one short run of
+ * code. In the job's loop that code is cold at every call (the job's own work evicts it between
+ * two steps), and each instruction-cache line it spans costs a miss. */
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define RARE __attribute__((noinline, cold))
 
 /* time.perf_counter_ns on Linux (time.get_clock_info('perf_counter'): CLOCK_MONOTONIC); the
  * Python parts of the agent read the same clock. */
@@ -68,6 +76,9 @@ typedef struct {
     PyObject *prev_step_fed, *autocast_dtype, *evaluation, *last_optimizer;
     /* set once (StepCounter.__init__, hooks.install) */
     PyObject *agent, *loaders, *grad_enabled, *tensor_type, *batch_len;
+    /* c10::GradMode::is_enabled, what grad_enabled (torch.is_grad_enabled) returns, read in
+     * torch's own library without Python's call protocol; NULL: call grad_enabled */
+    _Bool (*grad_mode_is_enabled)(void);
     /* steps ended by the common path, in order after agent.steps' rows (drain_rows) */
     StepRow *rows;
     Py_ssize_t row_count, row_capacity;
@@ -314,7 +325,31 @@ static PyObject *counter_discard_rows(CounterFields *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* torch's library of core types, loaded by torch (by its soname: wherever it came from), and
+ * the C++ function behind torch.is_grad_enabled (c10::GradMode::is_enabled(), exported for
+ * C++ extensions; the autograd mode of the calling thread). */
+#define C10_LIBRARY "libc10.so"
+#define GRAD_MODE_SYMBOL "_ZN3c108GradMode10is_enabledEv"
+
+static PyObject *counter_use_native_grad_mode(CounterFields *self, PyObject *on) {
+    int wanted = PyObject_IsTrue(on);
+    if (wanted < 0) return NULL;
+    self->grad_mode_is_enabled = NULL;
+    if (!wanted) Py_RETURN_NONE;
+    /* RTLD_NOLOAD: only the copy torch loaded, never another; the handle is kept (the library
+     * stays loaded while this process runs, as torch keeps it anyway). */
+    void *library = dlopen(C10_LIBRARY, RTLD_LAZY | RTLD_NOLOAD);
+    void *symbol = library != NULL ? dlsym(library, GRAD_MODE_SYMBOL) : NULL;
+    if (symbol == NULL) Py_RETURN_NONE;
+    *(void **)&self->grad_mode_is_enabled = symbol; /* POSIX's way from dlsym to a function */
+    return PyBool_FromLong(self->grad_mode_is_enabled());
+}
+
 static PyMethodDef counter_methods[] = {
+    {"use_native_grad_mode", (PyCFunction)counter_use_native_grad_mode, METH_O,
+     "use_native_grad_mode(on): read the autograd mode in torch's libc10 instead of calling "
+     "grad_enabled; returns what it reads now, or None where it cannot (see "
+     "compiled.read_grad_mode_natively, which checks it against torch)."},
     {"drain_rows", (PyCFunction)counter_drain_rows, METH_O,
      "drain_rows(steps): append the steps the compiled path ended, as rows, to steps."},
     {"pack_rows", (PyCFunction)counter_pack_rows, METH_O,
@@ -381,24 +416,57 @@ typedef struct {
     Py_ssize_t offset; /* -1: not a plain object slot */
 } SlotCache;
 
+static RARE void slot_find(PyTypeObject *type, PyObject *name, SlotCache *cache) {
+    cache->type = type;
+    cache->version = type->tp_version_tag;
+    cache->offset = -1;
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
+    if (descr != NULL && Py_TYPE(descr) == &PyMemberDescr_Type) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            cache->offset = member->offset;
+    }
+}
+
 static PyObject *slot_get(PyObject *obj, PyObject *name, SlotCache *cache) {
     PyTypeObject *type = Py_TYPE(obj);
-    if (type != cache->type || type->tp_version_tag != cache->version || cache->version == 0) {
-        cache->type = type;
-        cache->version = type->tp_version_tag;
-        cache->offset = -1;
-        PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
-        if (descr != NULL && Py_TYPE(descr) == &PyMemberDescr_Type) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
-                cache->offset = member->offset;
-        }
-    }
+    if (UNLIKELY(type != cache->type || type->tp_version_tag != cache->version ||
+                 cache->version == 0))
+        slot_find(type, name, cache);
     if (cache->offset >= 0) {
         PyObject *value = *(PyObject **)((char *)obj + cache->offset);
         if (value != NULL) return Py_NewRef(value);
     }
     return PyObject_GetAttr(obj, name);
+}
+
+/* An int attribute of the agent, as a C number. The object last converted is kept (a
+ * reference held, so that it cannot be freed and its address reused): an int is immutable, so
+ * the same object at the next step is the same number. last_flush is a new object at each
+ * flush only, and its ~1e15 ns would take CPython's slow conversion of a multi-digit int at
+ * every step. */
+typedef struct {
+    PyObject *object;
+    long long value;
+} IntCache;
+
+static int cached_int(PyObject *obj, PyObject *name, SlotCache *slot, IntCache *cache,
+                      long long *out) {
+    PyObject *value = slot_get(obj, name, slot);
+    if (value == NULL) return -1;
+    if (UNLIKELY(value != cache->object)) {
+        long long number = PyLong_AsLongLong(value);
+        if (number == -1 && PyErr_Occurred()) {
+            Py_DECREF(value);
+            return -1;
+        }
+        Py_XSETREF(cache->object, value); /* takes the reference */
+        cache->value = number;
+    } else {
+        Py_DECREF(value);
+    }
+    *out = cache->value;
+    return 0;
 }
 
 /* agent.active, true or false; -1 with an exception set. */
@@ -412,7 +480,7 @@ static inline int agent_active(PyObject *agent, SlotCache *cache) {
 
 /* The pending exception was raised by the agent's part: switch the agent off, as hooks.guard
  * does, and clear it (0); an exception that is not an Exception stays set (-1). */
-static int disable_agent(PyObject *agent, PyObject *where) {
+static RARE int disable_agent(PyObject *agent, PyObject *where) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -499,6 +567,47 @@ static int batch_samples(CounterFields *counter, PyObject *batch, long long *n) 
     return status;
 }
 
+/* loaders.first_batch(it, t_end): the first batch of an iterator (once per pass). */
+static RARE int first_batch(CounterFields *c, PyObject *it, long long t_end) {
+    PyObject *end = PyLong_FromLongLong(t_end);
+    if (end == NULL) return -1;
+    PyObject *r = PyObject_CallMethodObjArgs(c->loaders, str_first_batch, it, end, NULL);
+    Py_DECREF(end);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* next() raised (StopIteration at the end of a pass, or the loader's own error): recorded by
+ * the guarded counter.on_exhausted, and re-raised (NULL, the exception set) unless a
+ * BaseException out of the guard replaced it. */
+static RARE PyObject *next_raised(NextWrapper *w, PyObject *agent, PyObject *it, long long t0,
+                                  long long dt) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (agent_active(agent, &w->active_slot) > 0) {
+        PyObject *r = PyObject_CallFunction(w->on_exhausted, "OLL", it, t0, dt);
+        if (r == NULL) { /* a BaseException out of the guard: it replaces the loader's */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return NULL;
+}
+
+/* The full batch handler (counter.on_batch): 0, or -1 with an exception set. */
+static RARE int full_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long t0,
+                           long long dt) {
+    PyObject *r = PyObject_CallFunction(w->on_batch, "OOLL", it, batch, t0, dt);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* StepCounter.on_batch's training path: 0 done, 1 not the common case (call the full
  * handler), -1 with an exception set. */
 static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long t0,
@@ -509,11 +618,16 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
     int on_step_thread = !c->has_step_thread || c->step_thread == PyThread_get_thread_ident();
     if (on_step_thread) {
         if (c->evaluation != NULL && c->evaluation != Py_None) return 1;
-        PyObject *grad = PyObject_CallNoArgs(c->grad_enabled);
-        if (grad == NULL) return -1;
-        int enabled = grad == Py_True ? 1 : grad == Py_False ? 0 : PyObject_IsTrue(grad);
-        Py_DECREF(grad);
-        if (enabled < 0) return -1;
+        int enabled;
+        if (c->grad_mode_is_enabled != NULL) {
+            enabled = c->grad_mode_is_enabled();
+        } else {
+            PyObject *grad = PyObject_CallNoArgs(c->grad_enabled);
+            if (grad == NULL) return -1;
+            enabled = grad == Py_True ? 1 : grad == Py_False ? 0 : PyObject_IsTrue(grad);
+            Py_DECREF(grad);
+            if (enabled < 0) return -1;
+        }
         if (!enabled) return 1;
     }
     long long n;
@@ -527,14 +641,7 @@ static int count_batch(NextWrapper *w, PyObject *it, PyObject *batch, long long 
         c->samples += n;
         c->last_batch_size = n;
     }
-    if (c->first_batches_due > 0) {
-        PyObject *t_end = PyLong_FromLongLong(t0 + dt);
-        if (t_end == NULL) return -1;
-        PyObject *r = PyObject_CallMethodObjArgs(c->loaders, str_first_batch, it, t_end, NULL);
-        Py_DECREF(t_end);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
+    if (UNLIKELY(c->first_batches_due > 0)) return first_batch(c, it, t0 + dt);
     return 0;
 }
 
@@ -553,34 +660,13 @@ static PyObject *next_vectorcall(NextWrapper *w, PyObject *const *args, size_t n
     long long t0 = now_ns();
     PyObject *batch = PyObject_CallOneArg(w->original, it);
     long long dt = now_ns() - t0;
-    if (batch == NULL) {
-        /* StopIteration at the end of a pass, or the loader's own error: recorded, re-raised */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (agent_active(agent, &w->active_slot) > 0) {
-            PyObject *r = PyObject_CallFunction(w->on_exhausted, "OLL", it, t0, dt);
-            if (r == NULL) { /* a BaseException out of the guard: it replaces the loader's */
-                Py_XDECREF(type);
-                Py_XDECREF(value);
-                Py_XDECREF(tb);
-                return NULL;
-            }
-            Py_DECREF(r);
-        }
-        PyErr_Clear();
-        PyErr_Restore(type, value, tb);
-        return NULL;
-    }
+    if (UNLIKELY(batch == NULL)) return next_raised(w, agent, it, t0, dt);
     active = agent_active(agent, &w->active_slot);
-    if (active < 0) PyErr_Clear();
+    if (UNLIKELY(active < 0)) PyErr_Clear();
     if (active <= 0 || !w->record) return batch;
     int status = count_batch(w, it, batch, t0, dt);
-    if (status == 1) {
-        PyObject *r = PyObject_CallFunction(w->on_batch, "OOLL", it, batch, t0, dt);
-        status = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-    }
-    if (status < 0 && disable_agent(agent, str_dataloader_next) < 0) {
+    if (UNLIKELY(status == 1)) status = full_batch(w, it, batch, t0, dt);
+    if (UNLIKELY(status < 0) && disable_agent(agent, str_dataloader_next) < 0) {
         Py_DECREF(batch);
         return NULL;
     }
@@ -666,6 +752,7 @@ typedef struct {
     long long flush_interval_ns;
     char record; /* 0: read the clock and record nothing (instrument_overhead's ablation) */
     SlotCache active_slot, steps_slot, max_steps_slot, last_flush_slot;
+    IntCache max_steps, last_flush;
 } StepHook;
 
 /* The optimizer that ended the last step, borrowed (NULL: none, or gone). */
@@ -686,6 +773,30 @@ static PyObject *last_optimizer(CounterFields *c) {
 #endif
 }
 
+/* Agent.after_step(t): a flush is due. */
+static RARE int after_step(PyObject *agent, long long t) {
+    PyObject *end = PyLong_FromLongLong(t);
+    if (end == NULL) return -1;
+    PyObject *r = PyObject_CallMethodOneArg(agent, str_after_step, end);
+    Py_DECREF(end);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Room for more kept rows: -1 with an exception set. */
+static RARE int grow_rows(CounterFields *c) {
+    Py_ssize_t capacity = c->row_capacity ? 2 * c->row_capacity : 256;
+    StepRow *rows = PyMem_Realloc(c->rows, capacity * sizeof(StepRow));
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->rows = rows;
+    c->row_capacity = capacity;
+    return 0;
+}
+
 /* StepCounter.on_step's short path: 0 done, 1 not the common step, -1 with an exception set.
  * The step's numbers go into the counter's array of rows: Agent.flush packs them into the
  * message's columns (pack_rows); whatever else appends to agent.steps drains them first. */
@@ -696,16 +807,7 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     if (!c->fast || c->cuda_started || (c->evaluation != NULL && c->evaluation != Py_None) ||
         c->boundary == NONE_INT || last_optimizer(c) != optimizer)
         return 1;
-    if (c->row_count == c->row_capacity) {
-        Py_ssize_t capacity = c->row_capacity ? 2 * c->row_capacity : 256;
-        StepRow *rows = PyMem_Realloc(c->rows, capacity * sizeof(StepRow));
-        if (rows == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        c->rows = rows;
-        c->row_capacity = capacity;
-    }
+    if (UNLIKELY(c->row_count == c->row_capacity) && grow_rows(c) < 0) return -1;
     StepRow *row = &c->rows[c->row_count++];
     row->step = c->step;
     row->t = t;
@@ -730,24 +832,21 @@ static int close_step(StepHook *h, PyObject *optimizer, long long t) {
     if (steps == NULL) return -1;
     Py_ssize_t buffered = c->row_count + (PyList_Check(steps) ? PyList_GET_SIZE(steps) : 0);
     Py_DECREF(steps);
-    PyObject *max_steps = slot_get(agent, str_flush_max_steps, &h->max_steps_slot);
-    if (max_steps == NULL) return -1;
-    Py_ssize_t most = PyLong_AsSsize_t(max_steps);
-    Py_DECREF(max_steps);
-    PyObject *last_flush = slot_get(agent, str_last_flush, &h->last_flush_slot);
-    if (last_flush == NULL) return -1;
-    long long flushed = PyLong_AsLongLong(last_flush);
-    Py_DECREF(last_flush);
-    if (PyErr_Occurred()) return -1;
-    if (buffered >= most || t - flushed >= h->flush_interval_ns) {
-        PyObject *end = PyLong_FromLongLong(t);
-        if (end == NULL) return -1;
-        PyObject *r = PyObject_CallMethodOneArg(agent, str_after_step, end);
-        Py_DECREF(end);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
+    long long most, flushed;
+    if (cached_int(agent, str_flush_max_steps, &h->max_steps_slot, &h->max_steps, &most) < 0 ||
+        cached_int(agent, str_last_flush, &h->last_flush_slot, &h->last_flush, &flushed) < 0)
+        return -1;
+    if (UNLIKELY(buffered >= most || t - flushed >= h->flush_interval_ns))
+        return after_step(agent, t);
     return 0;
+}
+
+/* The full step path (steps.StepCounter._on_step, which drains the kept rows first): 0, or -1
+ * with an exception set. */
+static RARE int full_step(StepHook *h, PyObject *optimizer, long long t) {
+    PyObject *r = PyObject_CallFunction(h->full_step, "OL", optimizer, t);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 static PyObject *step_vectorcall(StepHook *h, PyObject *const *args, size_t nargsf,
@@ -766,12 +865,8 @@ static PyObject *step_vectorcall(StepHook *h, PyObject *const *args, size_t narg
     long long t = now_ns();
     if (!h->record) Py_RETURN_NONE;
     int status = close_step(h, args[0], t);
-    if (status == 1) { /* the full path (steps.StepCounter._on_step) drains the kept rows */
-        PyObject *r = PyObject_CallFunction(h->full_step, "OL", args[0], t);
-        status = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-    }
-    if (status < 0 && disable_agent(agent, str_optimizer_step) < 0) return NULL;
+    if (UNLIKELY(status == 1)) status = full_step(h, args[0], t);
+    if (UNLIKELY(status < 0) && disable_agent(agent, str_optimizer_step) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -795,12 +890,16 @@ static PyObject *step_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
 static int step_traverse(StepHook *h, visitproc visit, void *arg) {
     Py_VISIT(h->counter);
     Py_VISIT(h->full_step);
+    Py_VISIT(h->max_steps.object);
+    Py_VISIT(h->last_flush.object);
     return 0;
 }
 
 static int step_clear(StepHook *h) {
     Py_CLEAR(h->counter);
     Py_CLEAR(h->full_step);
+    Py_CLEAR(h->max_steps.object);
+    Py_CLEAR(h->last_flush.object);
     return 0;
 }
 

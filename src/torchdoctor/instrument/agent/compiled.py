@@ -57,3 +57,25 @@ class _PythonCounterFields:
 
 
 CounterFields = fast.CounterFields if fast is not None else _PythonCounterFields
+
+
+def read_grad_mode_natively(counter, torch) -> bool:
+    """Have the compiled path read the autograd mode at every batch in torch's own library
+    (``c10::GradMode::is_enabled``, the function behind ``torch.is_grad_enabled``) rather than
+    through Python's call protocol, once it reads what torch says in both modes. False where
+    it cannot (the pure path, a libc10 without the symbol): the batch calls
+    ``counter.grad_enabled`` as before."""
+    use = getattr(counter, "use_native_grad_mode", None)
+    if use is None:
+        return False
+    try:
+        with torch.no_grad():
+            off = use(True), torch.is_grad_enabled()
+        with torch.enable_grad():
+            on = use(True), torch.is_grad_enabled()
+    except Exception:
+        off = on = None
+    if off != (False, False) or on != (True, True):
+        use(False)
+        return False
+    return True

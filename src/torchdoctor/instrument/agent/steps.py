@@ -17,7 +17,7 @@ from _weakref import ref as weakref_ref
 from collections.abc import Mapping
 
 from . import settings
-from .compiled import CounterFields
+from .compiled import CounterFields, read_grad_mode_natively
 from .contract import (
     AGENT_STEP_VALUES,
     BACKWARD_STEPS_TO_DECIDE,
@@ -41,6 +41,7 @@ class StepCounter(CounterFields):
         self.tensor_type = torch.Tensor
         self.batch_len = batch_len
         self.grad_enabled = torch.is_grad_enabled
+        read_grad_mode_natively(self, torch)  # the compiled path's batches, where it can
         self.cuda_is_initialized = torch.cuda.is_initialized
         # torch.cuda.is_initialized() is `_initialized and not _is_in_bad_fork()`: reading the
         # flag first spares every full step of a CPU job a Python call (None: call it).
