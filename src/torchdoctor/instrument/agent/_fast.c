@@ -79,6 +79,9 @@ typedef struct {
     /* c10::GradMode::is_enabled, what grad_enabled (torch.is_grad_enabled) returns, read in
      * torch's own library without Python's call protocol; NULL: call grad_enabled */
     _Bool (*grad_mode_is_enabled)(void);
+    /* the length slot of tensor_type's C base, found once for the type held in length_type */
+    PyObject *length_type;
+    lenfunc tensor_length;
     /* steps ended by the common path, in order after agent.steps' rows (drain_rows) */
     StepRow *rows;
     Py_ssize_t row_count, row_capacity;
@@ -369,6 +372,7 @@ static int counter_traverse(CounterFields *self, visitproc visit, void *arg) {
 #define VISIT(name) Py_VISIT(self->name);
     OBJECT_FIELDS(VISIT)
 #undef VISIT
+    Py_VISIT(self->length_type);
     for (Py_ssize_t i = 0; i < self->row_count; i++) Py_VISIT(self->rows[i].autocast_dtype);
     return 0;
 }
@@ -377,6 +381,7 @@ static int counter_clear(CounterFields *self) {
 #define CLEAR(name) Py_CLEAR(self->name);
     OBJECT_FIELDS(CLEAR)
 #undef CLEAR
+    Py_CLEAR(self->length_type);
     forget_rows(self, self->row_count);
     return 0;
 }
@@ -521,6 +526,17 @@ static int as_optional_int(PyObject *value, long long *out) {
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* The length slot of tensor_type's C base, kept with the type it was found for (a reference
+ * held: the identity is compared at every batch). */
+static RARE void find_tensor_length(CounterFields *counter) {
+    PyObject *type = counter->tensor_type;
+    PyTypeObject *base = ((PyTypeObject *)type)->tp_base;
+    counter->tensor_length = base != NULL && base->tp_as_mapping != NULL
+                                 ? base->tp_as_mapping->mp_length
+                                 : NULL;
+    Py_XSETREF(counter->length_type, Py_NewRef(type));
+}
+
 /* Samples in the batch: the leading dimension of its first tensor, for the common cases
  * (a tensor, a tuple or list starting with one); steps.batch_len for the rest. Sets *n
  * (NONE_INT when unknown); -1 with an exception set. */
@@ -542,10 +558,8 @@ static int batch_samples(CounterFields *counter, PyObject *batch, long long *n) 
         /* The leading dimension without building torch.Size: torch.Tensor.__len__ is Python
          * code, its C base's length slot is not (a 0-d tensor gives 0 there: the shape says
          * which, as it does for an empty batch). */
-        PyTypeObject *base = ((PyTypeObject *)tensor_type)->tp_base;
-        lenfunc length = base != NULL && base->tp_as_mapping != NULL
-                             ? base->tp_as_mapping->mp_length
-                             : NULL;
+        if (UNLIKELY(counter->length_type != tensor_type)) find_tensor_length(counter);
+        lenfunc length = counter->tensor_length;
         if (length != NULL) {
             Py_ssize_t leading = length(first);
             if (leading > 0) {
