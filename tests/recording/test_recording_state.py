@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from torchdoctor import open_recording
-from torchdoctor.recording import RecordingWriter
+from torchdoctor.recording import RecordingWriter, state
 from torchdoctor.recording.state import COMPLETE, CUT_SHORT, IN_PROGRESS
+from torchdoctor.sampling import procfs
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.recordings import RecordingWatcher
 
@@ -40,6 +41,15 @@ def test_a_writer_alive_is_in_progress_and_complete_once_ended(tmp_path: Path) -
     writer.close({"ended_at": time.time(), "exit_status": 0})
     with open_recording(path) as rec:
         assert rec.state.kind == COMPLETE and rec.notes() == []
+
+
+def test_a_writers_stat_file_cut_short_reads_as_gone_not_as_an_error(monkeypatch) -> None:
+    # A stat file read while its process exits can come back short: the registry's liveness
+    # test and the recording's agree that such a writer is gone.
+    identity = state.writer_identity()
+    assert state.writer_alive(identity) is True
+    monkeypatch.setattr(procfs, "read_path", lambda path: b"1 (python) S")
+    assert state.writer_alive(identity) is False
 
 
 def test_a_writer_that_died_is_cut_short_in_show_and_top(tmp_path: Path) -> None:

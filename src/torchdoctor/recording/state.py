@@ -152,7 +152,7 @@ def journal_is_wal(path: Path) -> bool:
 def _create_time(pid: int) -> float | None:
     try:
         return procfs.create_time(pid)
-    except (OSError, ValueError):  # gone, or a stat file this kernel writes otherwise
+    except (OSError, ValueError, IndexError):  # gone, or a stat file cut short or unknown
         return None
 
 
