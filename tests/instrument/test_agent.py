@@ -82,6 +82,27 @@ def test_steps_settings_and_loader_of_an_in_process_loop(agent):
     assert [e.kind for e in events].count("epoch-start") == 1
 
 
+def test_each_pass_of_a_loader_is_an_epoch_start_with_its_loader_epoch_and_step(agent):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=3)
+    for _ in range(2):
+        for (x,) in loader:
+            model(x).sum().backward()
+            opt.step()
+    with torch.no_grad():
+        for (x,) in loader:
+            model(x)
+    agent.flush(final=True)
+    events = agent.sink.records()[3]
+    details = [json.loads(e.detail) for e in events if e.kind == "epoch-start"]
+    assert details == [
+        {"loader_id": 0, "epoch": 0, "step": 0},
+        {"loader_id": 0, "epoch": 1, "step": 2},
+        {"loader_id": 0, "epoch": 2, "step": 4, "evaluation": True},
+    ]
+
+
 def test_gradient_accumulation_and_a_second_optimizer(agent):
     gen, disc = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     opt_d = torch.optim.SGD(disc.parameters(), lr=0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from torchdoctor.instrument.agent.evaluation import Evaluation, PassStart, rewind
+from torchdoctor.instrument.agent.evaluation import _RESTORED, Evaluation, PassStart, rewind
 
 MS = 1_000_000
 
@@ -60,6 +60,15 @@ def test_a_pass_that_trained_nothing_is_rewound_out_of_the_step():
         8,
         None,
     )
+
+
+def test_a_pass_start_keeps_every_figure_a_rewind_restores():
+    counter = _counter(**{name: 100 + i for i, name in enumerate(_RESTORED)})
+    started = PassStart(counter, t_iter=60 * MS)
+    assert {name: getattr(started, name) for name in _RESTORED} == {
+        name: 100 + i for i, name in enumerate(_RESTORED)
+    }
+    assert (started.step, started.t_iter) == (3, 60 * MS)
 
 
 def test_an_evaluation_no_training_data_followed_is_counted_into_the_step():

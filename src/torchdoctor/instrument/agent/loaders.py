@@ -86,15 +86,16 @@ class Loaders:
                 return
         agent = self.agent
         counter = agent.counter
-        detail = {"loader_id": info.loader_id, "epoch": info.epochs, "step": counter.step}
+        # The detail as JSON by hand (see Agent.event_json); its three values are ints.
+        detail = f'{{"loader_id":{info.loader_id},"epoch":{info.epochs},"step":{counter.step}'
         if counter.on_step_thread():
             evaluating = not counter.grad_enabled()
             counter.on_pass_start(it, t_iter, info.batch_size, evaluating)
             if evaluating:
-                detail["evaluation"] = True
+                detail += ',"evaluation":true'
         else:
             counter.loader_batch_size = info.batch_size
-        agent.event("epoch-start", detail)
+        agent.event_json("epoch-start", detail + "}")
         info.epochs += 1
         if not info.sent and it not in self.first_of:
             self.first_of.set(it, (info, t_iter))
