@@ -67,7 +67,7 @@ Then the transport: the cost inside the job of shipping one batch of 128 step re
 JSON, for the SOCK_SEQPACKET connection torchdoctor uses, a datagram socket, a pipe and a
 per-process file (receivers drain in another process).
 
-    python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--train-rounds 8001]
+    python benchmarks/instrument_overhead.py [--rounds 601] [--steps 8] [--train-rounds 16001]
         [--train-steps 1] [--train-warm 8] [--startup-only]
         [--near-empty-pairs 24] [--near-empty-chunks 5] [--near-empty-steps 1000]
         [--demo-pairs 16] [--demo-steps 30] [--demo-only]
@@ -992,7 +992,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=601)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--train-rounds", type=int, default=8001)
+    parser.add_argument("--train-rounds", type=int, default=16001)
     parser.add_argument("--train-steps", type=int, default=1)
     parser.add_argument("--train-warm", type=int, default=8)
     parser.add_argument("--startup-only", action="store_true")
