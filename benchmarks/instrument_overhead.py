@@ -220,14 +220,12 @@ def train_width(torch) -> tuple[int, float]:
     agent's cost per step, which a faster CPU shrinks far less than it does a matrix product,
     is judged against a 1 ms step. Widths grow by 128 from 256; each is timed on the best of
     five 10-step runs after a warm-up."""
-    width, step = 256, 0.0
-    while width <= 8192:
+    for width in range(256, 8192 + 1, 128):  # the widest is taken should none reach it
         loop = build_loops(torch, width)["train"]
         loop(20)
         step = min(_cpu_time(loop, 10) for _ in range(5)) / 10
         if step >= TRAIN_STEP_S:
             break
-        width += 128
     return width, step
 
 
@@ -757,9 +755,7 @@ def measure_near_empty(pairs: int, chunks: int, steps: int, card: Scorecard) -> 
 
 
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "train.py")
-
-
-DEMO_BATCH = 32  # the demo's default batch size
+DEMO_BATCH = 32  # passed to the demo (its default), to turn its samples/s into a step
 
 
 def demo_step(argv: list[str], env: dict[str, str]) -> float:
@@ -773,7 +769,10 @@ def demo_step(argv: list[str], env: dict[str, str]) -> float:
 
 # Starts a command pinned to one CPU (its first argument), then becomes it: the job alone is
 # held there, not `torchdoctor run` and its recorder.
-PINNED = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.argv[2], sys.argv[2:])"
+PINNED = (
+    "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])});"
+    " os.execv(sys.argv[2], sys.argv[2:])"
+)
 
 
 def measure_demo(pairs: int, steps: int, card: Scorecard) -> None:
@@ -781,14 +780,14 @@ def measure_demo(pairs: int, steps: int, card: Scorecard) -> None:
     (its recorder beside it where the scheduler puts it), one after the other in alternating
     order, its step read from the rate it reports itself: the agent's microseconds are far
     below a step of ~100 ms, so the figure is whether the difference can be told from zero at
-    all (target: the paired difference's ~95 % interval reaches zero). The demo runs on one
-    CPU with one torch thread (``--threads 1``): with torch's two threads across this VM's
-    two vCPUs, runs a few seconds apart took 90 to 150 ms a step alike, plain or recorded
-    (an interval of +-20 %); held on one CPU they differ by a few per cent."""
+    all (target: the paired difference's ~95 % interval reaches zero or below). The demo
+    runs on one CPU with one torch thread (``--threads 1``): with torch's two threads across
+    this VM's two vCPUs, runs a few seconds apart took 90 to 150 ms a step alike, plain or
+    recorded (an interval of +-20 %); held on one CPU they differ by a few per cent."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
     cpu = str(min(os.sched_getaffinity(0)))
     plain = [sys.executable, "-c", PINNED, cpu, sys.executable, DEMO, "--steps", str(steps),
-             "--threads", "1"]  # fmt: skip
+             "--batch-size", str(DEMO_BATCH), "--threads", "1"]  # fmt: skip
     times: dict[str, list[float]] = {"plain": [], "torchdoctor run": []}
     with tempfile.TemporaryDirectory() as tmp:
         for p in range(pairs):

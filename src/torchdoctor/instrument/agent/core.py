@@ -257,13 +257,13 @@ class Agent:
     # -- records ------------------------------------------------------------------------------
 
     def event(self, kind: str, detail: dict, t: float | None = None) -> None:
-        self.events.append([now() if t is None else t, kind, dumps(detail)])
+        self.event_json(kind, dumps(detail), t)
 
-    def event_json(self, kind: str, detail: str) -> None:
-        """An event whose detail the caller wrote as JSON: for events of every DataLoader
-        pass, whose few integers an f-string writes in a fraction of what the JSON encoder
-        costs there (its code is cold between a training loop's passes: ~17 µs a call)."""
-        self.events.append([now(), kind, detail])
+    def event_json(self, kind: str, detail: str, t: float | None = None) -> None:
+        """An event whose detail is already JSON. A DataLoader pass's epoch-start writes its
+        few integers with an f-string: the JSON encoder, cold between a training loop's
+        passes, costs ~17 µs a call there."""
+        self.events.append([now() if t is None else t, kind, detail])
 
     def setting(self, key: str, value) -> None:
         encoded = dumps(value)
