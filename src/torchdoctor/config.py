@@ -173,5 +173,12 @@ def threshold_tables(
             if not Path(file).exists():
                 raise UserError(f"no such thresholds file: {str(file)!r}") from None
             raise exc
-        tables.append((str(file), data.get("thresholds", data)))
+        table = data.get("thresholds", data)
+        if not isinstance(table, dict):
+            # `thresholds = 5` as the whole file: a one-line answer, not a TypeError later
+            raise UserError(
+                f"{file}: thresholds must be a table ([thresholds] and key = number lines), "
+                f"got {table!r}"
+            )
+        tables.append((str(file), table))
     return tables

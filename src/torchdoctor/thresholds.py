@@ -8,6 +8,7 @@ because the right limits depend on the hardware.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,40 @@ def load_thresholds(
     from torchdoctor import config
 
     values: dict[str, float] = {}
+    origin: dict[str, str] = {}  # which layer set each key, for the message of an ordering
     for source, table in config.threshold_tables(path, search_from):
-        values.update(_values(table, source))
-    return Thresholds(**values)
+        layer = _values(table, source)
+        values.update(layer)
+        origin.update(dict.fromkeys(layer, source))
+    thresholds = Thresholds(**values)
+    _check_order(thresholds, origin)
+    return thresholds
+
+
+# The range each threshold may take: a nonsense value (a fraction of 0, a negative window)
+# makes rules fire on an idle machine (the swap and I/O-wait rules reported "0 B/s" as a
+# warning with sustained_fraction = 0), so it is refused where the file is read.
+# (low, high, low_included, what to write)
+_PCT = (0.0, 100.0, True, "a percentage from 0 to 100")
+_NON_NEGATIVE = (0.0, math.inf, True, "a number of 0 or more")
+RANGES: dict[str, tuple[float, float, bool, str]] = {
+    **{name: _PCT for name in FIELDS if name.endswith("_pct")},
+    "swap_alert_bytes_per_s": _NON_NEGATIVE,
+    "swap_best_bytes_per_s": _NON_NEGATIVE,
+    "leak_min_growth_bytes": _NON_NEGATIVE,
+    "sustained_s": (0.0, math.inf, False, "seconds above 0"),
+    "sustained_fraction": (0.0, 1.0, False, "a fraction above 0 and at most 1"),
+}
+
+# (lower, higher): a best range must end at or below its alert limit, or every reading between
+# the two would be both fine and alarming.
+ORDER = (
+    ("gpu_memory_best_low_pct", "gpu_memory_best_high_pct"),
+    ("gpu_memory_best_high_pct", "gpu_memory_alert_pct"),
+    ("cpu_load_best_pct", "cpu_load_alert_pct"),
+    ("swap_best_bytes_per_s", "swap_alert_bytes_per_s"),
+    ("iowait_best_pct", "iowait_alert_pct"),
+)
 
 
 def _values(table: dict[str, Any], source: str) -> dict[str, float]:
@@ -84,5 +116,25 @@ def _values(table: dict[str, Any], source: str) -> dict[str, float]:
     for key, value in table.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{source}: threshold {key!r} must be a number, got {value!r}")
-        values[key] = float(value)
+        number = float(value)
+        low, high, low_ok, words = RANGES[key]
+        above_low = number >= low if low_ok else number > low
+        # nan fails both comparisons; inf (and 1e400, which TOML reads as inf) fails the
+        # finiteness test: neither is a limit a rule can compare against.
+        if not (math.isfinite(number) and above_low and number <= high):
+            raise UserError(f"{source}: threshold {key!r} = {value!r} is out of range: use {words}")
+        values[key] = number
     return values
+
+
+def _check_order(thresholds: Thresholds, origin: dict[str, str]) -> None:
+    for lower, higher in ORDER:
+        low, high = getattr(thresholds, lower), getattr(thresholds, higher)
+        if low > high:
+            where = origin.get(lower) or origin.get(higher) or "the defaults"
+            set_in = {origin.get(lower, "the defaults"), origin.get(higher, "the defaults")}
+            also = "" if len(set_in) == 1 else f" ({' and '.join(sorted(set_in))})"
+            raise UserError(
+                f"{where}: threshold {lower!r} = {low:g} is above {higher!r} = {high:g}{also}: "
+                f"use {lower} <= {higher}"
+            )

@@ -45,13 +45,17 @@ out_option = click.option(
 def _thresholds_setting(ctx: click.Context, param: click.Parameter, value: str | None):
     """Checked now (a bad file fails before anything starts), then handed to every diagnosis
     this command runs, however deep (the exporter's, tune's, slurm status'), and to the
-    processes it starts, as $TORCHDOCTOR_THRESHOLDS: the flag outranks the variable."""
-    if value is None:
-        return None
+    processes it starts, as $TORCHDOCTOR_THRESHOLDS: the flag outranks the variable.
+
+    Without the flag every other layer (config.toml, pyproject.toml, $TORCHDOCTOR_THRESHOLDS)
+    is loaded and checked all the same: `run` diagnoses only after the job ended, and a bad
+    key found then would lose the diagnosis of a job that may have run for hours."""
     from torchdoctor.config import ENV_THRESHOLDS
     from torchdoctor.thresholds import load_thresholds
 
     load_thresholds(value)
+    if value is None:
+        return None
     os.environ[ENV_THRESHOLDS] = os.path.abspath(value)
     return value
 
