@@ -104,53 +104,67 @@ def _checked(source: Source) -> Source:
 def runs_dir(flag: str | os.PathLike[str] | None = None) -> Path:
     """The one recordings folder: flag > TORCHDOCTOR_RUNS_DIR > pyproject > user config >
     ./torchdoctor-runs."""
+    return runs_dir_setting(flag)[0]
+
+
+def runs_dir_setting(flag: str | os.PathLike[str] | None = None) -> tuple[Path, str | None]:
+    """:func:`runs_dir` and who chose it when not the flag nor the default
+    (``$TORCHDOCTOR_RUNS_DIR``, ``runs_dir in <file>``): an unusable folder's message says
+    what to change, which the user may have set long ago."""
     if flag:
-        return Path(flag)
+        return Path(flag), None
     env = os.environ.get(ENV_RUNS_DIR)
     if env:
-        return Path(os.path.expanduser(env))
+        return Path(os.path.expanduser(env)), f"${ENV_RUNS_DIR}"
     for source in sources():
         value = source.values.get("runs_dir")
         if value is not None:
             if not isinstance(value, str) or not value:
                 raise UserError(f"{source.name}: runs_dir must be a folder name (a string)")
             path = Path(os.path.expanduser(value))
-            return path if path.is_absolute() or source.folder is None else source.folder / path
-    return DEFAULT_RUNS_DIR
+            if not path.is_absolute() and source.folder is not None:
+                path = source.folder / path
+            return path, f"runs_dir in {source.name}"
+    return DEFAULT_RUNS_DIR, None
 
 
-def interval(flag: float | None, default: float) -> float:
-    """Seconds between samples: flag > TORCHDOCTOR_INTERVAL > pyproject > user config."""
+def interval(default: float, examples: str) -> tuple[float, str | None]:
+    """Seconds between samples from TORCHDOCTOR_INTERVAL > pyproject > user config (the flag
+    outranks them all: the caller reads it), and who set them, as an error about the value
+    should say: ``$TORCHDOCTOR_INTERVAL``, ``<file>: interval``, or None for ``default``."""
     from torchdoctor.units import parse_duration
 
-    if flag is not None:
-        return flag
     env = os.environ.get(ENV_INTERVAL)
     if env:
-        return parse_duration(env, ENV_INTERVAL)
+        where = f"${ENV_INTERVAL}"
+        return parse_duration(env, where, examples=examples), where
     for source in sources():
         value = source.values.get("interval")
         if value is None:
             continue
+        where = f"{source.name}: interval"
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise UserError(f"{source.name}: interval must be seconds (a number or '2s')")
-        return float(value) if not isinstance(value, str) else parse_duration(value, "interval")
-    return default
+            raise UserError(f"{where} must be seconds (a number or '2s')")
+        if isinstance(value, str):
+            return parse_duration(value, where, examples=examples), where
+        return float(value), where
+    return default, None
 
 
-def exporter_listen(flag: str | None) -> str | None:
+def exporter_listen(flag: str | None) -> tuple[str | None, str]:
     """The exporter's [ADDR:]PORT: flag > TORCHDOCTOR_EXPORTER_LISTEN > pyproject > user
-    config; None for the built-in default."""
+    config (None for the built-in default), and who set it, for the message a bad value
+    gets: ``--listen``, ``$TORCHDOCTOR_EXPORTER_LISTEN`` or ``<file>: exporter_listen``."""
     if flag:
-        return flag
+        return flag, "--listen"
     env = os.environ.get(ENV_EXPORTER_LISTEN)
     if env:
-        return env
+        return env, f"${ENV_EXPORTER_LISTEN}"
     for source in sources():
         value = source.values.get("exporter_listen")
         if value is not None:
-            return str(value)
-    return None
+            return str(value), f"{source.name}: exporter_listen"
+    return None, "--listen"
 
 
 def threshold_tables(

@@ -11,6 +11,7 @@ The vocabulary (one table, documented as is):
 ``1024``, ``1024B``              bytes
 ``90``, ``90s``                  seconds: a bare number is seconds everywhere it is accepted
 ``5m``, ``1h30m``, ``2d``        minutes, hours and minutes, days (units may be combined)
+``250ms``, ``5min``              milliseconds; minutes written out
 ``MM:SS``, ``HH:MM:SS``,         clock forms, as Slurm writes them
 ``D-HH:MM:SS``
 ===============================  ===============================================================
@@ -57,19 +58,28 @@ def parse_size(text: str, option: str = "size", bare_unit: int = 1) -> int:
     return int(float(match.group(1)) * factor)
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(d|h|m|min|s)")
-_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "min": 60, "s": 1}
+# The longer units first: the alternation takes the first that matches, and "ms" or "min"
+# read as "m" left "s" or "in" over (so "50ms" and "5min" were refused).
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|min|d|h|m|s)")
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "min": 60, "s": 1, "ms": 0.001}
+DURATION_HINT = "90 or 90s (seconds), 5m, 1h30m or HH:MM:SS"
 
 
 def parse_duration(
-    text: str, option: str = "duration", *, bare: bool = True, bare_unit: float = 1.0
+    text: str,
+    option: str = "duration",
+    *,
+    bare: bool = True,
+    bare_unit: float = 1.0,
+    examples: str = DURATION_HINT,
 ) -> float:
     """Seconds in ``text``: ``90``, ``90s``, ``5m``, ``1h30m``, ``2d``, ``MM:SS``,
     ``HH:MM:SS``, ``D-HH[:MM[:SS]]``.
 
     A bare number counts ``bare_unit`` seconds (1: seconds everywhere in torchdoctor; Slurm's
     own notation, as read from its scripts, counts minutes); ``bare=False`` refuses it where it
-    would be ambiguous."""
+    would be ambiguous. ``examples`` is what the message of a value it cannot read offers:
+    an option with a range offers values inside it."""
     value = text.strip().lower()
     seconds = _clock(value) if (":" in value or "-" in value) else None
     if seconds is None and re.fullmatch(r"\d+(\.\d+)?", value):
@@ -84,10 +94,7 @@ def parse_duration(
         if parts and "".join(n + u for n, u in parts) == value:
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
     if seconds is None:
-        raise UserError(
-            f"cannot read {option} {text!r}: write a duration like 90 or 90s (seconds), 5m, "
-            "1h30m or HH:MM:SS"
-        )
+        raise UserError(f"cannot read {option} {text!r}: write a duration like {examples}")
     return seconds
 
 

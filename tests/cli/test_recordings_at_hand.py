@@ -167,22 +167,35 @@ def test_sbatch_from_last_sizes_from_the_newest_and_reads_the_time(user):
 def test_exporter_address_and_interval_follow_the_same_precedence(tmp_path, monkeypatch):
     from torchdoctor import config
 
+    def settings() -> tuple:
+        # each value with who set it, as a message about a bad one names it
+        return config.exporter_listen(None), config.interval(1.0, "0.5")
+
     monkeypatch.chdir(tmp_path)
     user_file = config.user_config_path()
     user_file.parent.mkdir(parents=True, exist_ok=True)
     user_file.write_text('exporter_listen = "9001"\ninterval = 3\n')
-    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("9001", 3.0)
-    (tmp_path / "pyproject.toml").write_text(
+    assert settings() == (
+        ("9001", f"{user_file}: exporter_listen"),
+        (3.0, f"{user_file}: interval"),
+    )
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        '[tool.torchdoctor]\nexporter_listen = "127.0.0.1:9002"\ninterval = "5x"\n'
+    )
+    # a value that is not a duration is one clear error naming the setting and its file
+    with pytest.raises(
+        UserError, match=r"cannot read .*pyproject.toml \[tool.torchdoctor\]: interval '5x'"
+    ):
+        config.interval(1.0, "0.5")
+    pyproject.write_text(
         '[tool.torchdoctor]\nexporter_listen = "127.0.0.1:9002"\ninterval = "500ms"\n'
     )
-    # a value that is not a duration is one clear error naming the setting
-    with pytest.raises(UserError, match="cannot read interval '500ms'"):
-        config.interval(None, 1.0)
-    (tmp_path / "pyproject.toml").write_text(
-        '[tool.torchdoctor]\nexporter_listen = "127.0.0.1:9002"\ninterval = "2s"\n'
-    )
-    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("127.0.0.1:9002", 2.0)
+    assert [value for value, _ in settings()] == ["127.0.0.1:9002", 0.5]
     monkeypatch.setenv("TORCHDOCTOR_EXPORTER_LISTEN", "9003")
-    monkeypatch.setenv("TORCHDOCTOR_INTERVAL", "0.5")
-    assert (config.exporter_listen(None), config.interval(None, 1.0)) == ("9003", 0.5)
-    assert (config.exporter_listen("9004"), config.interval(0.25, 1.0)) == ("9004", 0.25)
+    monkeypatch.setenv("TORCHDOCTOR_INTERVAL", "2s")
+    assert settings() == (
+        ("9003", "$TORCHDOCTOR_EXPORTER_LISTEN"),
+        (2.0, "$TORCHDOCTOR_INTERVAL"),
+    )
+    assert config.exporter_listen("9004") == ("9004", "--listen")

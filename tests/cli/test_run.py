@@ -175,7 +175,8 @@ def test_interval_out_of_range(tmp_path: Path, interval: str) -> None:
     assert res.returncode == 2
     seconds = {"2m": 120.0}.get(interval) or float(interval)
     assert res.stderr.strip().splitlines() == [
-        f"torchdoctor: error: --interval {seconds:g} is out of range: use 0.05-60 seconds"
+        f"torchdoctor: error: --interval {seconds:g} is out of range: use 0.05-60 seconds "
+        "(e.g. 0.5, 2s or 250ms)"
     ]
 
 

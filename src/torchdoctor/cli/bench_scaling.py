@@ -10,7 +10,7 @@ import click
 from torchdoctor.cli.common import python_option, stderr_console
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
-from torchdoctor.recording.paths import runs_dir
+from torchdoctor.recording.paths import prepare_folder, runs_dir
 
 
 @click.command(
@@ -73,7 +73,7 @@ def command(
     folder = (
         Path(out) if out else runs_dir() / time.strftime("scaling-%Y%m%dT%H%M%SZ", time.gmtime())
     )
-    folder.mkdir(parents=True, exist_ok=True)
+    prepare_folder(folder, "--out-dir")
     console = stderr_console()
 
     def on_trial(t) -> None:

@@ -15,12 +15,24 @@ from torchdoctor.sampling.roles import is_python
 
 
 def _interval_setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float:
-    """--interval, else $TORCHDOCTOR_INTERVAL or the config files, else the built-in 1 s."""
+    """--interval, else $TORCHDOCTOR_INTERVAL or the config files, else the built-in default;
+    checked here, so that a bad value is refused before anything starts, in the words of
+    whoever set it (a variable or a file the user may have forgotten about)."""
     from torchdoctor import config
     from torchdoctor.units import parse_duration
 
-    flag = parse_duration(value, "--interval") if value is not None else None
-    return config.interval(flag, DEFAULT_INTERVAL_S)
+    if value is not None:
+        seconds = parse_duration(value, "--interval", examples=INTERVAL_EXAMPLES)
+        check_interval(seconds)
+        return seconds
+    seconds, where = config.interval(DEFAULT_INTERVAL_S, INTERVAL_EXAMPLES)
+    if where is not None:
+        check_interval(seconds, where)
+    return seconds
+
+
+# What a bad interval's message offers: values inside MIN_INTERVAL_S-MAX_INTERVAL_S
+INTERVAL_EXAMPLES = "0.5, 2s or 250ms"
 
 
 interval_option = click.option(
@@ -89,10 +101,12 @@ def run_in_job_python(python: str | None) -> None:
     relay_if_needed(find_job_python(explicit=python), sys.argv[1:])
 
 
-def check_interval(interval: float) -> None:
+def check_interval(interval: float, option: str = "--interval") -> None:
+    """``option`` names who set the value: the flag, ``$TORCHDOCTOR_INTERVAL`` or a file."""
     if not (MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S):
         raise UserError(
-            f"--interval {interval:g} is out of range: use {MIN_INTERVAL_S}-{MAX_INTERVAL_S:g} seconds"
+            f"{option} {interval:g} is out of range: use {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} "
+            f"seconds (e.g. {INTERVAL_EXAMPLES})"
         )
 
 

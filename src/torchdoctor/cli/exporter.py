@@ -81,9 +81,10 @@ def command(
     from torchdoctor.sampling.gpus import GpuReader
     from torchdoctor.sampling.host import HostReader
 
-    listen = config.exporter_listen(listen)  # --listen > $TORCHDOCTOR_EXPORTER_LISTEN > config
+    # --listen > $TORCHDOCTOR_EXPORTER_LISTEN > config; a bad value is named as its setter
+    listen, where = config.exporter_listen(listen)
     address, port = (
-        parse_listen(listen, "--listen") if listen else (DEFAULT_ADDRESS, DEFAULT_EXPORTER_PORT)
+        parse_listen(listen, where) if listen else (DEFAULT_ADDRESS, DEFAULT_EXPORTER_PORT)
     )
     gpus = None if no_gpus else GpuReader()
     jobs = _every_users_jobs if all_users else _recorded_jobs

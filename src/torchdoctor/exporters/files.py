@@ -36,7 +36,7 @@ def export_tables(rec: Recording, fmt: str, folder: Path) -> list[Path]:
             raise UserError(
                 "Parquet export needs pyarrow: `pip install pyarrow` (or `pip install torchdoctor[parquet]`)"
             ) from None
-    prepare_folder(folder, "--to")
+    prepare_folder(folder, "--out-dir")
     written = [_write_meta(rec, folder)]
     for table in rec.tables():
         if rec.count(table) == 0:

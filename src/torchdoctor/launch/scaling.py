@@ -338,6 +338,15 @@ def bench_scaling(
         raise UserError(f"--steps {steps}: measure at least 3 steps per trial")
     for n in sizes:
         trial_args(script, keep, global_batch, n)  # bad arguments fail before any trial
+    # A folder of an earlier bench: its recordings are never overwritten, and saying so before
+    # the first trial spares the trials that would run before the clash.
+    taken = [folder / f"scaling-{n}.sqlite" for n in sizes]
+    taken = [path for path in taken if path.exists()]
+    if taken:
+        raise UserError(
+            f"{str(folder)!r} already holds {taken[0].name} of an earlier bench: choose a new "
+            "folder with --out-dir (without it, each bench makes its own scaling-<time> folder)"
+        )
     result = ScalingResult(keep=keep)
     for n in sizes:
         args = trial_args(script, keep, global_batch, n)

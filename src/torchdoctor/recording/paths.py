@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchdoctor.config import DEFAULT_RUNS_DIR, runs_dir
+from torchdoctor.config import DEFAULT_RUNS_DIR, runs_dir_setting
+from torchdoctor.config import runs_dir as runs_dir  # re-exported: callers import it from here
 from torchdoctor.errors import UserError
 
 RUNS_FOLDER = DEFAULT_RUNS_DIR  # the built-in default; runs_dir() is the folder in use
@@ -46,7 +47,10 @@ def create_recording_file(
     instant included, because the file is created exclusively. ``option`` names the setting
     that moves the recording elsewhere, for the error message when ``folder`` is unusable.
     """
-    where = prepare_folder(runs_dir(folder), option)
+    chosen, setter = runs_dir_setting(folder)
+    if setter is not None:
+        option = f"{option} or change {setter}"
+    where = prepare_folder(chosen, option)
     base = safe_name(name)
     if stamp:
         base = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{base}"
@@ -67,7 +71,14 @@ def claim_recording_file(path: str | os.PathLike[str], option: str = "--out") ->
     message that says what to change."""
     target = Path(path)
     prepare_folder(target.parent if str(target.parent) else Path("."), option)
-    if target.is_dir():
+    try:
+        is_dir = target.is_dir()
+    except OSError as exc:  # e.g. a name longer than the file system takes (ENAMETOOLONG)
+        raise UserError(
+            f"cannot create the recording {str(target)!r}: {exc.strerror}; "
+            f"choose another name with {option}"
+        ) from None
+    if is_dir:
         raise UserError(f"{str(target)!r} is a folder; give {option} a file name ending in .sqlite")
     if not _create_exclusively(target, option):
         raise UserError(f"{str(target)!r} already exists; choose a new name with {option}")

@@ -335,7 +335,33 @@ class Recording:
         notes = list(self.damage)
         if not self.complete:
             notes.append(describe_state(self.state, self.path))
-        return notes
+        return notes + self.instrumentation_off()
+
+    def instrumentation_off(self) -> list[str]:
+        """One line per process whose in-job instrumentation switched itself off (the agent
+        records why, once): its steps and settings stop there, and every figure read from
+        them says less than the job did, so whatever prints figures says so first."""
+        rows = self.rows("events", where={"kind": "instrumentation-disabled"})
+        lines = []
+        for row in rows:
+            detail = row["detail"]
+            if isinstance(detail, str):
+                try:
+                    detail = json.loads(detail)
+                except ValueError:
+                    detail = {"error": detail}
+            if not isinstance(detail, dict):
+                detail = {}
+            who = f"pid {row['pid']}" + (
+                f" (rank {row['rank']})" if row["rank"] is not None else ""
+            )
+            at = f" {row['t'] - self.started_at:.1f} s into the run" if self.started_at else ""
+            lines.append(
+                f"the in-job instrumentation of {who} switched itself off{at}, in"
+                f" {detail.get('where') or 'unknown'} ({detail.get('error') or 'no reason given'}):"
+                " its steps and settings after that are missing; the job itself ran on untouched"
+            )
+        return lines
 
     def _last_sample_at(self) -> float | None:
         rows = self._fetch("SELECT MAX(t) FROM host_samples")

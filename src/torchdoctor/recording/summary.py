@@ -71,6 +71,9 @@ class RunSummary:
     recording_state: str = ""  # torchdoctor.recording.state: COMPLETE, IN_PROGRESS...
     state_hint: str | None = None  # a copy without its WAL: what it lacks, how to get it
     damage: list[str] = field(default_factory=list)  # what a damaged file lost, one line each
+    # Processes whose in-job instrumentation switched itself off, and why (one line each):
+    # their steps and settings stop there (Recording.instrumentation_off).
+    instrumentation_off: list[str] = field(default_factory=list)
 
 
 def summarize(rec: Recording) -> RunSummary:
@@ -136,6 +139,7 @@ def summarize(rec: Recording) -> RunSummary:
         else None,
         recording_state=rec.state.kind,
         damage=list(rec.damage),
+        instrumentation_off=rec.instrumentation_off(),
     )
 
 

@@ -164,13 +164,6 @@ def _summary(data: ReportData) -> str:
             '<div class="banner">This recording was cut short (the recorder stopped before the job '
             "ended): figures cover the time up to its last sample.</div>"
         )
-    for e in data.events:
-        if e.kind == "instrumentation-disabled":
-            parts.append(
-                f'<div class="banner">The in-job instrumentation of {escape(e.where)} switched '
-                f"itself off at {fmt_clock(e.t)} ({escape(e.detail)}): steps and settings after "
-                "that are missing; the job itself ran on untouched.</div>"
-            )
     parts.append(f'<div class="verdict level-{data.verdict_level}">{escape(data.verdict)}')
     if data.findings:
         parts.append(

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from torchdoctor.errors import UserError
 from torchdoctor.recording.summary import RunSummary
+from torchdoctor.terminal import styled
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 
 
@@ -30,6 +31,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     )
     if summary.state_hint:
         console.print(f"[yellow]{summary.state_hint}[/yellow]", markup=True)
+    for line in summary.instrumentation_off:
+        console.print(styled(line, "yellow"))
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("figure")
     table.add_column("mean", justify="right")

@@ -167,8 +167,10 @@ class TrialRunner:
             from torchdoctor.sampling.gpus import GpuReader
 
             self._gpus = GpuReader()
-        # Two tunes given the same --out folder must not share a trial's file.
-        path = claim_file(None, f"trial-{index:02d}", folder=self.folder, stamp=False)
+        # Two tunes given the same --out-dir folder must not share a trial's file.
+        path = claim_file(
+            None, f"trial-{index:02d}", folder=self.folder, stamp=False, option="--out-dir"
+        )
         log = path.with_suffix(".log")
         env = self._env(config, purpose)
         session = RecordingSession(

@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import runs_dir
 from torchdoctor.run.process import resolve_command
 from torchdoctor.sampling.hostinfo import whole_cpus_here
 from torchdoctor.tune.measure import ObservedJob
@@ -40,11 +39,13 @@ def available_memory() -> int:
 
 def tune_folder(base: Path | None = None) -> Path:
     """<recordings folder>/tune-<UTC time>/ (a new one each time, made by this call)."""
+    from torchdoctor.config import runs_dir_setting
     from torchdoctor.recording.paths import create_unique_folder
 
-    root = base or runs_dir()
+    root, setter = runs_dir_setting(base)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return create_unique_folder(root / f"tune-{stamp}")
+    option = "--out-dir" if setter is None else f"--out-dir or change {setter}"
+    return create_unique_folder(root / f"tune-{stamp}", option)
 
 
 def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config | None:
@@ -115,8 +116,14 @@ def tune_command(
     executable = resolve_command(list(argv))
     started = time.monotonic()
     deadline = started + budget_s
-    folder = tune_folder() if folder is None else folder
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder is None:
+        folder = tune_folder()
+    else:
+        # Checked writable now: an unusable --out-dir (/proc/1) used to be found by the first
+        # trial, after "trial 0" was printed, in words of an option tune does not have.
+        from torchdoctor.recording.paths import prepare_folder
+
+        prepare_folder(folder, "--out-dir")
     if on_folder is not None:
         on_folder(folder)  # the trials record there: said before the first one starts
     memory_budget = int(available_memory() * (1 - keep_free))

@@ -52,7 +52,12 @@ class Loaders:
             dataset_len = len(dataset)
         except Exception:
             dataset_len = None  # IterableDataset without __len__, or a failing __len__
-        sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+        # `is None`, never truthiness: bool() of a sampler without __bool__ calls its len(),
+        # which an IterableDataset's BatchSampler(_InfiniteConstantSampler) raises from (and
+        # a user's sampler may compute at a cost).
+        sampler = getattr(loader, "batch_sampler", None)
+        if sampler is None:
+            sampler = getattr(loader, "sampler", None)
         sampler_type = type(loader.sampler).__name__ if loader.sampler is not None else None
         if sampler is not None and getattr(loader, "batch_size", None) is None:
             sampler_type = type(sampler).__name__
