@@ -32,8 +32,8 @@ setup: $(STAMP)
 # Slurm with munge (a one-node cluster for sbatch), Prometheus (scraping the exporter), iproute2
 # (network namespaces and tc for two-node tests), systemd (systemd-analyze verify of the queue's
 # units), the C compiler and Python's headers (the fake libnvidia-ml.so.1 of tests/nvml/, the
-# agent's compiled fast path, built by `setup`). py-spy (attach's stack sampler) is not a Debian package here: it comes from PyPI
-# with the `attach` extra that `setup` installs (.[all]) into .venv/bin, where
+# agent's compiled fast path, built by `setup`). py-spy (attach's stack sampler) is not a Debian
+# package here: it comes from PyPI as a base dependency of the package, into .venv/bin, where
 # sampling/pystacks.py looks first. Each is checked by the program it provides; with CI=true a test whose engine is
 # missing fails instead of skipping (tests/helpers/engines.py).
 # Chromium: Debian's `chromium` package. On Ubuntu `apt-get install chromium` installs a snap

@@ -99,6 +99,12 @@ def test_build_gives_an_sdist_and_a_wheel_with_the_package_data(dist):
     assert "test" not in extras
     requires = " ".join(meta.get_all("Requires-Dist"))
     assert "pytest" not in requires and "sphinx" not in requires.lower()
+    # attach sees steps after a plain install: py-spy is a base dependency (not behind an
+    # extra), and the `attach` extra stays for older instructions
+    assert any(
+        r.startswith("py-spy") and "extra ==" not in r for r in meta.get_all("Requires-Dist")
+    ), meta.get_all("Requires-Dist")
+    assert "attach" in extras
 
 
 def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
@@ -131,6 +137,18 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert rec.exists()
+    # py-spy came with it, where attach looks for it first (beside the venv's python)
+    from torchdoctor.sampling.pystacks import py_spy_path
+
+    found = subprocess.run(
+        [str(py), "-c", f"import {py_spy_path.__module__} as m; print(m.py_spy_path())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+    )
+    assert found.stdout.strip() == str(venv / "bin" / "py-spy"), found.stdout + found.stderr
     # the man pages came with it
     assert (venv / "share" / "man" / "man1" / "torchdoctor-run.1").exists()
     # it is the installed copy that ran, not this checkout

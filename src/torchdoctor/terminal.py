@@ -26,16 +26,18 @@ FALLBACK_WIDTH = 80
 
 
 def terminal_width(width: int | None = None) -> int | None:
-    """The width to lay text out in: ``width`` when given, else $COLUMNS when it is a sane
-    number, else None (rich asks the terminal). A width below :data:`MIN_WIDTH` is replaced."""
-    if width is None:
-        raw = os.environ.get("COLUMNS", "").strip()
-        if not raw:
-            return None
-        try:
-            width = int(raw)
-        except ValueError:
-            return FALLBACK_WIDTH
+    """The width to lay text out in: ``width`` when the code gives one (a layout's own width is
+    taken as it is), else $COLUMNS when it is a sane number, else None (rich asks the terminal).
+    A $COLUMNS that is not a number or below :data:`MIN_WIDTH` gives :data:`FALLBACK_WIDTH`."""
+    if width is not None:
+        return width
+    raw = os.environ.get("COLUMNS", "").strip()
+    if not raw:
+        return None
+    try:
+        width = int(raw)
+    except ValueError:
+        return FALLBACK_WIDTH
     return width if width >= MIN_WIDTH else FALLBACK_WIDTH
 
 

@@ -32,11 +32,11 @@ from torchdoctor.top.recordings import RecordingWatcher
 IN_CI = os.environ.get("CI") == "true"
 IS_ROOT = os.geteuid() == 0
 
-# py-spy comes from PyPI with its binary in the wheel (the `attach` extra and the test group,
-# both installed by `make setup`): the one engine rule applies (skip here, fail on CI).
+# py-spy comes from PyPI with its binary in the wheel (a base dependency of torchdoctor): the
+# one engine rule applies (skip here, fail on CI).
 needs_py_spy = engine(
     "py-spy",
-    None if py_spy_path() else "py-spy is not installed (pip install 'torchdoctor[attach]')",
+    None if py_spy_path() else "py-spy is not installed (pip install torchdoctor)",
 )
 
 # The loop runs until a line arrives on stdin; it prints its own lines and exits with 7.

@@ -12,6 +12,7 @@ from rich.console import Console
 from torchdoctor.errors import UserError
 from torchdoctor.recording.recorder import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 from torchdoctor.sampling.roles import is_python
+from torchdoctor.terminal import make_console
 
 
 def _interval_setting(ctx: click.Context, param: click.Parameter, value: str | None) -> float:
@@ -123,4 +124,4 @@ def job_name(argv: list[str]) -> str:
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    return make_console(stderr=True, soft_wrap=True)

@@ -35,8 +35,9 @@ def command(folder: str | None, limit: int | None, as_json: bool) -> None:
     if not lines:
         click.echo(f"no recordings in {where}", err=True)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from torchdoctor.terminal import make_console
 
     table = Table(show_edge=False, pad_edge=False, box=None)
     for name, justify in [
@@ -62,7 +63,7 @@ def command(folder: str | None, limit: int | None, as_json: bool) -> None:
             worst,
         )
     width = None if sys.stdout.isatty() else 160
-    Console(file=sys.stdout, highlight=False, width=width).print(table)
+    make_console(sys.stdout, width=width).print(table)
     click.echo(f"in {Path(where)}; newest is `last`", err=True)
 
 

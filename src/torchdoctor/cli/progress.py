@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -16,6 +15,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from torchdoctor.terminal import make_console
 
 
 def shown(quiet: bool = False) -> bool:
@@ -34,11 +35,11 @@ class Steps:
         self._progress: Progress | None = None
         self._task = None
         if shown(quiet):
-            columns = [SpinnerColumn(), TextColumn("{task.description}")]
+            columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False)]
             if total is not None:
                 columns += [BarColumn(), MofNCompleteColumn()]
             columns.append(TimeElapsedColumn())
-            console = Console(file=sys.stderr, highlight=False)
+            console = make_console(stderr=True)
             self._progress = Progress(*columns, console=console, transient=True)
             self._task = self._progress.add_task(description, total=total)
 
@@ -64,4 +65,4 @@ class Steps:
 
     def note(self, line: str) -> None:
         if self._progress is not None:
-            self._progress.console.print(line, markup=False)
+            self._progress.console.print(line)

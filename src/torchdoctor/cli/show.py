@@ -24,8 +24,7 @@ def command(file: str, as_json: bool) -> None:
     if as_json:
         dump_json("show", dataclasses.asdict(summary))
         return
-    from rich.console import Console
-
     from torchdoctor.run.end_report import render_summary
+    from torchdoctor.terminal import make_console
 
-    render_summary(summary, Console(highlight=False, soft_wrap=True))
+    render_summary(summary, make_console(soft_wrap=True))

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from torchdoctor.cli.common import thresholds_option
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import HelpfulGroup
 from torchdoctor.slurm.status import JobReport, job_report
+from torchdoctor.terminal import make_console, styled
 from torchdoctor.units import fmt_duration
 
 
@@ -39,7 +41,7 @@ def status(job_id: str, recordings: str | None, as_json: bool, thresholds: str |
     if as_json:
         dump_json("slurm-status", _to_json(report))
         return
-    render_report(report, Console(highlight=False, soft_wrap=True))
+    render_report(report, make_console(soft_wrap=True))
 
 
 def render_report(report: JobReport, console: Console) -> None:
@@ -47,9 +49,13 @@ def render_report(report: JobReport, console: Console) -> None:
     from torchdoctor.run.end_report import render_summary
 
     s = report.state
-    head = f"[bold]job {s.job_id}[/bold]" + (f" ({s.name})" if s.name else "")
     exit_code = f", exit {s.exit_code}" if s.exit_code else ""
-    console.print(f"{head}: {s.state}{exit_code} - from {s.source}")
+    console.print(
+        Text.assemble(
+            (f"job {s.job_id}", "bold"),
+            (f" ({s.name})" if s.name else "") + f": {s.state}{exit_code} - from {s.source}",
+        )
+    )
     if s.reason:
         console.print(f"reason: {s.reason}")
     nodes = s.node_list or "not yet allocated"
@@ -64,7 +70,7 @@ def render_report(report: JobReport, console: Console) -> None:
     console.print(f"recordings: {report.folder}")
     for node in report.recordings:
         console.print("")
-        console.print(f"[bold]node {node.hostname or '?'}[/bold]")
+        console.print(styled(f"node {node.hostname or '?'}", "bold"))
         render_summary(node.summary, console)
         render_findings(node.findings, console)
 

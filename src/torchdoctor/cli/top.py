@@ -39,8 +39,7 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
     Jobs running under `torchdoctor run` also show their step rate, data-wait share and
     current findings. Keys: arrows select, enter detail, s sort, / filter, k signal, q quit.
     """
-    from rich.console import Console
-
+    from torchdoctor.terminal import make_console
     from torchdoctor.thresholds import load_thresholds
     from torchdoctor.top.collect import TopCollector
     from torchdoctor.top.model import UiState, build_view
@@ -68,7 +67,7 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
         if not once:
             from torchdoctor.top.app import run_interactive
 
-            run_interactive(collector, thresholds, interval, Console())
+            run_interactive(collector, thresholds, interval, make_console())
             return
         collector.read()
         # Rates (CPU %, swap traffic) are measured over one interval between two readings.
@@ -78,7 +77,7 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
         if as_json:
             dump_json("top", snapshot(readings, view, thresholds))
             return
-        console = Console(highlight=False)
+        console = make_console()
         # --once prints everything: no height limit but the content's. Piped output is as
         # wide as $COLUMNS, else 80 columns (rich's default).
         console.print(render(view, console.width, 10_000, interactive=False))

@@ -38,12 +38,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from torchdoctor.cli.common import stderr_console, thresholds_option
 from torchdoctor.cli.json_output import dump_json, user_output_to_stderr
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.errors import UserError
 from torchdoctor.run.process import hold_signals, release_signals
+from torchdoctor.terminal import make_console, styled
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.space import Config
 from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, tune_command
@@ -155,7 +157,7 @@ def command(
         dump_json("tune", result.to_json())
     else:
         width = None if sys.stdout.isatty() else 120  # a file or pipe: no 80-column cut
-        render(result, Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width))
+        render(result, make_console(sys.stdout, soft_wrap=True, width=width))
     ctx.exit(130 if result.stopped == "interrupted" else 0)
 
 
@@ -168,16 +170,18 @@ class _Progress:
     def start(self, index: int, config: Config, purpose: str) -> None:
         label = "settings as written" if purpose == "original" else config.label()
         self.console.print(
-            f"[dim]trial {index:>2}  {_PURPOSE.get(purpose, purpose):<18} {label} ...[/dim]"
+            styled(f"trial {index:>2}  {_PURPOSE.get(purpose, purpose):<18} {label} ...", "dim")
         )
 
     def done(self, m: Measurement) -> None:
         if m.ok:
             figure = f"{m.throughput:.2f} steps/s"
         else:
-            figure = f"[yellow]{m.status}[/yellow]: {m.reason}"
+            figure = Text.assemble((m.status, "yellow"), f": {m.reason}")
         label = m.config.label() if m.purpose != "original" else "as written"
-        self.console.print(f"trial {m.index:>2}  {label:<24} {figure}  ({m.duration_s:.1f} s)")
+        self.console.print(
+            Text.assemble(f"trial {m.index:>2}  {label:<24} ", figure, f"  ({m.duration_s:.1f} s)")
+        )
 
 
 def _throughput(m: Measurement) -> str:
@@ -213,9 +217,9 @@ def render(result: TuneResult, console: Console) -> None:
             if m.throughput is not None and original_speed
             else "-"
         )
-        status = "ok" if m.ok else f"[yellow]{m.status}[/yellow]"
+        status = Text("ok") if m.ok else styled(m.status, "yellow")
         if m.reason:
-            status += f" ({len(reasons) + 1})"
+            status.append(f" ({len(reasons) + 1})")
             reasons.append(f"({len(reasons) + 1}) trial {m.index}: {m.reason}")
         table.add_row(
             str(m.index),
@@ -234,7 +238,7 @@ def render(result: TuneResult, console: Console) -> None:
         )
     console.print(table)
     for line in reasons:
-        console.print(f"  {line}", markup=False)
+        console.print(f"  {line}")
     console.print()
     console.print(
         f"Noise between runs: ±{result.noise:.0%}. Search: {result.search_s:.0f} s, "
@@ -246,35 +250,41 @@ def render(result: TuneResult, console: Console) -> None:
     if result.changed and result.gain is not None:
         spread = f" ± {v.gain_spread:.2f}" if v.gain_spread is not None else ""
         ratios = " ".join(f"{r:.2f}x" for r in v.ratios)
-        console.print(f"[bold]Winner:      {result.recommended.label()}[/bold]")
+        console.print(styled(f"Winner:      {result.recommended.label()}", "bold"))
         console.print(
-            f"[bold green]Verified gain: {result.gain:.2f}x{spread}[/bold green] "
-            f"({v.pairs} interleaved pairs A B A B...: {ratios})"
+            Text.assemble(
+                (f"Verified gain: {result.gain:.2f}x{spread}", "bold green"),
+                f" ({v.pairs} interleaved pairs A B A B...: {ratios})",
+            )
         )
         _render_paste(result, console)
     else:
         if result.candidate is not None and result.candidate != result.original and v:
             console.print(f"Search's pick {result.candidate.label()} was not kept: {v.reason}.")
         console.print(
-            "[bold]Keep your settings:[/bold] nothing measured here is faster beyond the noise."
+            Text.assemble(
+                ("Keep your settings:", "bold"),
+                " nothing measured here is faster beyond the noise.",
+            )
             if result.stopped != "interrupted"
-            else "[bold]Interrupted:[/bold] nothing verified, keep your settings for now."
+            else Text.assemble(
+                ("Interrupted:", "bold"), " nothing verified, keep your settings for now."
+            )
         )
     for note in result.notes:
-        console.print(f"[dim]- {note}[/dim]")
+        console.print(styled(f"- {note}", "dim"))
 
 
 def _render_paste(result: TuneResult, console: Console) -> None:
     paste = result.paste()
     console.print()
     console.print("Paste into your DataLoader(...) call:")
-    console.print(f"    {paste['dataloader_code']}", markup=False)
+    console.print(f"    {paste['dataloader_code']}")
     console.print("and set the trainer's threads before it starts:")
     for line in paste["env_lines"]:
-        console.print(f"    {line}", markup=False)
+        console.print(f"    {line}")
     if result.threads_set_in_script:
         console.print(
             f"    (your script calls torch.set_num_threads itself: make it "
-            f"{paste['set_num_threads']})",
-            markup=False,
+            f"{paste['set_num_threads']})"
         )

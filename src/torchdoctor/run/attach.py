@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -80,8 +81,9 @@ def refusal(pid: int) -> str | None:
         return denied
     if py_spy_path() is None:
         return (
-            "py-spy is not installed: `pip install 'torchdoctor[attach]'` to see the steps "
-            "of attached jobs"
+            f"py-spy, which comes with torchdoctor, is not beside {sys.executable} nor on PATH: "
+            "reinstall with `pip install --force-reinstall 'torchdoctor[attach]'` to see the "
+            "steps of attached jobs"
         )
     return None
 

@@ -3,22 +3,22 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from torchdoctor.errors import UserError
 from torchdoctor.recording.summary import RunSummary
-from torchdoctor.terminal import styled
+from torchdoctor.terminal import make_console, styled
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_pct, fmt_rate, one_line
 
 
 def render_summary(summary: RunSummary, console: Console) -> None:
     status = summary.exit_status
     for line in summary.damage:
-        console.print(f"[yellow]{line}[/yellow]", markup=True)
+        console.print(styled(line, "yellow"))
     if not summary.complete:
         ended = summary.state or "recording cut short"
     elif status is not None:
@@ -26,11 +26,14 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     else:
         ended = "ended (an attached process' exit status is not visible)"
     console.print(
-        f"[bold]torchdoctor[/bold]: {one_line(summary.command) or '(unknown command)'}"
-        f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples"
+        Text.assemble(
+            ("torchdoctor", "bold"),
+            f": {one_line(summary.command) or '(unknown command)'}"
+            f" - {fmt_duration(summary.duration_s)}, {ended}, {summary.samples} samples",
+        )
     )
     if summary.state_hint:
-        console.print(f"[yellow]{summary.state_hint}[/yellow]", markup=True)
+        console.print(styled(summary.state_hint, "yellow"))
     for line in summary.instrumentation_off:
         console.print(styled(line, "yellow"))
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
@@ -120,7 +123,7 @@ def print_end_report(
         problem = exc.message
     except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
         problem = f"({type(exc).__name__}: {exc})"
-    (console or Console(file=sys.stderr, highlight=False, soft_wrap=True)).print(
+    (console or make_console(stderr=True, soft_wrap=True)).print(
         f"torchdoctor: could not summarize the recording: {problem}"
     )
     return None

@@ -11,10 +11,11 @@ from __future__ import annotations
 import textwrap
 import time
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.text import Text
 
 from torchdoctor.sampling import roles
+from torchdoctor.terminal import make_console
 from torchdoctor.top import compact
 from torchdoctor.top.keys import HELP, SIGNAL_KEYS
 from torchdoctor.top.model import (
@@ -203,9 +204,7 @@ def _stacked_bar(c, width: int) -> Text:
 def _gpus(view: View, width: int) -> list[Text]:
     if view.gpu_unavailable is not None:
         # The reason is the point of this line: let it wrap (4 lines at most), not be cut.
-        wrapped = Text(view.gpu_unavailable, "dim").wrap(
-            Console(width=width, legacy_windows=False), width
-        )
+        wrapped = Text(view.gpu_unavailable, "dim").wrap(make_console(width=width), width)
         return list(wrapped)[:4]
     lines = []
     for g in view.gpus:
