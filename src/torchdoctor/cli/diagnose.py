@@ -56,14 +56,20 @@ def command(
             for rec in recordings
             for note in rec.notes()
         ]
-        findings = diagnose_job(recordings, thresholds)
+        failed: list[str] = []  # what each rule that failed said, for the verdict below
+
+        def complain(text: str) -> None:
+            click.echo(text, err=True)
+            failed.append(text)
+
+        findings = diagnose_job(recordings, thresholds, complain=complain)
         document = findings_to_dict(findings, recordings) if as_json else None
     for note in notes:
         click.echo(f"torchdoctor: {note}", err=as_json)
     if as_json:
         dump_json("diagnose", document)
     else:
-        render_findings(findings)
+        render_findings(findings, failed_rules=len(failed))
     if fail_on is not None:
         limit = SEVERITIES.index(fail_on)
         if any(SEVERITIES.index(f.severity) <= limit for f in findings):

@@ -32,6 +32,7 @@ from rich.text import Text
 
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.recording.reader import Recording
+from torchdoctor.terminal import make_console
 from torchdoctor.units import fmt_bytes, fmt_duration, fmt_rate
 
 STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -67,10 +68,27 @@ def format_value(ev: Evidence) -> str:
     return f"{text} {unit}".strip()
 
 
-def render_findings(findings: list[Finding], console: Console | None = None) -> None:
-    """Print findings as panels, most severe first; a clean bill when there are none that matter."""
-    console = console or Console()
+def render_findings(
+    findings: list[Finding], console: Console | None = None, *, failed_rules: int = 0
+) -> None:
+    """Print findings as panels, most severe first; a clean bill when there are none that matter.
+
+    ``failed_rules``: rules that failed and were skipped (each already said why): the bill
+    is then not clean, only incomplete, and says so."""
+    console = console or make_console()
     serious = [f for f in findings if f.severity in ("critical", "warning")]
+    if failed_rules and not serious:
+        console.print(
+            Text(
+                f"torchdoctor: the diagnosis is incomplete: {failed_rules} rule"
+                f"{'s' if failed_rules > 1 else ''} failed on this recording (see above); "
+                "the others found no problem.",
+                style="bold yellow",
+            )
+        )
+        for f in findings:
+            console.print(_panel(f), soft_wrap=False)
+        return
     if not findings:
         console.print(Text("torchdoctor: no problems found in this job.", style="bold green"))
         return

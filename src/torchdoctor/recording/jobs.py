@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.reader import open_recording, require_regular_file
 
 
 def job_recording_paths(args: list[str]) -> list[Path]:
@@ -21,11 +22,13 @@ def job_recording_paths(args: list[str]) -> list[Path]:
     for arg in args:
         p = Path(arg)
         if p.is_dir():
-            found = sorted(p.glob("*.sqlite"))
+            # as `ls` lists them: a FIFO or folder named *.sqlite is not a recording
+            found = sorted(f for f in p.glob("*.sqlite") if f.is_file())
             if not found:
                 raise UserError(f"{arg!r} holds no recording (*.sqlite)")
             paths.extend(found)
         else:
+            require_regular_file(p)  # before any read: opening a FIFO waits forever
             paths.append(p)
     unique = list(dict.fromkeys(paths))
     if len(unique) > 1:
@@ -44,14 +47,17 @@ def rendezvous_of(path: Path) -> tuple[str, tuple | None, tuple[float, float]]:
             ).fetchone()
         finally:
             db.close()
-    except sqlite3.Error:
-        return str(path), None, (0.0, 0.0)  # open_recording reports what is wrong with it
-    key = None
-    if row is not None:
-        info = json.loads(row[0])
-        key = (info.get("master_addr"), info.get("master_port"), info.get("run_id"))
-    start = float(meta.get("started_at") or 0.0)
-    end = float(meta.get("ended_at") or start)
+        key = None
+        if row is not None:
+            info = json.loads(row[0])
+            key = (info.get("master_addr"), info.get("master_port"), info.get("run_id"))
+        start = float(meta.get("started_at") or 0.0)
+        end = float(meta.get("ended_at") or start)
+    except (sqlite3.Error, ValueError, TypeError, AttributeError):
+        # Say what is wrong with this file, not that it holds no ranks (which would blame
+        # whichever good recording was named first); one salvage can read is kept.
+        open_recording(path).close()
+        return str(path), None, (0.0, 0.0)
     return str(path), key, (start, end)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +93,7 @@ class Recording:
         self._db = db
         self._db.row_factory = sqlite3.Row
         self._state: RecordingState | None = None
-        self.meta: dict[str, Any] = {
-            key: json.loads(value) for key, value in self._fetch("SELECT key, value FROM meta")
-        }
+        self.meta: dict[str, Any] = _decoded_meta(path, self._fetch("SELECT key, value FROM meta"))
         self._stored: dict[str, set[str]] = {}
 
     # -- generic access ----------------------------------------------------------------
@@ -417,8 +416,13 @@ class Recording:
     def __enter__(self) -> Recording:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb) -> None:
         self.close()
+        # Every reader works inside `with open_recording(...)`: a value of the wrong type, a
+        # dropped table or column met anywhere in its reading is the file's fault, and the
+        # user gets one line instead of a traceback from deep in a summary or a report.
+        if isinstance(exc, DAMAGE_ERRORS):
+            raise damaged(self.path, exc) from exc
 
     def _select_list(self, table: str, columns: list[str]) -> str:
         return select_list(columns, self.stored_columns(table))
@@ -450,17 +454,100 @@ def _default_order(table: str) -> str | None:
     }.get(table, "t")
 
 
+# What reading a recording whose tables or values were edited (or damaged past what salvage
+# notices) raises: a missing table or column, text where a number belongs, a NULL figure.
+DAMAGE_ERRORS = (sqlite3.Error, ValueError, TypeError, LookupError, AttributeError)
+
+# The type of each meta value the readers compute with (None is allowed for each: unknown).
+_META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int,
+    "started_at": (int, float),
+    "ended_at": (int, float),
+    "closed_at": (int, float),
+    "interval_s": (int, float),
+    "checkpoint_every_s": (int, float),
+    "exit_status": int,
+    "exit_signal": str,
+    "root_pid": int,
+    "command": list,
+    "mode": str,
+    "host": dict,
+    "gpus": dict,
+    "env": dict,
+    "writer": dict,
+    "totals": dict,
+}
+
+
+def damaged(path: Path, what: BaseException | str) -> NotARecordingError:
+    """The one line for a recording that cannot be read as one because it was damaged or
+    edited after it was written (``what``: the error met, or what is wrong)."""
+    if isinstance(what, BaseException):
+        what = f"{type(what).__name__}: {what}"
+    return NotARecordingError(
+        f"{str(path)!r} is damaged or edited: {what}; it cannot be read as a recording "
+        "(record the job again, or read its tables with sqlite3)"
+    )
+
+
+def require_regular_file(path: Path) -> None:
+    """Raise the one-line UserError unless ``path`` is a regular file: a reader must never
+    open a FIFO (opening and reading one waits for a writer forever), a device or a folder."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"no such file: {str(path)!r}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{str(path)!r} is a folder, not a recording (.sqlite file)")
+    if not stat.S_ISREG(mode):
+        raise NotARecordingError(
+            f"{str(path)!r} is not a regular file; give the path of a recording "
+            "(a .sqlite file written by `torchdoctor run`)"
+        )
+
+
+def _read_head(path: Path) -> bytes:
+    """The first 100 bytes (SQLite's header). Opened without blocking and checked again on
+    the open file: a FIFO put in the file's place after the check cannot hang the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            require_regular_file(path)  # says what it is now
+        return os.pread(fd, 100, 0)
+    except OSError as exc:
+        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _decoded_meta(path: Path, rows: list[sqlite3.Row]) -> dict[str, Any]:
+    """The meta table decoded, each value the readers compute with checked for its type."""
+    meta: dict[str, Any] = {}
+    for key, value in rows:
+        try:
+            meta[key] = json.loads(value)
+        except (TypeError, ValueError):
+            raise damaged(path, f"meta {key!r} is not JSON ({str(value)[:40]!r})") from None
+        wanted, got = _META_TYPES.get(key), meta[key]
+        # JSON's true is a Python int too: no figure is a bool
+        if wanted and got is not None and (not isinstance(got, wanted) or isinstance(got, bool)):
+            raise damaged(path, f"meta {key!r} is {str(value)[:40]!r}")
+    return meta
+
+
 def open_recording(path: str | os.PathLike[str]) -> Recording:
     """Open a recording, checking that it is one and that this torchdoctor can read it.
 
-    A damaged file opens with what could be read of it (see ``Recording.damage``)."""
+    A damaged file opens with what could be read of it (see ``Recording.damage``); one whose
+    tables or meta were edited raises NotARecordingError ("damaged or edited")."""
     p = Path(path)
-    if not p.exists():
-        raise UserError(f"no such file: {str(p)!r}")
-    if p.is_dir():
-        raise UserError(f"{str(p)!r} is a folder, not a recording (.sqlite file)")
-    with open(p, "rb") as fh:
-        head = fh.read(100)
+    require_regular_file(p)
+    head = _read_head(p)
     if not head:
         raise NotARecordingError(
             f"{str(p)!r} is empty: a recording that is just starting, or whose recorder stopped "
@@ -506,12 +593,30 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
             f"{SCHEMA_VERSION}): upgrade with `pip install -U torchdoctor`"
         )
     try:
+        _check_tables(p, db)
         return Recording(p, db, version, wal_beside=wal_beside)
     except sqlite3.DatabaseError as exc:
         db.close()
         if not is_damage(exc):
-            raise
+            raise damaged(p, exc) from None
         return _salvaged(p, str(exc))
+    except UserError:
+        db.close()
+        raise
+
+
+def _check_tables(p: Path, db: sqlite3.Connection) -> None:
+    """Every table of the schema is there (a table dropped by hand fails every reader)."""
+    names = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = [t for t in ("meta", *TABLES) if t not in names]
+    if len(missing) == len(TABLES) + 1:
+        # The writer marks the file as a recording just before it creates the tables.
+        raise NotARecordingError(
+            f"{str(p)!r} holds no tables yet: a recording that is just starting, or whose "
+            "recorder stopped before writing anything; wait a second and try again"
+        )
+    if missing:
+        raise damaged(p, f"its table {missing[0]!r} is missing")
 
 
 def _salvaged(p: Path, reason: str) -> Recording:
