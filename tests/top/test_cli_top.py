@@ -73,7 +73,9 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path, capsys):
     bad.write_text("gpu_memory_alert = 95\n")
     for args, message in [
         (["--json"], "--json prints one snapshot: use it with --once"),
-        (["--once", "--interval", "0"], "--interval must be between 0 and 3600 seconds"),
+        (["--once", "--interval", "0"], "--interval 0 is out of range: use 0.1-3600 seconds"),
+        (["--once", "--interval", "0.01"], "--interval 0.01 is out of range: use 0.1-3600"),
+        (["--once", "--interval", "1e-9"], "cannot read --interval '1e-9'"),
         (["--once", "--thresholds", str(bad)], "unknown threshold 'gpu_memory_alert'"),
         ([], "torchdoctor top needs a terminal"),  # pytest's stdin is not a terminal
     ]:
@@ -84,6 +86,14 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path, capsys):
         assert out == ""
         (line,) = err.strip().splitlines()
         assert line.startswith("torchdoctor: error: ") and message in line
+
+
+def test_once_does_not_wait_a_long_interval(td):
+    # --once --interval 3600 waited an hour between its two readings; the timeout (far below
+    # an hour, far above the snapshot's couple of seconds) fails the test if it still does.
+    result = td("top", "--once", "--json", "--interval", "1h", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)
 
 
 def test_snapshot_json_of_gpus_levels_and_unresolved_pids(torch_job):

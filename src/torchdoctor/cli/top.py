@@ -10,18 +10,29 @@ import click
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.errors import UserError
 
+# Below 0.1 s between refreshes the rates are mostly the sampling's own noise and top's own
+# reads cost a core; an hour is the longest refresh worth waiting for.
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 3600.0
+ONCE_WINDOW_S = 2.0  # the longest --once waits between its two readings
+
 
 @click.command("top")
 @click.option(
     "--interval",
-    "interval",
-    type=float,
-    default=1.0,
+    "interval_text",
+    default="1",
     show_default=True,
-    metavar="S",
-    help="Seconds between refreshes (and the window rates are measured over).",
+    metavar="TIME",
+    help=f"Time between refreshes (and the window rates are measured over), "
+    f"{MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} s (e.g. 2, 2s or 500ms).",
 )
-@click.option("--once", is_flag=True, help="Print one snapshot and exit (for scripts).")
+@click.option(
+    "--once",
+    is_flag=True,
+    help=f"Print one snapshot and exit (for scripts); its rates are measured over "
+    f"--interval, at most {ONCE_WINDOW_S:g} s.",
+)
 @click.option(
     "--json", "as_json", is_flag=True, help="With --once: the snapshot as JSON (schema in docs)."
 )
@@ -33,7 +44,7 @@ from torchdoctor.errors import UserError
     metavar="FILE",
     help="TOML file overriding the threshold table used for colours.",
 )
-def command(interval: float, once: bool, as_json: bool, thresholds_file: str | None) -> None:
+def command(interval_text: str, once: bool, as_json: bool, thresholds_file: str | None) -> None:
     """Live view: host CPU/memory/PSI, GPUs and every PyTorch job with its workers and ranks.
 
     Jobs running under `torchdoctor run` also show their step rate, data-wait share and
@@ -45,9 +56,14 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
     from torchdoctor.top.model import UiState, build_view
     from torchdoctor.top.render import render
     from torchdoctor.top.snapshot import snapshot
+    from torchdoctor.units import parse_duration
 
-    if not interval > 0 or interval > 3600:
-        raise UserError(f"--interval must be between 0 and 3600 seconds, got {interval:g}")
+    interval = parse_duration(interval_text, "--interval", examples="2, 2s or 500ms")
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+        raise UserError(
+            f"--interval {interval:g} is out of range: use {MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} "
+            "seconds (e.g. 2, 2s or 500ms)"
+        )
     if as_json and not once:
         raise UserError(
             "--json prints one snapshot: use it with --once (torchdoctor top --once --json)"
@@ -70,8 +86,10 @@ def command(interval: float, once: bool, as_json: bool, thresholds_file: str | N
             run_interactive(collector, thresholds, interval, make_console())
             return
         collector.read()
-        # Rates (CPU %, swap traffic) are measured over one interval between two readings.
-        time.sleep(interval)
+        # Rates (CPU %, swap traffic) are measured over one interval between two readings;
+        # a script asking for one snapshot gets it within ONCE_WINDOW_S, whatever --interval
+        # (--once --interval 3600 used to wait an hour, silently).
+        time.sleep(min(interval, ONCE_WINDOW_S))
         readings = collector.read()
         view = build_view(readings, thresholds, UiState())
         if as_json:
