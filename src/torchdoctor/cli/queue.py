@@ -20,9 +20,9 @@ def _queue(reading: int | None = None, say_mode: bool = False):
     which one is said once). ``reading``: a read-only command about job ``reading`` (or 0:
     about all), which must not create a user's queue files where nothing was ever queued."""
     from torchdoctor.queue.paths import queue_paths
-    from torchdoctor.queue.system import open_queue, system_paths
+    from torchdoctor.queue.system import open_queue, system_queue_installed
 
-    never_queued = not system_paths().socket.exists() and not queue_paths().db.exists()
+    never_queued = not system_queue_installed() and not queue_paths().db.exists()
     if reading is not None and never_queued:
         if reading == 0:
             return None

@@ -122,6 +122,12 @@ class QueueConfig:
         return self.users.get(user or "", self.default)
 
 
+def config_path() -> str:
+    """Where the admin's limits are read from: ``$TORCHDOCTOR_QUEUE_CONFIG``, else
+    ``/etc/torchdoctor/queue.toml``."""
+    return os.environ.get(CONFIG_ENV) or CONFIG_FILE
+
+
 def load_config(path: str | None = None) -> QueueConfig:
     """``/etc/torchdoctor/queue.toml`` (or ``$TORCHDOCTOR_QUEUE_CONFIG``)::
 
@@ -139,7 +145,7 @@ def load_config(path: str | None = None) -> QueueConfig:
     else:  # pragma: no cover
         import tomli as tomllib
 
-    path = path or os.environ.get(CONFIG_ENV) or CONFIG_FILE
+    path = path or config_path()
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -311,13 +317,21 @@ class SystemQueue:
         return lambda *args, **kwargs: self.call(name, *args, **kwargs)
 
 
+def system_queue_installed(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this machine has a machine-wide queue: its socket exists (a stopped service
+    leaves it, and then the queue does not answer). An empty ``$TORCHDOCTOR_SYSTEM_DIR`` says
+    there is none, whatever the default folder holds."""
+    env = os.environ if env is None else env
+    return env.get(SYSTEM_DIR_ENV) != "" and system_paths(env).socket.exists()
+
+
 def open_queue(say_mode: bool = False) -> Any:
     """The machine-wide queue where one is installed (its socket exists), else this user's own
     (with ``say_mode``, said once on stderr: the first time this user lists their queue)."""
     from torchdoctor.queue.client import Queue
 
     paths = system_paths()
-    if paths.socket.exists() and os.environ.get(SYSTEM_DIR_ENV) != "":
+    if system_queue_installed():
         return SystemQueue(paths)
     queue = Queue()
     note = queue.paths.state_dir / USER_MODE_NOTE
