@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.helpers.dependencies import require
 from torchdoctor.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,8 +31,8 @@ def _commands(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()
 @pytest.fixture(scope="module")
 def text_reference(tmp_path_factory) -> Path:
     """The manual built with Sphinx's text builder, strictly, as `make docs` builds it."""
-    pytest.importorskip("sphinx")
-    pytest.importorskip("sphinx_click")
+    require("sphinx")
+    require("sphinx_click")
     out = tmp_path_factory.mktemp("docs-text")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import torchdoctor
+from tests.helpers.dependencies import require
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,7 @@ def _has_setuptools(major: int) -> bool:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    pytest.importorskip("build")
+    require("build")
     out = tmp_path_factory.mktemp("dist")
     # The sdist is built from a copy: build writes egg-info beside the sources.
     src = tmp_path_factory.mktemp("src") / "torchdoctor"

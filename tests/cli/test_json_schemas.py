@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
 from tests.conftest import REPO, run_td
+from tests.helpers.dependencies import require
 from tests.helpers.schemas import assert_valid
 from tests.queue.conftest import queue_env  # noqa: F401 - the fixture
 from torchdoctor.cli.json_output import SCHEMA_VERSIONS, SCHEMAS_DIR
@@ -16,7 +15,7 @@ GPT = f"{REPO / 'examples' / 'estimate_models.py'}:gpt_tiny"
 
 
 def test_every_document_has_a_schema_and_every_schema_is_valid():
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = require("jsonschema")
     shipped = {p.name.removesuffix(".schema.json") for p in SCHEMAS_DIR.glob("*.schema.json")}
     assert shipped == set(SCHEMA_VERSIONS)
     for name in shipped:
@@ -28,7 +27,7 @@ def test_every_document_has_a_schema_and_every_schema_is_valid():
 
 
 def test_recording_commands_json(user, tmp_path):
-    pytest.importorskip("jsonschema")
+    require("jsonschema")
     done = user.td(
         "run", "--json", "--interval", "0.1", "--", sys.executable, "-c", "print('job says hi')"
     )
@@ -58,7 +57,7 @@ def test_recording_commands_json(user, tmp_path):
 
 
 def test_submit_json(queue_env):  # noqa: F811
-    pytest.importorskip("jsonschema")
+    require("jsonschema")
     q = queue_env()
     done = q.td("submit", "--mem", "100M", "--json", "--", sys.executable, "-c", "pass")
     assert done.returncode == 0, done.stderr
@@ -67,7 +66,7 @@ def test_submit_json(queue_env):  # noqa: F811
 
 
 def test_machine_commands_json():
-    pytest.importorskip("jsonschema")
+    require("jsonschema")
     top = run_td("top", "--once", "--json", "--interval", "0.2")
     assert top.returncode == 0, top.stderr
     assert_valid("top", top.stdout)
@@ -77,8 +76,8 @@ def test_machine_commands_json():
 
 
 def test_estimate_and_bench_json():
-    pytest.importorskip("jsonschema")
-    pytest.importorskip("torch")
+    require("jsonschema")
+    require("torch")
     one = run_td("estimate", GPT, "--tokens", "16", "--gpu", "T4", "--json")
     assert one.returncode == 0, one.stderr
     assert_valid("estimate", one.stdout)

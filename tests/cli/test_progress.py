@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, TORCHDOCTOR
+from tests.helpers.dependencies import require
 
 GPT = f"{REPO / 'examples' / 'estimate_models.py'}:gpt_tiny"
 MAX_BATCH = ["estimate", GPT, "--tokens", "16", "--gpu-memory", "64MiB", "--max-batch"]
@@ -50,7 +51,7 @@ def _stderr_on_a_pty(args: list[str]) -> tuple[int, str, str]:
     [(MAX_BATCH, "probing batch sizes: batch 1"), (SWEEP, "all-reduce sweep")],
 )
 def test_progress_on_a_terminal_and_not_in_a_pipe(args, says):
-    pytest.importorskip("torch")
+    require("torch")
     code, out, terminal = _stderr_on_a_pty(args)
     assert code == 0, terminal
     assert says in terminal
@@ -61,14 +62,14 @@ def test_progress_on_a_terminal_and_not_in_a_pipe(args, says):
 
 
 def test_quiet_silences_progress_on_a_terminal():
-    pytest.importorskip("torch")
+    require("torch")
     code, out, terminal = _stderr_on_a_pty([*SWEEP, "--quiet"])
     assert code == 0, terminal
     assert "all-reduce sweep" not in terminal and "busbw" in out
 
 
 def test_bench_rows_show_as_they_finish_on_a_terminal():
-    pytest.importorskip("torch")
+    require("torch")
     _, out, terminal = _stderr_on_a_pty(SWEEP)
     # Each size's row was printed on the terminal before the table went to stdout.
     for size in ("4K", "8K", "16K", "32K", "64K"):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, run_td
+from tests.helpers.dependencies import require
 from tests.queue.conftest import one_gpu, queue_env  # noqa: F401 - the fixture
 
 GPT = f"{REPO / 'examples' / 'estimate_models.py'}:gpt_tiny"
@@ -34,7 +35,7 @@ def test_submit_and_estimate_read_a_size_the_same(queue_env, text, size):  # noq
 
 
 def test_bench_sizes_use_the_same_vocabulary():
-    pytest.importorskip("torch")
+    require("torch")
     done = run_td(
         "bench", "allreduce", "--backend", "gloo", "--nproc", "2", "--sizes", "16K,1KiB,2kB",
         "--ops", "all_reduce", "--iters", "1", "--warmup", "0", "--json",

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.diagnosis.builders import T0, Gpu, Job, Proc, const
 from tests.diagnosis.test_cuda_oom import recorded_oom
 from tests.estimate.conftest import MODELS_FILE
+from tests.helpers.dependencies import require
 from tests.helpers.schemas import assert_valid
 from torchdoctor.recording.records import JobEvent
 
@@ -81,7 +80,7 @@ def test_the_recorded_batch_does_not_fit_the_recorded_gpu_and_the_fix_does(
 
 
 def test_json_validates_and_gives_each_check_on_the_recorded_gpu(estimate_cli, tmp_path):
-    pytest.importorskip("jsonschema")
+    require("jsonschema")
     rec = oom_recording(tmp_path / "oom.sqlite")
     code, out, err = estimate_cli("--from", str(rec), GPT, "--tokens", "64", "--json")
     assert code == 0, err

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from tests.helpers.dependencies import require
 from tests.instrument.runjob import JOBS, PY, run_job
 
-pytest.importorskip("torch")
+require("torch")
 JOB = str(JOBS / "known_steps_job.py")
 # The loop's own clock reads sit next to the agent's (the step hook runs at the end of
 # optimizer.step()); a busy machine may preempt either side briefly (SLACK_S). The agent may

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
+from tests.helpers.dependencies import require
 from torchdoctor import open_recording
 
-pytest.importorskip("torch")
+require("torch")
 JOB = str(Path(__file__).resolve().parent / "jobs" / "timed_ranks_job.py")
 # Both sides time the same calls (DDP's forward, autograd's backward, optimizer.step()); the
 # planned times of two fields differ by 6 ms or more, so a slack of half that still tells a
