@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
+import subprocess
 import sys
 
 import pytest
 
+from tests.conftest import TORCHDOCTOR
 from tests.helpers.engines import not_root, require_engine
 from tests.queue.conftest import FAKE_JOB, UUID0, one_gpu
 from torchdoctor.queue.model import Job
+from torchdoctor.queue.paths import queue_paths
 from torchdoctor.queue.store import QueueStore
 
 
@@ -144,3 +148,101 @@ def test_the_scheduler_socket_is_private_to_its_user(queue_env):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- the queue's folders and numbers on bad input (probe M9, minor item 11) -----------------
+
+
+def _read_only(folder) -> list[str]:
+    """A command prefix under which ``folder`` is read-only: a private read-only bind mount for
+    root (whom a mode does not stop), the mode for anyone else."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        return []
+    require_engine("unshare", None if shutil.which("unshare") else "util-linux is not installed")
+    script = f'mount --bind -o ro "{folder}" "{folder}" && exec "$@"'
+    return ["unshare", "--mount", "sh", "-c", script, "sh"]
+
+
+@pytest.mark.parametrize("variable", ["XDG_STATE_HOME", "XDG_RUNTIME_DIR"])
+def test_a_queue_folder_variable_naming_a_file_is_one_line(queue_env, tmp_path, variable):
+    q = queue_env()
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    q.env[variable] = str(afile)
+    line = _one_error_line(q.td("submit", "--", sys.executable, FAKE_JOB))
+    assert f"{afile}/torchdoctor cannot be made (Not a directory)" in line
+    assert line.endswith(f"set {variable} to a folder you can write")
+
+
+def test_a_read_only_state_folder_is_one_line(queue_env, tmp_path):
+    q = queue_env()
+    state = tmp_path / "read-only"
+    state.mkdir()
+    q.env["XDG_STATE_HOME"] = str(state)
+    done = subprocess.run(
+        [*_read_only(state), *TORCHDOCTOR, "submit", "--", sys.executable, FAKE_JOB],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=q.env,
+    )
+    os.chmod(state, 0o755)
+    line = _one_error_line(done)
+    assert "(Read-only file system)" in line or "(Permission denied)" in line
+    assert "set XDG_STATE_HOME to a folder you can write" in line
+    assert not any(state.iterdir())
+
+
+def test_a_relative_state_home_is_ignored_as_the_xdg_spec_says(queue_env, tmp_path):
+    q = queue_env()
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    q.env.update(HOME=str(home), XDG_STATE_HOME="rel/state")
+    q.paths = queue_paths(q.env)  # so that the test stops the scheduler this queue starts
+    assert q.paths.state_dir == home / ".local" / "state" / "torchdoctor"
+    job_id = int(q.td("submit", "-q", "--", sys.executable, FAKE_JOB, cwd=cwd, check=True).stdout)
+    assert q.job(job_id) is not None
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_priority_beyond_64_bits_is_one_line_with_the_range(queue_env):
+    q = queue_env()
+    q.td("queue", "pause", check=True)  # the jobs wait, so their priority can change
+    huge, most = str(2**63), str(2**63 - 1)
+    line = _one_error_line(q.td("submit", "--priority", huge, "--", sys.executable, FAKE_JOB))
+    assert line.endswith(f"priority {huge}: give a whole number from {-(2**63)} to {most}")
+    assert json.loads(q.td("queue", "--json", check=True).stdout)["jobs"] == []
+    job_id = q.submit("--priority", most, "--", sys.executable, FAKE_JOB)
+    assert q.job(job_id).priority == 2**63 - 1
+    line = _one_error_line(q.td("queue", "priority", str(job_id), "-" + huge + "1"))
+    assert f"give a whole number from {-(2**63)} to {most}" in line
+    # A negative priority is a value, without `--` (as `submit --priority -5` reads it).
+    done = q.td("queue", "priority", str(job_id), "-5", check=True)
+    assert done.stdout == f"job {job_id} priority -5\n"
+    assert q.job(job_id).priority == -5
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "esc\x1b[31m", "line\u2028sep"])
+def test_a_job_name_with_control_characters_is_refused(queue_env, name):
+    q = queue_env()
+    line = _one_error_line(q.td("submit", "--name", name, "--", sys.executable, FAKE_JOB))
+    assert line.endswith("give one without newlines or control characters (--name NAME)")
+    assert json.loads(q.td("queue", "--json", check=True).stdout)["jobs"] == []
+
+
+def test_queue_install_into_a_folder_it_cannot_write_is_one_line(tmp_path):
+    folder = tmp_path / "units"
+    folder.mkdir()
+    done = subprocess.run(
+        [*_read_only(folder), *TORCHDOCTOR, "queue", "install", "--dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    os.chmod(folder, 0o755)
+    line = _one_error_line(done)
+    assert line.startswith(f"torchdoctor: error: cannot write the unit files into {folder} (")
+    assert line.endswith("run it as root, or give --dir a folder you can write")
+    assert list(folder.iterdir()) == []

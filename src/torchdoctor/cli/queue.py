@@ -325,7 +325,9 @@ def resume(job_id: int | None) -> None:
     click.echo("queue resumed")
 
 
-@command.command("priority")
+# A negative priority (`queue priority 20 -5`) is a value, not an option, as `submit
+# --priority -5` already reads it; the command has no options besides --help.
+@command.command("priority", context_settings={"ignore_unknown_options": True})
 @click.argument("job_id", type=int)
 @click.argument("priority", type=int)
 def priority(job_id: int, priority: int) -> None:

@@ -23,6 +23,8 @@ from torchdoctor.queue.model import (
     QUEUED,
     TERMINAL,
     Job,
+    check_name,
+    check_priority,
 )
 from torchdoctor.queue.paths import QueuePaths, queue_paths
 from torchdoctor.queue.processes import is_alive
@@ -102,6 +104,10 @@ class Queue:
         executable) and raised as a UserError carrying the job id."""
         from torchdoctor.run.process import resolve_command
 
+        # Before anything is read or stored: the store cannot hold a priority beyond 64 bits,
+        # and a name is one line of the queue's table (a request may come from another user).
+        check_priority(req.priority)
+        check_name(req.name)
         if machine is None:
             reader = MachineReader()
             try:
@@ -277,6 +283,7 @@ class Queue:
 
     def set_priority(self, job_id: int, priority: int) -> Job:
         """A waiting job's place among its owner's jobs (higher starts first)."""
+        check_priority(priority)
         job = self.own(job_id, "change the priority of")
         if not self.store.update(job_id, only_if=(QUEUED,), priority=priority):
             raise UserError(

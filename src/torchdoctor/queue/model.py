@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
+
+from torchdoctor.errors import UserError
 
 QUEUED = "queued"
 STARTING = "starting"  # resources given, supervisor starting the command
@@ -17,6 +20,28 @@ TERMINAL = (DONE, FAILED, CANCELLED, LOST)
 
 PAUSED_KEY = "paused"  # queue-wide setting: why the queue is paused, when it is
 ASKED = "asked"  # where a figure of a job came from, when the user gave it
+
+# The store keeps a priority in an SQLite INTEGER: a signed 64-bit number.
+PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+
+
+def check_priority(priority: int) -> int:
+    """``priority``, or a UserError giving the range the queue can store."""
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise UserError(
+            f"priority {priority}: give a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}"
+        )
+    return priority
+
+
+def check_name(name: str) -> str:
+    """``name``, or a UserError when it holds a newline or another control character (it is
+    one cell of `torchdoctor queue`'s table and part of the recording's file name)."""
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
+        raise UserError(
+            f"job name {name!r}: give one without newlines or control characters (--name NAME)"
+        )
+    return name
 
 
 @dataclass(slots=True)

@@ -16,6 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from torchdoctor.errors import UserError
+
 QUEUE_UNIT = "torchdoctor-queue.service"
 EXPORTER_UNIT = "torchdoctor-exporter.service"
 
@@ -82,11 +84,19 @@ WantedBy=multi-user.target
 def write_units(folder: str | Path) -> list[Path]:
     """Write both units into ``folder``; their paths."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in ((QUEUE_UNIT, queue_unit()), (EXPORTER_UNIT, exporter_unit())):
-        path = folder / name
-        path.write_text(text)
-        path.chmod(0o644)
-        written.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in ((QUEUE_UNIT, queue_unit()), (EXPORTER_UNIT, exporter_unit())):
+            path = folder / name
+            path.write_text(text)
+            path.chmod(0o644)
+            written.append(path)
+    except OSError as exc:
+        # The default /etc/systemd/system is root's; a read-only or mistyped --dir is the
+        # same mistake: say where, and how to go on.
+        raise UserError(
+            f"cannot write the unit files into {folder} ({exc.strerror or exc}): run it as root, "
+            "or give --dir a folder you can write"
+        ) from None
     return written

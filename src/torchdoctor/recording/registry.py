@@ -35,7 +35,13 @@ class RegistryEntry:
 def registry_dir() -> Path:
     """The folder holding the entries (not created here)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK | os.X_OK):
+    # A relative value is invalid (the XDG spec): it would name another folder in each cwd.
+    if (
+        runtime
+        and os.path.isabs(runtime)
+        and os.path.isdir(runtime)
+        and os.access(runtime, os.W_OK | os.X_OK)
+    ):
         return Path(runtime) / "torchdoctor"
     return Path(tempfile.gettempdir()) / f"torchdoctor-{os.getuid()}"
 
