@@ -87,3 +87,48 @@ def test_sizes_and_bad_input(capsys):
             main(["bench", "allreduce", *args])
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.startswith(message), args
+
+
+def _size_option(n: int) -> str:
+    """``n`` bytes (a power of two of at least 1 KiB) in the --sizes notation."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    raise AssertionError(n)
+
+
+def test_sizes_beyond_the_memory_available_are_refused_before_any_buffer_exists(td):
+    from torchdoctor.sampling.hostinfo import available_ram
+
+    # 2 ranks of int8: each holds 5.5 x the buffer (allreduce.rank_bytes), 11 x in all. The
+    # size asked is 2-4 x what fits, taken from MemAvailable now: refused on any machine,
+    # and a machine that allocated it would be out of memory; nothing is allocated.
+    available = available_ram()
+    fits = available / 11
+    asked = 1 << (int(fits).bit_length() + 1)
+    for sizes in (_size_option(asked), "1T"):
+        res = td("bench", "allreduce", "--quiet", "--dtype", "int8", "--sizes", sizes)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, res.stderr
+        assert lines[0].startswith("torchdoctor: error: --sizes: a "), lines
+        assert "RAM has" in lines[0] and "--force" in lines[0]
+        # The largest power of two that fits, as --sizes takes it (MemAvailable moves a
+        # little between here and there: either side of a boundary is right).
+        told = {_size_option(1 << (int(fits * k).bit_length() - 1)) for k in (0.95, 1.05)}
+        assert any(f"the largest size that fits is {t} " in lines[0] for t in told), lines
+    res = td("bench", "allreduce", "--quiet", "--sizes", ",")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        "torchdoctor: error: --sizes ',' names no size: give LOW:HIGH (8K:256M) or a list (1M,4M)"
+    )
+
+
+def test_int8_all_gather_leaks_no_torch_warning(td):
+    res = td(
+        "bench", "allreduce", "--quiet", "--dtype", "int8", "--ops", "all_gather,reduce_scatter",
+        "--sizes", "8K", "--iters", "1", "--warmup", "0",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr, res.stderr
+    assert res.stderr == ""

@@ -11,6 +11,7 @@ from torchdoctor.doctor.allreduce import (
     OPS,
     BenchConfig,
     bench_local,
+    check_fits,
     parse_sizes,
     run_rank,
     under_launcher,
@@ -64,6 +65,11 @@ from torchdoctor.errors import UserError, require_torch
     help="Seconds a collective may wait for the others.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Start even when the largest size would not fit in the memory available.",
+)
 @python_option
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def command(
@@ -76,6 +82,7 @@ def command(
     ops: str,
     timeout_s: float,
     as_json: bool,
+    force: bool,
     python: str | None,
     quiet: bool,
 ) -> None:
@@ -113,6 +120,9 @@ def command(
         ops=chosen_ops,
         timeout_s=timeout_s,
     )
+    ranks, local_ranks = _ranks(nproc)
+    if not force:
+        _check_memory(torch, cfg, ranks, local_ranks)
     total = len(cfg.sizes) * len(cfg.ops)
     with Steps("all-reduce sweep", total=total, quiet=quiet) as steps:
 
@@ -129,3 +139,33 @@ def command(
         dump_json("bench-allreduce", result.to_dict())
     else:
         click.echo(format_result(result))
+
+
+def _ranks(nproc: int) -> tuple[int, int]:
+    """(ranks in all, ranks on this machine): --nproc here, torchrun's own under torchrun."""
+    import os
+
+    if under_launcher():
+        world = int(os.environ["WORLD_SIZE"])
+        return world, int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+    return nproc, nproc
+
+
+def _check_memory(torch, cfg: BenchConfig, ranks: int, local_ranks: int) -> None:
+    """The buffers must fit before any is made: gloo's ranks share this machine's RAM, each
+    NCCL rank has one GPU's memory (the GPU with the least free memory counts)."""
+    element_size = torch.empty(0, dtype=getattr(torch, cfg.dtype)).element_size()
+    if cfg.backend == "gloo":
+        from torchdoctor.sampling.hostinfo import available_ram
+
+        check_fits(cfg.sizes, ranks, local_ranks, element_size, available_ram(), "RAM")
+        return
+    from torchdoctor.sampling.gpus import GpuReader
+
+    gpus = GpuReader()
+    try:
+        free = gpus.free_memory()
+    finally:
+        gpus.close()
+    if free:  # NVML unreadable: NCCL's own out-of-memory error is all there is
+        check_fits(cfg.sizes, ranks, 1, element_size, min(free.values()), "a GPU")

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.units import fmt_bytes
 from torchdoctor.units import parse_size as parse_size_text
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -67,7 +68,61 @@ def parse_sizes(text: str) -> list[int]:
             sizes.append(size)
             size *= 2
         return sizes
-    return [parse_size(part) for part in text.split(",") if part.strip()]
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise UserError(
+            f"--sizes {text!r} names no size: give LOW:HIGH (8K:256M) or a list (1M,4M)"
+        )
+    return sizes
+
+
+# What one rank holds at once, per byte of the buffer (S): the buffer itself, its 1/n block,
+# the expected values of the correctness check and the comparison's mask (1/element size),
+# and about twice S more inside the collective and the check. Measured with torch 2.13, gloo,
+# 2 ranks: a 256 MiB float32 all-reduce and all-gather raised rank 0's peak RSS by 4.75 x S
+# (reduce-scatter 3.1 x S); this rule gives 4.75 there and errs high for int8 (5.5).
+COPIES_BESIDE_BLOCKS = 4.0
+
+
+def rank_bytes(size: int, ranks: int, element_size: int) -> float:
+    """Peak bytes one rank of ``ranks`` allocates to sweep a ``size``-byte buffer."""
+    return size * (COPIES_BESIDE_BLOCKS + 1 / ranks + 1 / element_size)
+
+
+def check_fits(
+    sizes: list[int], ranks: int, local_ranks: int, element_size: int, available: int, where: str
+) -> None:
+    """Refuse, before any buffer exists, a sweep whose largest size would not fit: the
+    ``local_ranks`` ranks that share ``available`` bytes (``where``: RAM, or one GPU's memory
+    for each NCCL rank) each hold :func:`rank_bytes`. The message names the largest size that
+    fits, in the --sizes notation (a power of two, as the doubling sweep uses)."""
+    largest = max(sizes)
+    need = local_ranks * rank_bytes(largest, ranks, element_size)
+    if need <= available:
+        return
+    per_byte = local_ranks * rank_bytes(1, ranks, element_size)
+    fits = int(available / per_byte)
+    advice = (
+        f"the largest size that fits is {_size_text(fits)}"
+        if fits >= 1
+        else "no buffer fits: free some memory first"
+    )
+    raise UserError(
+        f"--sizes: a {fmt_bytes(largest)} buffer needs about {fmt_bytes(need)} "
+        f"({local_ranks} rank(s) x {rank_bytes(1, ranks, element_size):.2g} x the buffer) but "
+        f"{where} has {fmt_bytes(available)} available; {advice} (or start anyway with --force)"
+    )
+
+
+def _size_text(n: int) -> str:
+    """The largest power of two <= ``n`` in the --sizes notation: 4G, 512M, 8K, 7 (bytes)."""
+    if n < 1024:
+        return str(n)
+    power = n.bit_length() - 1
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if power >= shift:
+            return f"{2 ** (power - shift)}{unit}"
+    raise AssertionError("unreachable")
 
 
 @dataclass(slots=True)
@@ -184,13 +239,16 @@ def _sweep_one(dist: Any, torch: Any, op: str, size: int, cfg: BenchConfig, devi
     size = count * elt
     big = torch.zeros(count, dtype=dtype, device=device)
     small = torch.zeros(count // n, dtype=dtype, device=device)
+    # The *_single names where torch has them: the older ones warn (FutureWarning) in torch
+    # 2.13 on every call site, which the bench would leak onto the user's terminal.
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def run() -> None:
         if op == "all_reduce":
             dist.all_reduce(big)
         elif op == "all_gather":
-            dist.all_gather_into_tensor(big, small)
+            all_gather(big, small)
         else:
             reduce_scatter(small, big)
 
