@@ -170,7 +170,30 @@ def test_healthy_job_keeps_its_own_settings_within_the_budget(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize(
+    ("limits", "words"),
+    [
+        (["--trial-timeout", "nan"], "--trial-timeout nan: give the seconds"),
+        (["--trial-timeout", "inf"], "--trial-timeout inf: give the seconds"),
+        (["--budget", "99999999h"], "is too long: use at most 24h"),
+    ],
+)
+def test_limits_no_tune_can_use_are_refused_before_any_trial(tmp_path, limits, words):
+    # nan passed the `<= 0` check and then no stall could exceed it: hang detection was off
+    mark = tmp_path / "ran"
+    proc = tune(*limits, "--", sys.executable, "-c", f"open({str(mark)!r}, 'w')", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr  # nothing printed before it
+    assert words in proc.stderr
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize(
+    ("sig", "status"),
+    # 128 + the signal, as a shell reports it: a scheduler's SIGTERM was reported as Ctrl-C (130)
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+)
+def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path, sig, status):
     out = tmp_path / "out"
     ready = tmp_path / "ready"
     proc = subprocess.Popen(
@@ -192,14 +215,15 @@ def test_ctrl_c_stops_the_trial_and_leaves_no_process_behind(tmp_path):
         tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         assert trainer in tree
         assert len(tree) >= 3  # the trainer and its 2 DataLoader workers
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == status, stderr
     assert "Interrupted" in stdout
+    assert "interrupted" in stderr and "interrupted: interrupted" not in stderr
     assert not running(tree)
 
 

@@ -32,6 +32,7 @@ verify-original, verify-tuned; ``status`` one of ok, failed, rejected, interrupt
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -43,12 +44,11 @@ from rich.text import Text
 from torchdoctor.cli.common import stderr_console, thresholds_option
 from torchdoctor.cli.json_output import dump_json, user_output_to_stderr
 from torchdoctor.cli.parsing import WrapperCommand
-from torchdoctor.errors import UserError
 from torchdoctor.run.process import hold_signals, release_signals
 from torchdoctor.terminal import make_console, styled
 from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.space import Config
-from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, tune_command
+from torchdoctor.tune.tuner import DEFAULT_BUDGET_S, check_limits, tune_command
 from torchdoctor.units import parse_duration
 
 _PURPOSE = {
@@ -126,8 +126,7 @@ def command(
     found so far. Your files are never changed: the trials' recordings go to --out-dir.
     """
     budget_s = parse_duration(budget, "--budget") if budget else DEFAULT_BUDGET_S
-    if trial_timeout is not None and trial_timeout <= 0:
-        raise UserError(f"--trial-timeout {trial_timeout:g} must be a positive number of seconds")
+    check_limits(budget_s, trial_timeout, trial_steps)  # before the first line is printed
     progress = None if quiet else _Progress(stderr_console())
     if not quiet:
         from torchdoctor.run.interpreter import announce, find_job_python
@@ -158,7 +157,10 @@ def command(
     else:
         width = None if sys.stdout.isatty() else 120  # a file or pipe: no 80-column cut
         render(result, make_console(sys.stdout, soft_wrap=True, width=width))
-    ctx.exit(130 if result.stopped == "interrupted" else 0)
+    # 128 + the signal, as a shell reports a command it killed: 143 for SIGTERM (a scheduler's
+    # stop), 130 for Ctrl-C.
+    interrupted = result.stopped == "interrupted"
+    ctx.exit(128 + (result.stop_signal or signal.SIGINT) if interrupted else 0)
 
 
 class _Progress:
@@ -177,7 +179,10 @@ class _Progress:
         if m.ok:
             figure = f"{m.throughput:.2f} steps/s"
         else:
-            figure = Text.assemble((m.status, "yellow"), f": {m.reason}")
+            # "interrupted: interrupted" said nothing twice: a reason that repeats the status
+            # is left out
+            reason = f": {m.reason}" if m.reason and m.reason != m.status else ""
+            figure = Text.assemble((m.status, "yellow"), reason)
         label = m.config.label() if m.purpose != "original" else "as written"
         self.console.print(
             Text.assemble(f"trial {m.index:>2}  {label:<24} ", figure, f"  ({m.duration_s:.1f} s)")

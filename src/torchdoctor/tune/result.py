@@ -123,6 +123,7 @@ class TuneResult:
     threads_set_in_script: bool = False  # the script calls torch.set_num_threads itself
     memory_budget: int | None = None  # bytes the job may use
     trial_steps: int | None = None  # measured steps per trial (after warm-up)
+    stop_signal: int | None = None  # the signal that interrupted the tune (its exit: 128 + it)
 
     @property
     def changed(self) -> bool:

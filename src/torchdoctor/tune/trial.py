@@ -126,6 +126,7 @@ class TrialRunner:
     on_start: Callable[[int, Config, str], None] | None = None
     observed: ObservedJob | None = None  # what the first trial's job reported
     interrupted: bool = False
+    stop_signal: int | None = None  # SIGINT, SIGTERM or SIGHUP, when one interrupted a trial
     threads_set_in_script: bool = False  # seen in a trial that overrode the threads
     _index: int = 0
     _gpus: object = None
@@ -252,7 +253,10 @@ class TrialRunner:
     def _wait_signal(self) -> bool:
         if self.signals_held:
             signum = wait_for_signal(POLL_S)
-            return signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            if signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self.stop_signal = self.stop_signal or signum
+                return True
+            return False
         time.sleep(POLL_S)
         return False
 

@@ -23,9 +23,13 @@ from torchdoctor.tune.result import Measurement, TuneResult
 from torchdoctor.tune.search import Search, SearchLimits
 from torchdoctor.tune.space import Config, Space
 from torchdoctor.tune.trial import TrialLimits, TrialRunner
+from torchdoctor.units import fmt_duration
 
 DEFAULT_BUDGET_S = 300.0
 MIN_BUDGET_S = 20.0
+# A search converges in minutes; a day is far beyond any useful tune, and a budget of years
+# (--budget 99999999h) is a typo that would keep the machine busy until someone notices.
+MAX_BUDGET_S = 86400.0
 KEEP_FREE = 0.5  # share of the RAM available at the start that the job must leave free
 _PLACEHOLDER = Config(num_workers=0, num_threads=1)
 
@@ -86,6 +90,28 @@ def suggestion_from_diagnosis(recording_path: str, original: Config) -> Config |
     return suggestion if suggestion != original else None
 
 
+def check_limits(budget_s: float, trial_timeout_s: float | None, trial_steps: int | None) -> None:
+    """The tune's limits, refused before anything starts or is printed."""
+    if budget_s < MIN_BUDGET_S:
+        raise UserError(
+            f"--budget {budget_s:g}s is too short: tune needs at least {MIN_BUDGET_S:g}s "
+            "(a few trials of the job); try --budget 5m"
+        )
+    if not budget_s <= MAX_BUDGET_S:
+        raise UserError(
+            f"--budget {fmt_duration(budget_s)} is too long: use at most "
+            f"{MAX_BUDGET_S / 3600:g}h (a tune usually converges within minutes)"
+        )
+    if trial_timeout_s is not None and not (0 < trial_timeout_s <= MAX_BUDGET_S):
+        # nan passed a `<= 0` check and then no stall could ever exceed it: hang detection off
+        raise UserError(
+            f"--trial-timeout {trial_timeout_s:g}: give the seconds a trial may go without a "
+            f"step, above 0 and at most {MAX_BUDGET_S:g}"
+        )
+    if trial_steps is not None and trial_steps < 5:
+        raise UserError(f"--trial-steps {trial_steps} is too few: use 5 or more (default: auto)")
+
+
 def tune_command(
     argv: list[str],
     *,
@@ -106,13 +132,7 @@ def tune_command(
     Raises UserError when the command cannot be tuned (it fails as written, takes no
     optimizer step, or the budget is too small to run it twice).
     """
-    if budget_s < MIN_BUDGET_S:
-        raise UserError(
-            f"--budget {budget_s:g}s is too short: tune needs at least {MIN_BUDGET_S:g}s "
-            "(a few trials of the job); try --budget 5m"
-        )
-    if trial_steps is not None and trial_steps < 5:
-        raise UserError(f"--trial-steps {trial_steps} is too few: use 5 or more (default: auto)")
+    check_limits(budget_s, trial_timeout_s, trial_steps)
     executable = resolve_command(list(argv))
     started = time.monotonic()
     deadline = started + budget_s
@@ -151,7 +171,9 @@ def tune_command(
         observed = runner.observed
         if first.status == "interrupted":
             first.config = observed.config if observed and observed.config else first.config
-            return _partial(first, started, budget_s, memory_budget)
+            partial = _partial(first, started, budget_s, memory_budget)
+            partial.stop_signal = runner.stop_signal
+            return partial
         if observed is None or observed.config is None:
             if first.reason.startswith(("exit status", "killed by")):
                 raise UserError(
@@ -191,6 +213,7 @@ def tune_command(
     result.memory_budget = memory_budget
     result.threads_set_in_script = runner.threads_set_in_script
     result.trial_steps = runner.measured_steps
+    result.stop_signal = runner.stop_signal
     result.notes.extend(_notes(result, space, observed, runner, suggestion))
     return result
 
