@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TORCHDOCTOR, run_td
 from tests.helpers.engines import engine
 from tests.sampling.gpu_fixtures import HOST_PIDS, load_fake_nvml
@@ -230,6 +232,23 @@ def test_occupied_rendezvous_port_is_an_error_naming_the_holder():
         "network.rendezvous",
     )
     assert free.status == OK and "free" in free.saw
+
+
+@pytest.mark.parametrize("port", ["abc", "99999", "0"])
+def test_a_master_port_torch_cannot_use_is_an_error_naming_it(port):
+    # 'abc' was read as torchrun's default 29500 and said ok; 99999 crashed the check on bind
+    result = run_td(
+        "doctor",
+        "--json",
+        "--only",
+        "network.rendezvous",
+        env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+    )
+    assert result.returncode == 1, result.stderr
+    [check] = [c for c in json.loads(result.stdout)["checks"] if c["name"] == "network.rendezvous"]
+    assert check["status"] == ERROR
+    assert f"MASTER_PORT={port!r} is not a TCP port" in check["saw"]
+    assert "export MASTER_PORT=29500" in check["fix"]
 
 
 def test_localhost_endpoint_with_several_nodes_is_an_error():

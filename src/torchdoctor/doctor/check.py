@@ -60,9 +60,18 @@ class Plan:
     def __post_init__(self) -> None:
         if self.master_addr is None:
             self.master_addr = self.env.get("MASTER_ADDR") or None
-        if self.master_port is None and self.env.get("MASTER_PORT", "").isdigit():
-            self.master_port = int(self.env["MASTER_PORT"])
+        if self.master_port is None:
+            # Only a real port: 'abc' or 99999 stays None, and the rendezvous check says why
+            self.master_port = env_port(self.env)
 
     @property
     def multi_node(self) -> bool:
         return self.nnodes > 1
+
+
+def env_port(env: Mapping[str, str]) -> int | None:
+    """$MASTER_PORT when it is a TCP port torch.distributed can use (1-65535), else None."""
+    text = env.get("MASTER_PORT", "").strip()
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        return None
+    return int(text)

@@ -12,7 +12,7 @@ import ipaddress
 import os
 import socket
 
-from torchdoctor.doctor.check import ERROR, OK, SKIPPED, WARNING, Check
+from torchdoctor.doctor.check import ERROR, OK, SKIPPED, WARNING, Check, env_port
 from torchdoctor.doctor.facts import Facts
 from torchdoctor.sampling import procfs
 from torchdoctor.units import one_line
@@ -69,6 +69,17 @@ def _is_local(facts: Facts, ip: str) -> bool:
 
 def check_rendezvous(facts: Facts) -> Check:
     plan = facts.plan
+    raw_port = plan.env.get("MASTER_PORT", "")
+    if plan.master_port is None and raw_port and env_port(plan.env) is None:
+        # torch.distributed's env:// init reads int(MASTER_PORT) and would fail on it; the
+        # check used to go on with port 29500 and say ok ('abc'), or crash on bind (99999).
+        return Check(
+            "network.rendezvous",
+            ERROR,
+            f"MASTER_PORT={raw_port!r} is not a TCP port: torch.distributed would fail to "
+            "rendezvous on it",
+            f"export MASTER_PORT={DEFAULT_PORT} (a port from 1 to 65535), or unset it",
+        )
     port = plan.master_port or DEFAULT_PORT
     port_note = "" if plan.master_port else f" (torchrun's default port {DEFAULT_PORT})"
     if plan.master_addr is None:
