@@ -89,7 +89,7 @@ def command(
     gpus = None if no_gpus else GpuReader()
     jobs = _every_users_jobs if all_users else _recorded_jobs
     collector = HostCollector(
-        None if no_host else HostReader(), gpus, jobs, findings=not no_findings
+        None if no_host else HostReader(), gpus, jobs, findings=not no_findings, warn=_warn
     )
     try:
         server = serve(collector, address, port)
@@ -119,6 +119,11 @@ def command(
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _warn(line: str) -> None:
+    """A job left out of the metrics (its recording cannot be read): one line, once a job."""
+    print(f"torchdoctor: {line}", file=sys.stderr, flush=True)
 
 
 def _recorded_jobs() -> list[Path]:

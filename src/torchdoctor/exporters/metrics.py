@@ -27,6 +27,18 @@ CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "stea
 _LAST = "Value of the latest sample."
 
 
+_NUMBERS = frozenset((int, float))
+
+
+def _number(name: str, value: Any) -> float:
+    """A sample's value that is not a plain int or float: a bool or another number type as a
+    float; text (an edited recording's figure) raises here, where the job's series are added
+    and left out alone, rather than when the whole scrape is written."""
+    if isinstance(value, str | bytes):
+        raise TypeError(f"{name}: {value!r} is not a number")
+    return float(value)
+
+
 class Families:
     """Metric families by name, so that several jobs add samples to one family each.
 
@@ -47,11 +59,15 @@ class Families:
     def gauge(self, name: str, doc: str, labels: dict[str, str], value: float | None) -> None:
         if value is None:
             return  # not measured: no sample rather than a made-up zero
+        if value.__class__ not in _NUMBERS:
+            value = _number(name, value)
         self._get("gauge", name, doc).rows.append((tuple(labels.items()), value))
 
     def counter(self, name: str, doc: str, labels: dict[str, str], value: float | None) -> None:
         if value is None:
             return
+        if value.__class__ not in _NUMBERS:
+            value = _number(name, value)
         if isinstance(value, float):
             # Sums of per-sample deltas carry float noise (6.029999999999997); rounding to
             # a nanosecond / a byte's billionth keeps them monotonic and readable.
@@ -63,6 +79,18 @@ class Families:
     def info(self, name: str, doc: str, labels: dict[str, str], values: dict[str, str]) -> None:
         pairs = (*labels.items(), *((k, v) for k, v in values.items() if v))
         self._get("info", name, doc).rows.append((pairs, 1))
+
+    def mark(self) -> dict[str, int]:
+        """Where each family stands now, for :meth:`rollback`."""
+        return {name: len(family.rows) for name, family in self._families.items()}
+
+    def rollback(self, mark: dict[str, int]) -> None:
+        """Drop every sample added since ``mark`` (a job whose figures failed half-way)."""
+        for name in list(self._families):
+            if name not in mark:
+                del self._families[name]
+            else:
+                del self._families[name].rows[mark[name] :]
 
     def encode(self, labels: LabelTexts | None = None, **options: Any) -> bytes:
         """The exposition text (see :func:`.exposition.encode` for ``options``)."""

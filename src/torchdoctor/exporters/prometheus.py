@@ -18,6 +18,7 @@ gives prometheus_client's Metric objects (``collect``), for a registry of its ow
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import socket
@@ -71,23 +72,23 @@ class _JobSource:
         self._findings = findings
         self.state: JobState | None = None
         self.error: str | None = None
+        self.reported = False  # its error was logged: once a job, not once a scrape
 
     def update(self) -> JobState | None:
-        import sqlite3
-
         try:
             if self.state is None:
                 if not self.path.exists():
-                    self.error = "recording not created yet"
+                    self.error = None  # not an error: the recorder is creating it
                     return None
-                self.state = JobState(RecordingTail(self.path))
                 self.user = _owner(self.path)
+                self.state = JobState(RecordingTail(self.path))
             self.state.update()
             self.error = None
-        except sqlite3.Error as exc:
-            # The file is being created (no tables yet) or is unreadable: say so, retry next
-            # scrape from the start.
-            self.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - one job's recording never fails the scrape
+            # Being created (no tables yet), not a regular file (a FIFO is never opened),
+            # damaged or edited: this job is left out of this scrape, retried from the start
+            # at the next one; every other job and the host are served.
+            self.error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             self.close()
             return None
         return self.state
@@ -110,11 +111,28 @@ class _JobSource:
             self.state = None
 
 
-def _jobs_up(f: Families, sources: Iterable[_JobSource]) -> None:
+def _jobs_up(f: Families, sources: Iterable[_JobSource], *, users: bool = False) -> None:
+    """``job_recording_up 0`` for each job whose recording could not be read at this scrape
+    (being created, not a regular file, damaged): the job's only series, as Prometheus' own
+    ``up`` is a failed target's. With ``users``, labelled like its other series would be."""
     for src in sources:
         if src.state is None:
-            f.gauge("job_recording_up", "1 when the job's recording could be read.",
-                    {"run_id": src.run_id}, 0)  # fmt: skip
+            labels = {"run_id": src.run_id}
+            if users:
+                labels["user"] = src.user or ""
+            f.gauge("job_recording_up", "1 when the job's recording could be read.", labels, 0)
+
+
+def _add_job_isolated(f: Families, src: _JobSource, job: JobState, **options: Any) -> None:
+    """:func:`add_job`, taking back what it added when the job's figures fail to build (a
+    value of the wrong type in an edited recording): the job shows as not readable."""
+    mark = f.mark()
+    try:
+        add_job(f, job, src.findings(), **options)
+    except Exception as exc:  # noqa: BLE001 - one job's figures never fail the scrape
+        f.rollback(mark)
+        src.error = f"{type(exc).__name__}: {exc}"
+        src.close()
 
 
 class _Collector:
@@ -155,10 +173,11 @@ class JobCollector(_Collector):
     def _build(self) -> Families:
         f = Families()
         job = self._source.update()
-        if job is None:
+        if job is not None:
+            _add_job_isolated(f, self._source, job)
+        if self._source.state is None or job is None:
             _jobs_up(f, [self._source])
             return f
-        add_job(f, job, self._source.findings())
         if job.host is not None:
             add_host(f, job.host)
         gpus_meta = job.meta.get("gpus") or {}
@@ -168,8 +187,9 @@ class JobCollector(_Collector):
     def close(self) -> None:
         if self._diagnosis is not None:
             self._diagnosis.close()
-        with self._lock:
-            self._source.close()
+        with _held(self._lock) as held:
+            if held:
+                self._source.close()
 
 
 class HostCollector(_Collector):
@@ -186,10 +206,12 @@ class HostCollector(_Collector):
         jobs: Callable[[], list[Path]],
         *,
         findings: bool = True,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self._host = host
         self._gpus = gpus
         self._jobs = jobs
+        self._warn = warn  # told once per job whose recording cannot be read
         self._findings = BackgroundDiagnosis() if findings else None
         self._sources: dict[Path, _JobSource] = {}
         super().__init__()
@@ -220,13 +242,17 @@ class HostCollector(_Collector):
         for src in self._sources.values():
             job = src.update()
             if job is not None:
-                add_job(f, job, src.findings(), user=src.user or "")
+                _add_job_isolated(f, src, job, user=src.user or "")
+            if src.error is not None and not src.reported and self._warn is not None:
+                src.reported = True
+                self._warn(f"job recording {str(src.path)!r} left out: {src.error}")
         if self._findings is not None:
             # After the jobs are read: a new job's first diagnosis, in its thread, would
             # otherwise run beside its first read and double that scrape's time (20 jobs with
-            # a minute of history: 446 ms of CPU and 877 ms of wall, against 207 ms).
-            self._findings.follow(paths)
-        _jobs_up(f, self._sources.values())
+            # a minute of history: 446 ms of CPU and 877 ms of wall, against 207 ms). Only
+            # the recordings read: the diagnosis must not open one that is not a regular file.
+            self._findings.follow([p for p, src in self._sources.items() if src.state is not None])
+        _jobs_up(f, self._sources.values(), users=True)
         f.gauge("exporter_jobs", "Recorded jobs found running on the machine.", {}, len(paths))
         f.gauge("exporter_collect_cpu_seconds", "CPU time this scrape took to build.", {},
                 time.thread_time() - t0)  # fmt: skip
@@ -235,10 +261,28 @@ class HostCollector(_Collector):
     def close(self) -> None:
         if self._findings is not None:
             self._findings.close()
-        with self._lock:
-            for src in self._sources.values():
-                src.close()
-            self._sources.clear()
+        with _held(self._lock) as held:
+            if held:
+                for src in self._sources.values():
+                    src.close()
+                self._sources.clear()
+
+
+# How long close() waits for a scrape in progress: past that the process is ending anyway, and
+# a scrape stuck in a read must not keep Ctrl-C from stopping the exporter.
+CLOSE_WAIT_S = 5.0
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock) -> Iterator[bool]:
+    """``lock`` for closing, if it came within CLOSE_WAIT_S: whether it did. Without it the
+    caller leaves the sources open (a stuck scrape uses them; they go with the process)."""
+    got = lock.acquire(timeout=CLOSE_WAIT_S)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
 
 
 def _owner(path: Path) -> str | None:

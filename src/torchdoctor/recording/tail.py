@@ -3,7 +3,9 @@
 Rows are only ever appended to a recording, so each table's largest rowid seen is the whole
 position; a read costs one indexed query per table, however long the recording is. The
 connection is read-only: the recorder keeps writing (WAL mode lets readers in beside it).
-Errors are ``sqlite3.Error``: the caller says what it could not read and goes on.
+Errors are ``sqlite3.Error``, or ``NotARecordingError`` for a path that is not a regular file
+(never opened: a FIFO would block the open forever) and for a meta value that is not JSON: the
+caller says what it could not read and goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.recording.reader import damaged, require_regular_file
 from torchdoctor.recording.schema import TABLES, from_row, quote, select_list, stored_columns
 
 
@@ -24,6 +27,9 @@ class RecordingTail:
         # The run id every series of this job carries: the recording's file name, unique on
         # the machine and the same on every endpoint that reads it.
         self.run_id = self.path.stem
+        # Checked before SQLite opens it: opening a FIFO waits for a writer forever, and the
+        # exporter reads paths any user's registry entry names.
+        require_regular_file(self.path)
         self._db = sqlite3.connect(
             f"file:{self.path.resolve()}?mode=ro", uri=True, check_same_thread=False
         )
@@ -34,7 +40,11 @@ class RecordingTail:
         self._selects: dict[tuple[str, ...], tuple[str, bool]] = {}
         self.meta: dict[str, Any] = {}
         self._raw_meta: dict[str, str] = {}  # meta's values as stored (JSON text)
-        self.refresh_meta()
+        try:
+            self.refresh_meta()
+        except BaseException:
+            self._db.close()  # the caller never gets the tail to close
+            raise
 
     def refresh_meta(self) -> dict[str, Any]:
         """Re-read ``meta``. Values are decoded only where their text changed: a live job's
@@ -43,7 +53,13 @@ class RecordingTail:
         raw = dict(self._db.execute("SELECT key, value FROM meta"))
         if raw != self._raw_meta:
             old, known = self.meta, self._raw_meta
-            self.meta = {k: old[k] if known.get(k) == v else json.loads(v) for k, v in raw.items()}
+            meta: dict[str, Any] = {}
+            for k, v in raw.items():
+                try:
+                    meta[k] = old[k] if known.get(k) == v else json.loads(v)
+                except (TypeError, ValueError):
+                    raise damaged(self.path, f"meta {k!r} is not JSON ({str(v)[:40]!r})") from None
+            self.meta = meta
             self._raw_meta = raw
         return self.meta
 
