@@ -1,0 +1,276 @@
+"""Two runs side by side: the verdict, the phases, the differences and what explains them."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchdoctor.compare.runs import COMPUTE, DATA_WAIT, PHASE_LABELS, STEP, RunFigures
+from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap
+from torchdoctor.errors import UserError
+
+FASTER = "faster"
+SLOWER = "slower"
+NO_CHANGE = "no significant change"
+
+# Step-time changes smaller than this are "no significant change" even when the interval
+# excludes 1: two runs of the same command on a shared machine differ by a few percent between
+# them (start-up placement, caches, neighbours), which no interval from within the runs sees.
+NO_CHANGE_BAND = 0.03
+# A run needs this many steady steps for a median and its interval to mean something.
+MIN_STEADY_STEPS = 10
+# Other programs used this many more CPUs on average during B than during A: "busier".
+BUSIER_MARGIN_CPUS = 0.5
+
+# Which recorded differences can move which phase. A difference "explains" a phase when its
+# key starts with one of these.
+_DATA_KEYS = ("dataloader", "torch.num_threads", "torch.num_interop_threads")
+_DATA_ENV = ("logical CPUs", "allowed CPUs", "cgroup CPU quota", "env OMP_NUM_THREADS")
+_COMPUTE_KEYS = (
+    "torch.",
+    "amp.",
+    "matmul.",
+    "cudnn.",
+    "params.",
+    "optimizer.",
+    "distributed.",
+    "dataloader.batch_size",
+    "dataloader[",
+)
+_COMPUTE_ENV = ("torch", "logical CPUs", "allowed CPUs", "cgroup CPU quota", "GPUs", "env ")
+_EXPLAINS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    DATA_WAIT: (_DATA_KEYS, _DATA_ENV),
+    COMPUTE: (_COMPUTE_KEYS, _COMPUTE_ENV),
+    "forward": (_COMPUTE_KEYS, _COMPUTE_ENV),
+    "backward": (_COMPUTE_KEYS, _COMPUTE_ENV),
+    "optimizer": (("optimizer.", "torch.", "params."), ("torch",)),
+}
+
+
+@dataclass(slots=True)
+class Difference:
+    key: str
+    a: Any
+    b: Any
+
+
+@dataclass(slots=True)
+class PhaseChange:
+    phase: str
+    label: str
+    a_median_s: float
+    b_median_s: float
+    delta: Interval  # B - A, seconds, with its interval
+    moved: bool  # the interval excludes 0 and the change is beyond the band of A's step
+
+
+@dataclass(slots=True)
+class Comparison:
+    a: str
+    b: str
+    verdict: str  # FASTER, SLOWER or NO_CHANGE
+    ratio: Interval  # B's median step time / A's
+    confidence: float
+    band: float
+    a_steps: int  # steady steps compared
+    b_steps: int
+    a_step_count: int
+    b_step_count: int
+    warmup_rule: str
+    phases: list[PhaseChange]
+    settings: list[Difference]
+    environment: list[Difference]
+    command: Difference | None
+    explanations: list[str]
+    a_peak_rss: int | None
+    b_peak_rss: int | None
+    a_peak_pss: int | None
+    b_peak_pss: int | None
+    a_other_cpus: float | None
+    b_other_cpus: float | None
+    busier: bool
+    findings_appeared: list[str]
+    findings_disappeared: list[str]
+    mismatch: list[str] = field(default_factory=list)  # why not the same workload (--force)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratio"] = _interval_dict(self.ratio)
+        for p, phase in zip(d["phases"], self.phases, strict=True):
+            p["delta"] = _interval_dict(phase.delta)
+        return d
+
+    @property
+    def slowdown(self) -> Interval:
+        """B's step time over A's, less one: 0.10 is 10 % slower."""
+        return Interval(self.ratio.estimate - 1, self.ratio.low - 1, self.ratio.high - 1)
+
+
+def _interval_dict(iv: Interval) -> dict[str, float | None]:
+    return {k: (v if math.isfinite(v) else None) for k, v in asdict(iv).items()}
+
+
+def workload_mismatch(a: RunFigures, b: RunFigures) -> list[str]:
+    """Why A and B are not the same workload, one reason each; empty when they are."""
+    why = []
+    if a.workload != b.workload:
+        why.append(
+            f"A runs {a.workload or ' '.join(a.command)!r}, B {b.workload or ' '.join(b.command)!r}"
+        )
+    if a.batch_size is not None and b.batch_size is not None and a.batch_size != b.batch_size:
+        why.append(f"batch size {a.batch_size} vs {b.batch_size}")
+    if (
+        a.params_count is not None
+        and b.params_count is not None
+        and a.params_count != b.params_count
+    ):
+        why.append(f"model parameters {a.params_count} vs {b.params_count}")
+    return why
+
+
+def verdict_of(ratio: Interval, band: float = NO_CHANGE_BAND) -> str:
+    """faster / slower / no significant change from the ratio B / A and its interval: no
+    change when the interval holds 1, or when both its ends lie within the band around 1."""
+    if not math.isfinite(ratio.low) or ratio.contains(1.0):
+        return NO_CHANGE
+    if 1 - band <= ratio.low and ratio.high <= 1 + band:
+        return NO_CHANGE
+    return SLOWER if ratio.low > 1 else FASTER
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
+    return [
+        Difference(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+    ]
+
+
+def compare(
+    a: RunFigures,
+    b: RunFigures,
+    findings_a: list[str] | None = None,
+    findings_b: list[str] | None = None,
+    *,
+    force: bool = False,
+    band: float = NO_CHANGE_BAND,
+) -> Comparison:
+    """Compare run B with run A (the baseline). Raises UserError, one line, when the two are
+    not the same workload (unless ``force``) or one has too few steady steps."""
+    mismatch = workload_mismatch(a, b)
+    if mismatch and not force:
+        raise UserError(
+            "not the same workload: " + "; ".join(mismatch) + " (--force compares them anyway)"
+        )
+    for name, run in (("A", a), ("B", b)):
+        if run.steady_steps < MIN_STEADY_STEPS:
+            raise UserError(
+                f"{name} ({run.path}) has {run.steady_steps} steady steps of {run.step_count} "
+                f"recorded; a comparison needs at least {MIN_STEADY_STEPS}: record a longer run"
+            )
+    phases = [p for p in a.series if p in b.series]
+    ratio, deltas = bootstrap(
+        PairedSeries({p: a.series[p] for p in phases}, {p: b.series[p] for p in phases}), STEP
+    )
+    # A phase "moved" when its change is beyond the band as a share of A's step, not of the
+    # phase itself: a data wait from 0.1 ms to 0.2 ms doubles and matters to no one.
+    a_median_step = statistics.median(a.series[STEP])
+    changes = []
+    for p in phases:
+        d = deltas[p]
+        am = statistics.median(a.series[p])
+        changes.append(
+            PhaseChange(
+                phase=p,
+                label=PHASE_LABELS.get(p, p),
+                a_median_s=am,
+                b_median_s=am + d.estimate,
+                delta=d,
+                moved=not d.contains(0.0) and abs(d.estimate) > band * a_median_step,
+            )
+        )
+    settings = _diff(a.settings, b.settings)
+    environment = _diff(a.environment, b.environment)
+    command = Difference("command", a.command, b.command) if a.command != b.command else None
+    busier = (
+        a.other_cpus is not None
+        and b.other_cpus is not None
+        and b.other_cpus - a.other_cpus > BUSIER_MARGIN_CPUS
+    )
+    verdict = verdict_of(ratio, band)
+    fa, fb = set(findings_a or []), set(findings_b or [])
+    notes = [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes]
+    return Comparison(
+        a=a.path,
+        b=b.path,
+        verdict=verdict,
+        ratio=ratio,
+        confidence=CONFIDENCE,
+        band=band,
+        a_steps=a.steady_steps,
+        b_steps=b.steady_steps,
+        a_step_count=a.step_count,
+        b_step_count=b.step_count,
+        warmup_rule=a.warmup_rule,
+        phases=changes,
+        settings=settings,
+        environment=environment,
+        command=command,
+        explanations=_explain(verdict, changes, settings, environment, a, b, busier),
+        a_peak_rss=a.peak_rss,
+        b_peak_rss=b.peak_rss,
+        a_peak_pss=a.peak_pss,
+        b_peak_pss=b.peak_pss,
+        a_other_cpus=a.other_cpus,
+        b_other_cpus=b.other_cpus,
+        busier=busier,
+        findings_appeared=sorted(fb - fa),
+        findings_disappeared=sorted(fa - fb),
+        mismatch=mismatch,
+        notes=notes,
+    )
+
+
+def _explain(
+    verdict: str,
+    phases: list[PhaseChange],
+    settings: list[Difference],
+    environment: list[Difference],
+    a: RunFigures,
+    b: RunFigures,
+    busier: bool,
+) -> list[str]:
+    """One line per phase that moved: which recorded difference can explain it, or that the
+    machine was busier, or that nothing recorded does."""
+    lines = []
+    moved = [p for p in phases if p.moved and p.phase != STEP]
+    moved.sort(key=lambda p: -abs(p.delta.estimate))
+    busy_line = (
+        f"the machine was busier: other programs used {b.other_cpus:.1f} CPUs on average "
+        f"during B vs {a.other_cpus:.1f} during A"
+        if busier and a.other_cpus is not None and b.other_cpus is not None
+        else None
+    )
+    for p in moved:
+        keys, env_keys = _EXPLAINS.get(p.phase, ((), ()))
+        causes = [d for d in settings if d.key.startswith(keys)]
+        causes += [d for d in environment if d.key.startswith(env_keys)]
+        direction = "rose" if p.delta.estimate > 0 else "fell"
+        what = f"{p.label} {direction} by {abs(p.delta.estimate) * 1e3:.3g} ms a step"
+        if causes:
+            named = ", ".join(f"{d.key} {_show(d.a)} -> {_show(d.b)}" for d in causes)
+            lines.append(f"{what}: {named} changed")
+        elif busy_line:
+            lines.append(f"{what}: no setting changed, but {busy_line}")
+        else:
+            lines.append(f"{what}: no recorded setting or environment difference explains it")
+    if busy_line and not any(busy_line in line for line in lines):
+        lines.append(busy_line[0].upper() + busy_line[1:])
+    if verdict != NO_CHANGE and not moved:
+        lines.append("no single phase moved beyond its interval; the change is spread over them")
+    return lines
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else str(value)
