@@ -70,6 +70,17 @@ def test_bad_options(args, fragment, estimate_cli):
     _one_error_line(res, fragment)
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--input", "3x"], "cannot read input shape '3x'"),  # was read as the shape (3,)
+        (["--gpu-memory", "0"], "--gpu-memory must be above 0"),  # was "a GPU with 0 B"
+    ],
+)
+def test_sizes_and_shapes_that_mean_nothing_are_refused(args, fragment):
+    _one_error_line(run_td("estimate", f"{MODELS_FILE}:mlp_dropout", *args), fragment)
+
+
 def test_bad_spec_form(estimate_cli):
     _one_error_line(estimate_cli("just_a_name"), "cannot read model spec 'just_a_name'")
 

@@ -43,6 +43,15 @@ def _one_error_line(done) -> str:
         (["--mem", "900TiB"], "--mem 900 TiB: this machine has"),
         (["--gpus", "1", "--vram", "auto"], "--vram auto: this queue has no finished run"),
         (["--after", "7"], "--after 7: there is no job 7"),
+        # a size of 0 placed the job anywhere ("0 B asked")
+        (["--mem", "0"], "--mem 0: give a size above 0"),
+        (["--gpus", "1", "--vram", "0G"], "--vram 0G: give a size above 0"),
+        # --estimate sizes --vram auto; without it, it was silently dropped
+        (["--estimate", "m.py:make"], "--estimate sizes the GPU memory of --vram auto"),
+        (
+            ["--gpus", "1", "--vram", "8GiB", "--estimate", "m.py:make"],
+            "add --vram auto, or drop --estimate (--vram 8GiB is given)",
+        ),
     ],
 )
 def test_what_the_machine_can_never_give_is_refused_at_submit(queue_env, args, says):

@@ -76,7 +76,7 @@ def command(
     torchdoctor's recorder, without a shell, with this environment. `torchdoctor queue` shows
     it; its output goes to `torchdoctor queue logs ID`."""
     from torchdoctor.queue import Request
-    from torchdoctor.queue.needs import resolve_need
+    from torchdoctor.queue.needs import AUTO, resolve_need
     from torchdoctor.queue.system import open_queue
     from torchdoctor.units import fmt_bytes
 
@@ -90,6 +90,13 @@ def command(
     gpu_ids = [g.strip() for g in gpu.split(",") if g.strip()] if gpu else None
     if gpu_ids and gpus and gpus != len(gpu_ids):
         raise UserError(f"--gpus {gpus} and --gpu {gpu} disagree: give one of them")
+    if estimate_args is not None and (vram or "").strip().lower() != AUTO:
+        # --estimate sizes --vram auto (its help says so); with any other --vram it was
+        # silently dropped, and the job queued without the size the user meant to give it.
+        raise UserError(
+            "--estimate sizes the GPU memory of --vram auto: add --vram auto, or drop --estimate"
+            + (f" (--vram {vram} is given)" if vram else "")
+        )
     with open_queue() as queue:
         vram_need, vram_source = resolve_need("vram", vram, args, queue, estimate_args)
         mem_need, mem_source = resolve_need("mem", mem, args, queue)

@@ -273,11 +273,19 @@ _PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 
 def _size(value: str | int) -> int:
     if isinstance(value, int):
-        return value
-    try:
-        return parse_size(value)
-    except UserError:
-        # named as the caller knows it: gpu_memory here, --gpu-memory on the command line
+        size = value
+    else:
+        try:
+            size = parse_size(value)
+        except UserError:
+            # named as the caller knows it: gpu_memory here, --gpu-memory on the command line
+            raise ParameterError(
+                "cannot read {} " + literal(f"{value!r}: {SIZE_HINT}"), "gpu_memory"
+            ) from None
+    if size <= 0:
+        # a GPU of 0 B fits nothing: every answer about it would be a non-answer
         raise ParameterError(
-            "cannot read {} " + literal(f"{value!r}: {SIZE_HINT}"), "gpu_memory"
-        ) from None
+            "{} must be above 0 " + literal(f"(got {value!r}): give the GPU's memory, e.g. 24GiB"),
+            "gpu_memory",
+        )
+    return size

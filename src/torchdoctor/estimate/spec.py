@@ -24,8 +24,10 @@ from torchdoctor.estimate.workload import (
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """``3x224x224`` (or ``3,224,224``) -> (3, 224, 224): one sample's shape, no batch dim."""
-    parts = [p for p in re.split(r"[x,\s]+", text.strip().lower()) if p]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+    # Empty parts are kept, so that "3x" or "x224" (a dimension left out) is refused, not
+    # read as a shape of fewer dimensions than meant.
+    parts = re.split(r"[x,\s]+", text.strip().lower())
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
         raise UserError(
             f"cannot read input shape {text!r}: write one sample's shape like 3x224x224"
         )

@@ -30,7 +30,13 @@ def resolve_need(
     if value is None:
         return None, None
     if value.strip().lower() != AUTO:
-        return parse_size(value, f"--{kind}"), ASKED
+        need = parse_size(value, f"--{kind}")
+        if need <= 0:
+            # 0 B asked would place the job anywhere and then let it use anything
+            raise UserError(
+                f"--{kind} {value}: give a size above 0 (e.g. --{kind} 8GiB), or leave --{kind} out"
+            )
+        return need, ASKED
     option = f"--{kind}"
     past: Job | None = history.last_finished(argv)
     peak = None
