@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("torchdoctor.cli.show", "Summarize a recording."),
     "export": ("torchdoctor.cli.export", "Export a recording to CSV, Parquet or JSON Lines."),
     "diagnose": ("torchdoctor.cli.diagnose", "Name the bottleneck of a recorded job, with fixes."),
+    "compare": (
+        "torchdoctor.cli.compare",
+        "Compare two runs: faster or slower, which phase moved, which setting explains it.",
+    ),
     "report": ("torchdoctor.cli.report", "Write a self-contained HTML report of a recording."),
     "estimate": ("torchdoctor.cli.estimate", "Estimate VRAM of a training step without a GPU."),
     "tune": ("torchdoctor.cli.tune", "Find the fastest DataLoader and thread settings."),

@@ -10,6 +10,7 @@ OK = 0
 FOUND = 1
 USAGE = 2
 UNAVAILABLE = 3
+REGRESSED = 4
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
 INTERRUPTED = 130
@@ -40,6 +41,12 @@ EXIT_CODES: tuple[ExitCode, ...] = (
         UNAVAILABLE,
         "unavailable",
         "Something needed is missing here: PyTorch not importable, /proc not readable.",
+    ),
+    ExitCode(
+        REGRESSED,
+        "regressed",
+        "`compare --fail-if-slower` or `--fail-if-more-memory`: B is slower (with 95 % "
+        "confidence) or holds more memory than A by more than the percentage given.",
     ),
     ExitCode(NOT_EXECUTABLE, "not-executable", "The command to run exists but cannot run."),
     ExitCode(NOT_FOUND, "not-found", "The command to run is not on PATH (as shells say)."),

@@ -20,6 +20,7 @@ SCHEMAS_DIR = Path(__file__).parent / "schemas"
 SCHEMA_VERSIONS: dict[str, int] = {
     "bench-allreduce": 1,
     "bench-scaling": 1,
+    "compare": 1,
     "diagnose": 1,
     "doctor": 1,
     "estimate": 1,

@@ -1,0 +1,231 @@
+"""``torchdoctor compare A B``: did B get faster or slower than A, which phase moved, and why."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from torchdoctor.cli.exit_codes import REGRESSED
+from torchdoctor.cli.json_output import dump_json
+from torchdoctor.cli.recordings import RECORDING
+from torchdoctor.compare.runs import run_figures
+from torchdoctor.compare.verdict import FASTER, SLOWER, Comparison, compare
+from torchdoctor.errors import UserError
+from torchdoctor.recording.reader import open_recording
+from torchdoctor.units import fmt_bytes, fmt_duration, one_line
+
+
+def _percentage(ctx: click.Context, param: click.Parameter, value: float | None):
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a percentage", ctx, param)
+    return value
+
+
+@click.command("compare")
+@click.argument("a", type=RECORDING)
+@click.argument("b", type=RECORDING)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Compare runs that are not the same workload (another script, batch size or model "
+    "size); refused without it.",
+)
+@click.option(
+    "--fail-if-slower",
+    "fail_slower",
+    type=click.FloatRange(min=0),
+    callback=_percentage,
+    metavar="PCT",
+    help="Exit 4 when B's step is slower than A's by more than PCT percent with 95 % "
+    "confidence (the interval's low end above it), for CI.",
+)
+@click.option(
+    "--fail-if-more-memory",
+    "fail_memory",
+    type=click.FloatRange(min=0),
+    callback=_percentage,
+    metavar="PCT",
+    help="Exit 4 when B's peak RSS is above A's by more than PCT percent.",
+)
+@click.pass_context
+def command(
+    ctx: click.Context,
+    a: str,
+    b: str,
+    as_json: bool,
+    force: bool,
+    fail_slower: float | None,
+    fail_memory: float | None,
+) -> None:
+    """Compare run B with run A (the baseline): faster, slower or no significant change,
+    with the ratio of their median step times and its 95 % interval; each phase of the step
+    (data wait, compute); the settings, environment and command line that differ and which
+    of them explains the phase that moved; memory peaks; findings that appeared or went.
+
+    A and B are recordings, or `last`, `last~1` (the one before it), ... Steps of each
+    process's warm-up are left out, as in `show`. Runs that are not the same workload are
+    refused unless --force. Exits 4 when a --fail-if-... limit is passed, 2 on bad input.
+    """
+    from torchdoctor.thresholds import load_thresholds
+
+    thresholds = load_thresholds(None)
+    figures = []
+    findings: list[list[str]] = []
+    complaints: list[str] = []
+    for path in (a, b):
+        with open_recording(path) as rec:
+            figures.append(run_figures(rec))
+            findings.append(_finding_ids(rec, thresholds, complaints.append))
+    comparison = compare(figures[0], figures[1], findings[0], findings[1], force=force)
+    regressions = _regressions(comparison, fail_slower, fail_memory)
+    for line in complaints:
+        click.echo(f"torchdoctor: {line}", err=True)
+    if as_json:
+        document = comparison.to_dict()
+        document["regressions"] = regressions
+        dump_json("compare", document)
+    else:
+        render(comparison)
+    if regressions:
+        for line in regressions:
+            click.echo(f"torchdoctor: {line}", err=True)
+        ctx.exit(REGRESSED)
+
+
+def _finding_ids(rec: Any, thresholds: Any, complain: Any) -> list[str]:
+    from torchdoctor.diagnosis.engine import diagnose
+
+    with contextlib.suppress(UserError):
+        return [f.id for f in diagnose(rec, thresholds, complain=complain)]
+    return []
+
+
+def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | None) -> list[str]:
+    """What passed a --fail-if-... limit, one line each."""
+    out = []
+    if slower_pct is not None:
+        low = c.slowdown.low
+        if math.isfinite(low) and low * 100 > slower_pct:
+            out.append(
+                f"B is slower than A by {c.slowdown.estimate:.1%} (at least {low:.1%} with 95 % "
+                f"confidence), beyond --fail-if-slower {slower_pct:g}"
+            )
+    if memory_pct is not None:
+        if c.a_peak_rss is None or c.b_peak_rss is None or c.a_peak_rss <= 0:
+            raise UserError("--fail-if-more-memory: peak RSS was not recorded in both runs")
+        grew = c.b_peak_rss / c.a_peak_rss - 1
+        if grew * 100 > memory_pct:
+            out.append(
+                f"B's peak RSS {fmt_bytes(c.b_peak_rss)} is {grew:.1%} above A's "
+                f"{fmt_bytes(c.a_peak_rss)}, beyond --fail-if-more-memory {memory_pct:g}"
+            )
+    return out
+
+
+def headline(c: Comparison) -> str:
+    """The verdict in one line."""
+    r = c.ratio
+    if not math.isfinite(r.estimate):
+        return f"{c.verdict}: A's median step time is zero"
+    ratio = f"B's step takes {r.estimate:.3g}x A's (95 % interval {r.low:.3g} to {r.high:.3g})"
+    if c.verdict == FASTER:
+        return f"faster: {ratio}, {1 / r.estimate:.3g}x the speed"
+    if c.verdict == SLOWER:
+        return f"slower: {ratio}, {r.estimate - 1:.1%} slower"
+    return f"no significant change: {ratio}; the interval holds 1 or lies within {c.band * 100:g} %"
+
+
+def _ms(seconds: float) -> str:
+    return fmt_duration(seconds)
+
+
+def _signed(seconds: float) -> str:
+    return ("+" if seconds > 0 else "-" if seconds < 0 else "") + fmt_duration(abs(seconds))
+
+
+def render(c: Comparison) -> None:
+    """Print the comparison for a person."""
+    from torchdoctor.terminal import make_console
+
+    console = make_console(soft_wrap=True)
+    style = {FASTER: "bold green", SLOWER: "bold red"}.get(c.verdict, "bold")
+    console.print(Text(headline(c), style=style))
+    console.print(
+        Text(
+            f"compared: {c.a_steps} steady steps of A's {c.a_step_count}, {c.b_steps} of B's "
+            f"{c.b_step_count} ({c.warmup_rule})",
+            style="dim",
+        )
+    )
+    console.print(Text(f"A: {c.a}"))
+    console.print(Text(f"B: {c.b}"))
+    for note in c.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    if c.mismatch:
+        console.print(Text("not the same workload (--force): " + "; ".join(c.mismatch), "yellow"))
+
+    table = Table(box=None, pad_edge=False, title_justify="left")
+    for name in ("median per step", "A", "B", "B - A", "95 % interval"):
+        table.add_column(name, justify="left" if name == "median per step" else "right")
+    for p in c.phases:
+        table.add_row(
+            Text(p.label, style="bold" if p.moved else ""),
+            _ms(p.a_median_s),
+            _ms(p.b_median_s),
+            Text(_signed(p.delta.estimate), style="bold" if p.moved else ""),
+            f"{_signed(p.delta.low)} to {_signed(p.delta.high)}",
+        )
+    console.print()
+    console.print(table)
+
+    if c.explanations:
+        console.print()
+        console.print(Text("Why", style="bold"))
+        for line in c.explanations:
+            console.print(Text(f"  {line}"))
+    for title, diffs in (("Settings that differ", c.settings), ("Environment", c.environment)):
+        if not diffs:
+            continue
+        console.print()
+        console.print(Text(title, style="bold"))
+        grid = Table(box=None, pad_edge=False, show_header=True)
+        grid.add_column("")
+        grid.add_column("A")
+        grid.add_column("B")
+        for d in diffs:
+            grid.add_row(d.key, _value(d.a), _value(d.b))
+        console.print(grid)
+    if c.command is not None:
+        console.print()
+        console.print(Text("Command lines differ", style="bold"))
+        console.print(Text(f"  A: {one_line(c.command.a)}"))
+        console.print(Text(f"  B: {one_line(c.command.b)}"))
+    console.print()
+    console.print(Text("Memory and machine", style="bold"))
+    console.print(Text(f"  peak RSS  A {fmt_bytes(c.a_peak_rss)}, B {fmt_bytes(c.b_peak_rss)}"))
+    console.print(Text(f"  peak PSS  A {fmt_bytes(c.a_peak_pss)}, B {fmt_bytes(c.b_peak_pss)}"))
+    if c.a_other_cpus is not None and c.b_other_cpus is not None:
+        console.print(
+            Text(
+                f"  other programs' CPU use  A {c.a_other_cpus:.1f} CPUs, "
+                f"B {c.b_other_cpus:.1f} CPUs on average"
+                + (" (B's machine was busier)" if c.busier else ""),
+            )
+        )
+    if c.findings_appeared or c.findings_disappeared:
+        console.print()
+        console.print(Text("Findings", style="bold"))
+        if c.findings_appeared:
+            console.print(Text("  new in B: " + ", ".join(c.findings_appeared)))
+        if c.findings_disappeared:
+            console.print(Text("  gone in B: " + ", ".join(c.findings_disappeared)))
+
+
+def _value(value: Any) -> str:
+    return "unset" if value is None else str(value)
