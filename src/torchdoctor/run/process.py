@@ -1,12 +1,24 @@
 """Starting the user's command and waiting for it, with signals passed through faithfully.
 
 The command runs without a shell, with our stdin/stdout/stderr, in our process group (so it
-stays in the terminal's foreground and can read the terminal). Ctrl-C typed at the terminal
-already reaches every process of the group, the command included; forwarding it again would
-deliver it twice (a Python job would see a second KeyboardInterrupt in its cleanup). So we
-wait for signals synchronously with ``sigtimedwait``, which tells a terminal's signal
-(si_code SI_KERNEL) from one sent with kill(2) to us alone (SI_USER/SI_QUEUE), and forward
-only the latter.
+stays in the terminal's foreground, can read the terminal, and Ctrl-Z, `fg` and `bg` work on
+it as on any command). A signal sent to that whole group reaches the command by itself:
+Ctrl-C at the terminal (si_code SI_KERNEL), and `kill -- -PGID`, timeout(1) (which signals its
+child, then its group), systemd's KillMode=control-group and Slurm (which signal every process
+of the cgroup). Forwarding such a signal again would deliver it twice, and a job that
+checkpoints on SIGTERM and quits at a second one would be cut short. Only a signal sent to
+torchdoctor alone must be passed on.
+
+Who a kill(2) was aimed at is not in its siginfo, and the command's own pending set cannot
+tell either (a job with a handler takes the signal at once). So a *witness* shares our group
+and cgroup (:class:`GroupWitness`): an idle process that keeps the forwarded signals blocked,
+so one sent to it stays pending, visible in its /proc/PID/status. A signal that reached the
+witness too was sent to the group (or the cgroup) and already reached the command; one that did
+not was sent to us alone and is forwarded. Putting the command in a process group of its own
+instead would break terminal job control and reading the terminal (or need tcsetpgrp and
+relaying every stop and continue), would still double the signals systemd and Slurm send to
+every process of the cgroup, and would let `timeout -k`'s final KILL to the group miss the
+command.
 
 A command's whole tree is stopped by :func:`stop_tree` (tune's trials, queued jobs, bench
 scaling's trials): TERM, then KILL for what is left after a grace period.
@@ -19,6 +31,7 @@ import errno
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +49,11 @@ FORWARDED = (
 )
 _WAITED = {*FORWARDED, signal.SIGCHLD}
 _SI_KERNEL = 0x80  # si_code of signals the kernel raises itself, e.g. the tty's Ctrl-C
+# How long a signal sent to us may take to reach the witness as well: a group kill reaches
+# every member in one kill(2), but timeout(1) signals us first and its group right after, and
+# systemd and Slurm signal the processes of a cgroup one kill(2) at a time. A signal sent to
+# us alone is forwarded this much later.
+WITNESS_GRACE_S = 0.1
 
 
 def resolve_command(
@@ -49,11 +67,21 @@ def resolve_command(
             "no command given: put it after `--`, e.g. `torchdoctor run -- python train.py`"
         )
     name = argv[0]
+    if not name.strip():
+        # `run -- ""` said "command not found:  (is it installed...)", naming nothing
+        raise UserError(
+            f"empty command ({name!r}): the first word after `--` is the program to run, "
+            "e.g. `torchdoctor run -- python train.py`",
+            exit_code=127,
+        )
     if "/" in name:
         where = os.path.join(cwd, name) if cwd is not None else name
         if not os.path.exists(where):
             raise UserError(f"command not found: {name}", exit_code=127)
-        if os.path.isdir(where) or not os.access(where, os.X_OK):
+        if os.path.isdir(where):
+            # a shell's status for a folder; "check its permissions" pointed the wrong way
+            raise UserError(f"{name} is a folder, not a command", exit_code=126)
+        if not os.access(where, os.X_OK):
             raise UserError(
                 f"command is not executable: {name} (check its permissions)", exit_code=126
             )
@@ -136,6 +164,75 @@ def spawn(
         raise UserError(f"cannot start {argv[0]}: {exc.strerror}", exit_code=code) from None
 
 
+# The witness: an idle Python (no site, no user settings) that ends when we do (its stdin is a
+# pipe whose only writer is us); it never unblocks the signals it was started with.
+_WITNESS_CODE = "import os; os.read(0, 1)"
+
+
+class GroupWitness:
+    """A process in our process group and cgroup that keeps :data:`FORWARDED` blocked: a
+    signal sent to it stays pending, so :meth:`saw` tells a signal sent to the whole group
+    (or cgroup) from one sent to torchdoctor alone (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._stdin: int | None = None
+        self._start()
+
+    def _start(self) -> None:
+        read_end, self._stdin = os.pipe()  # both close on exec: the command inherits neither
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-S", "-c", _WITNESS_CODE],
+                {},
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, read_end, 0),
+                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                    (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                ],
+                setsigmask=FORWARDED,
+                setsigdef=(*FORWARDED, signal.SIGPIPE),
+            )
+        finally:
+            os.close(read_end)
+
+    def pending(self) -> set[int]:
+        """The signals waiting in the witness now (empty when it cannot be read)."""
+        try:
+            with open(f"/proc/{self.pid}/status", encoding="ascii") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            bits = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+        except (OSError, KeyError, ValueError):
+            return set()
+        return {n for n in range(1, 65) if bits >> (n - 1) & 1}
+
+    def saw(self, signum: int, grace_s: float = WITNESS_GRACE_S) -> bool:
+        """Whether ``signum``, just received by us, reached the witness too (within
+        ``grace_s``). A witness that saw it is replaced: its pending signal cannot be taken
+        back, and the next one must be told apart again."""
+        deadline = time.monotonic() + grace_s
+        while signum not in self.pending():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)  # no event to wait for: another process's pending set
+        self.close()
+        with contextlib.suppress(OSError):
+            self._start()
+        return True
+
+    def close(self) -> None:
+        if self._stdin is not None:
+            os.close(self._stdin)
+            self._stdin = None
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid = None
+
+
 class ChildProcess:
     """A started command (see :func:`spawn` for ``log`` and ``new_group``); ``returncode`` is
     its shell status once it has been reaped.
@@ -152,7 +249,18 @@ class ChildProcess:
         log: os.PathLike[str] | str | None = None,
         new_group: bool = False,
     ) -> None:
-        self.pid = spawn(path, argv, env, log=log, new_group=new_group)
+        # Sharing our group, the command gets group signals by itself: the witness tells them
+        # apart. Without one (it could not start) every kill(2) is forwarded, as before.
+        self._witness: GroupWitness | None = None
+        self._group_copy_due: dict[int, float] = {}  # signal -> until when
+        if not new_group:
+            with contextlib.suppress(OSError):
+                self._witness = GroupWitness()
+        try:
+            self.pid = spawn(path, argv, env, log=log, new_group=new_group)
+        except BaseException:
+            self._close_witness()
+            raise
         self.returncode: int | None = None
 
     def wait(self, on_signal: Callable[[int, bool], None] | None = None) -> int:
@@ -160,17 +268,42 @@ class ChildProcess:
 
         ``on_signal(signum, forwarded)`` is told about each INT/TERM/HUP that arrived.
         """
-        while self.returncode is None:
-            info = signal.sigtimedwait(_WAITED, 0.5)
-            if info is not None and info.si_signo != signal.SIGCHLD:
-                forwarded = info.si_code != _SI_KERNEL
-                if forwarded:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.pid, info.si_signo)
-                if on_signal is not None:
-                    on_signal(info.si_signo, forwarded)
-            self.poll()
+        try:
+            while self.returncode is None:
+                info = signal.sigtimedwait(_WAITED, 0.5)
+                if info is not None and info.si_signo != signal.SIGCHLD:
+                    forwarded = self._sent_to_us_alone(info)
+                    if forwarded:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(self.pid, info.si_signo)
+                    if on_signal is not None:
+                        on_signal(info.si_signo, forwarded)
+                self.poll()
+        finally:
+            self._close_witness()
         return self.returncode
+
+    def _sent_to_us_alone(self, info: signal.struct_siginfo) -> bool:
+        """Whether the signal reached us and not the command: then it is forwarded."""
+        if info.si_code == _SI_KERNEL:  # the terminal's: sent to its whole foreground group
+            return False
+        if self._witness is None:
+            return True
+        signum = info.si_signo
+        if time.monotonic() < self._group_copy_due.pop(signum, 0.0):
+            return False  # our own copy of a group signal the witness already showed
+        if not self._witness.saw(signum):
+            return True
+        # The group signal the witness saw reached us too. Unless it merged with the one just
+        # taken (a signal pending twice is delivered once), our copy is still to come: e.g.
+        # timeout(1) signals us alone, then its group. That copy is not forwarded either.
+        self._group_copy_due[signum] = time.monotonic() + WITNESS_GRACE_S
+        return False
+
+    def _close_witness(self) -> None:
+        if self._witness is not None:
+            self._witness.close()
+            self._witness = None
 
     def poll(self) -> int | None:
         """Reap the command if it has ended; its shell status, or None while it runs."""
