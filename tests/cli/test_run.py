@@ -169,6 +169,22 @@ def test_not_executable_is_126(tmp_path: Path) -> None:
     assert not (tmp_path / "torchdoctor-runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "status", "line"),
+    [
+        ("", 127, "empty command (''): the first word after `--` is the program to run"),
+        (" ", 127, "empty command (' '): the first word after `--` is the program to run"),
+        # was "command is not executable: /tmp (check its permissions)"
+        ("/tmp", 126, "/tmp is a folder, not a command"),
+    ],
+)
+def test_a_command_that_names_nothing_runnable_says_what_it_is(tmp_path, command, status, line):
+    res = run_td("run", "--", command, cwd=tmp_path)
+    assert res.returncode == status
+    assert len(res.stderr.strip().splitlines()) == 1 and line in res.stderr
+    assert not (tmp_path / "torchdoctor-runs").exists()
+
+
 @pytest.mark.parametrize("interval", ["0.01", "61", "2m"])
 def test_interval_out_of_range(tmp_path: Path, interval: str) -> None:
     res = run_td("run", "--interval", interval, "--", PY, "-c", "pass", cwd=tmp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -94,3 +95,69 @@ def test_unknown_hf_model_type_names_examples(estimate_cli):
     _one_error_line(
         estimate_cli("hf:no_such_arch", "--tokens", "16"), "no model type 'no_such_arch'", "gpt2"
     )
+
+
+# -- the user's module runs in torchdoctor's process: its exits and argv are its own -----------
+
+_ARGPARSE_AT_IMPORT = """
+import argparse
+import torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--data", required={required})
+args = parser.parse_args()
+def make():
+    return torch.nn.Linear(8, 2)
+"""
+
+
+def test_a_module_level_argparse_does_not_parse_torchdoctors_arguments(tmp_path):
+    # It saw `estimate ap.py:make --input 8` and refused it in its own words, as if torchdoctor had
+    (tmp_path / "ap.py").write_text(_ARGPARSE_AT_IMPORT.format(required=False))
+    res = run_td("estimate", "ap.py:make", "--input", "8", "--batch", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "usage:" not in res.stderr
+
+
+def test_an_argparse_that_exits_at_import_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "ap.py").write_text(_ARGPARSE_AT_IMPORT.format(required=True))
+    res = run_td("estimate", "ap.py:make", "--input", "8", cwd=tmp_path)
+    assert res.returncode == 2
+    _one_error_line(
+        res,
+        "importing ap.py exited with status 2",
+        "the following arguments are required: --data",
+        "its argparse parsed the command line?",
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("jobs.py:exits", "the factory of jobs.py:exits exited with status 3"),  # was silent
+        ("jobs.py:raises", "the factory of jobs.py:raises raised ValueError: no model today"),
+        # a package module whose import raises something other than ImportError: a traceback
+        ("badpkg.boom:make", "importing badpkg.boom raised ValueError: import-time failure"),
+        ("nosuchpkg.mod:make", "cannot import module 'nosuchpkg.mod': No module named"),
+        ("jobs.py:exits:extra", "cannot read model spec 'jobs.py:exits:extra': one colon"),
+    ],
+)
+def test_the_users_exits_and_errors_are_one_line(tmp_path, spec, fragment):
+    (tmp_path / "jobs.py").write_text(
+        "import sys\n"
+        "def exits():\n    sys.exit(3)\n"
+        "def raises():\n    raise ValueError('no model today')\n"
+    )
+    (tmp_path / "badpkg").mkdir()
+    (tmp_path / "badpkg" / "__init__.py").write_text("")
+    (tmp_path / "badpkg" / "boom.py").write_text("raise ValueError('import-time failure')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = run_td("estimate", spec, "--input", "8", cwd=tmp_path, env=env)
+    assert res.returncode == 2
+    _one_error_line(res, fragment)
+
+
+def test_a_folder_given_as_the_model_file_is_said_to_be_a_folder(tmp_path):
+    # was "model file ... does not exist"
+    res = run_td("estimate", f"{tmp_path}:make", "--input", "8")
+    _one_error_line(res, f"model file {tmp_path} is a folder, not a Python file")

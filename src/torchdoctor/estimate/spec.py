@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,8 @@ def _workload(
     parts: dict[str, Any] = {}
 
     def build_model() -> Any:
-        try:
+        with _user_code(f"the factory of {name}", _script_of(name)):
             made = factory()
-        except UserError:
-            raise
-        except Exception as exc:
-            raise UserError(f"the factory of {name} raised {type(exc).__name__}: {exc}") from exc
         model, batch_maker, loss = _unpack(name, made)
         parts["batch_maker"], parts["loss"] = batch_maker, loss
         return model
@@ -136,15 +134,68 @@ def _unpack(name: str, made: Any) -> tuple[Any, Any, Any]:
     return model, batch_maker, loss
 
 
+def _script_of(spec_name: str) -> str:
+    """What the user's code sees as sys.argv[0]: the file (or module) the spec names."""
+    return spec_name.partition(":")[0] or spec_name
+
+
+@contextlib.contextmanager
+def _user_code(what: str, argv0: str) -> Iterator[None]:
+    """Around importing the user's module and calling its factory, inside torchdoctor's process.
+
+    ``sys.argv`` is ``[argv0]``, as if the file ran with no arguments: a module-level
+    ``argparse`` (the usual train.py) parsed torchdoctor's own command line and its error looked
+    like torchdoctor's. What the code writes on stderr is held back, so that an exit or an
+    exception is one line (the code's last line of stderr goes into it), and passed on when
+    the code returns normally (its warnings are the user's to see). ``sys.exit()`` and any
+    exception become a :class:`UserError` naming ``what``."""
+    saved_argv = sys.argv
+    held = io.StringIO()
+    sys.argv = [argv0]
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except SystemExit as exc:
+        raise UserError(_exit_message(what, exc.code, held.getvalue())) from None
+    except (UserError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise UserError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+    else:
+        sys.stderr.write(held.getvalue())
+    finally:
+        sys.argv = saved_argv
+
+
+def _exit_message(what: str, code: object, stderr: str) -> str:
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    said = f": {last}" if last else ""
+    if code is None or isinstance(code, int):
+        message = f"{what} exited with status {code or 0}{said}"
+    else:  # sys.exit("message") prints the message and exits 1
+        message = f"{what} exited: {code}"
+    if code == 2 and "usage:" in stderr:
+        # argparse's status: its parser ran at import, where only the script's own run needs it
+        message += " (its argparse parsed the command line? keep parsing under "
+        message += "`if __name__ == '__main__':`, or give it defaults)"
+    return message
+
+
 def _import_factory(spec: str) -> Callable[[], Any]:
-    target, sep, attr = spec.rpartition(":")
+    target, sep, attr = spec.partition(":")
+    form = "use file.py:factory, package.module:factory, torchvision:NAME or hf:MODEL_TYPE"
     if not sep or not target or not attr:
+        raise UserError(f"cannot read model spec {spec!r}: {form}")
+    if ":" in attr:
+        # models.py:make:extra was read as the module 'models.py:make'
         raise UserError(
-            f"cannot read model spec {spec!r}: use file.py:factory, package.module:factory, "
-            "torchvision:NAME or hf:MODEL_TYPE"
+            f"cannot read model spec {spec!r}: one colon, between the file or module and the "
+            f"factory ({form})"
         )
     if target.endswith(".py") or "/" in target:
         path = Path(target)
+        if path.is_dir():
+            raise UserError(f"model file {target} is a folder, not a Python file: {form}")
         if not path.is_file():
             raise UserError(f"model file {target} does not exist")
         module_name = f"_torchdoctor_spec_{abs(hash(str(path.resolve())))}"
@@ -154,16 +205,18 @@ def _import_factory(spec: str) -> Callable[[], Any]:
         sys.path.insert(0, str(path.resolve().parent))
         try:
             sys.modules[module_name] = module
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            raise UserError(f"importing {target} raised {type(exc).__name__}: {exc}") from exc
+            with _user_code(f"importing {target}", target):
+                module_spec.loader.exec_module(module)
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
         try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise UserError(f"cannot import module {target!r}: {exc}") from exc
+            with _user_code(f"importing {target}", target):
+                module = importlib.import_module(target)
+        except UserError as exc:
+            if isinstance(exc.__cause__, ImportError):
+                raise UserError(f"cannot import module {target!r}: {exc.__cause__}") from None
+            raise
     factory = getattr(module, attr, None)
     if factory is None:
         defined = [
