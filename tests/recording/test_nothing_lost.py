@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TORCHDOCTOR, run_td
-from tests.helpers.engines import engine, not_root, require_engine
+from tests.helpers.bad_input import small_tmpfs
+from tests.helpers.engines import engine, not_root
 from torchdoctor import open_recording
 from torchdoctor.errors import UserError
 from torchdoctor.recording import claim_recording_file, create_recording_file
@@ -225,24 +226,12 @@ sys.exit(3)
 
 @engine("root", not_root())  # mounting a small tmpfs
 def test_a_full_disk_stops_the_recording_with_one_line_and_spares_the_job(tmp_path: Path) -> None:
-    small = tmp_path / "small"
-    small.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        require_engine("tmpfs", f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    require_engine("tmpfs", None)
-    try:
+    with small_tmpfs(tmp_path / "small", "256k") as small:
         res = run_td(
             "run", "--interval", "0.05", "--out", str(small / "r.sqlite"), "--",
             PY, "-c", FILLER_JOB,
             timeout=180,
         )  # fmt: skip
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
     assert res.returncode == 3
     assert res.stdout == "job output line 1\njob output line 2\n"
     expected = f"torchdoctor: recording stopped: no space left on {small} (free "

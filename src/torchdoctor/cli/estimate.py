@@ -10,12 +10,14 @@ import click
 from click.core import ParameterSource
 
 from torchdoctor.cli.common import python_option, run_in_job_python
+from torchdoctor.cli.force import force_option
 from torchdoctor.cli.json_output import user_output_to_stderr, versioned
 from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import ParameterError, UserError
 from torchdoctor.estimate.loops import LOOPS
 from torchdoctor.estimate.profiles import PROFILES
 from torchdoctor.estimate.setup import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+from torchdoctor.output_files import check_output_file
 from torchdoctor.units import fmt_bytes
 
 # The library's errors name its Python parameters; the CLI words them as its flags.
@@ -150,6 +152,7 @@ Examples:
     metavar="FILE",
     help="Write the step's allocations as a pickle to open at https://pytorch.org/memory_viz.",
 )
+@force_option("the --memory-snapshot file")
 @click.option(
     "--from",
     "recording",
@@ -169,6 +172,7 @@ def command(
     find_max: bool,
     no_fallback: bool,
     memory_snapshot: str | None,
+    force: bool,
     recording: Path | None,
     as_json: bool,
     quiet: bool,
@@ -193,6 +197,8 @@ def command(
             "--from checks the recorded step and its fix: leave out --max-batch and "
             "--memory-snapshot"
         )
+    if memory_snapshot:  # refused now, not after the model is traced
+        check_output_file(memory_snapshot, "--memory-snapshot", force=force)
     try:
         # Model code runs here (imports, constructors, forwards): under --json its prints
         # go to stderr, so that stdout is the JSON alone.
@@ -201,7 +207,9 @@ def command(
                 options["batch_size"] = batch_size
                 text = _run_from(spec, recording, options, _given(), as_json)
             else:
-                text = _run(spec, batch_size, find_max, memory_snapshot, as_json, options, quiet)
+                text = _run(
+                    spec, batch_size, find_max, memory_snapshot, as_json, options, quiet, force
+                )
     except ParameterError as exc:
         raise exc.worded(FLAGS) from None
     click.echo(text)
@@ -222,6 +230,7 @@ def _run(
     as_json: bool,
     options: dict[str, Any],
     quiet: bool = False,
+    force: bool = False,
 ) -> str:
     """The estimate (or the batch search) as the text or JSON to print."""
     from torchdoctor.estimate import api
@@ -240,7 +249,7 @@ def _run(
             return json.dumps(versioned("estimate-max-batch", found.to_dict()), indent=2)
         return render_max_batch(found)
     check, setup = api.prepare(spec, batch_size=batch_size, **options)
-    result = check.estimate(setup, memory_snapshot)
+    result = check.estimate(setup, memory_snapshot, replace_snapshot=force)
     if not setup.inference:
         result.other_loops = other_loops(check, setup, result)
     # Only a step that does not fit a given memory asks what would.

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from torchdoctor.cli.force import force_option
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import Command
 from torchdoctor.cli.recordings import RECORDING
@@ -30,16 +31,19 @@ from torchdoctor.recording import open_recording
     metavar="DIR",
     help="Folder for the exported files (default: <recording>-<format>/ beside it).",
 )
+@force_option("files of an earlier export in DIR")
 @click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
-def command(file: str, fmt: str, folder: str | None, as_json: bool) -> None:
+def command(file: str, fmt: str, folder: str | None, force: bool, as_json: bool) -> None:
     """Export every table of the recording FILE, one file per table, plus meta.json.
+
+    Files already in DIR are replaced only with --force; nothing is written when one is there.
 
     With --format tensorboard: the recording's scalars (step time, data wait, samples/s, job
     CPU and PSS, GPU and host figures) as a TensorBoard run, DIR/<recording name>/.
     """
     with open_recording(file) as rec:
         target = Path(folder) if folder else rec.path.with_name(f"{rec.path.stem}-{fmt}")
-        written = export(rec, fmt, target)
+        written = export(rec, fmt, target, force=force)
     if as_json:
         dump_json(
             "export", {"format": fmt, "folder": str(target), "files": [str(p) for p in written]}

@@ -41,7 +41,13 @@ class FitCheck:
     margin: float = DEFAULT_MARGIN
     fallback: bool = True
 
-    def estimate(self, setup: TrainingSetup, memory_snapshot: str | Path | None = None) -> Estimate:
+    def estimate(
+        self,
+        setup: TrainingSetup,
+        memory_snapshot: str | Path | None = None,
+        *,
+        replace_snapshot: bool = True,
+    ) -> Estimate:
         return estimate_workload(
             self.workload,
             setup,
@@ -50,6 +56,7 @@ class FitCheck:
             self.fallback,
             self.capacity,
             memory_snapshot,
+            replace_snapshot=replace_snapshot,
         )
 
 
@@ -61,8 +68,13 @@ def estimate_workload(
     fallback: bool = True,
     capacity: int | None = None,
     memory_snapshot: str | Path | None = None,
+    *,
+    replace_snapshot: bool = True,
 ) -> Estimate:
-    """Trace ``workload`` and turn the timeline into an :class:`Estimate`."""
+    """Trace ``workload`` and turn the timeline into an :class:`Estimate`.
+
+    ``memory_snapshot`` replaces an existing regular file only with ``replace_snapshot`` (the
+    library's default; the CLI asks for --force), never a recording, a folder or a device."""
     from torchdoctor.estimate.analysis import activations_by_module, cpu_peak, cuda_peak, phase_at
 
     if not 0.0 <= margin < 1.0:
@@ -105,10 +117,7 @@ def estimate_workload(
     if memory_snapshot is not None:
         from torchdoctor.estimate.snapshot import write_memory_snapshot
 
-        try:
-            written = write_memory_snapshot(trace, target.gpu, memory_snapshot)
-        except OSError as exc:
-            raise UserError(f"cannot write the memory snapshot {memory_snapshot}: {exc}") from None
+        written = write_memory_snapshot(trace, target.gpu, memory_snapshot, force=replace_snapshot)
         notes.append(
             f"memory snapshot written to {written}: open it at https://pytorch.org/memory_viz"
         )

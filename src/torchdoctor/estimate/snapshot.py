@@ -16,6 +16,7 @@ from torchdoctor.estimate.allocator import CachingAllocatorModel
 from torchdoctor.estimate.analysis import cuda_peak, storage_frames
 from torchdoctor.estimate.profiles import GpuProfile
 from torchdoctor.estimate.trace import Trace
+from torchdoctor.output_files import open_output_file
 
 
 def memory_snapshot(trace: Trace, gpu: GpuProfile | None) -> dict[str, Any]:
@@ -52,9 +53,12 @@ def memory_snapshot(trace: Trace, gpu: GpuProfile | None) -> dict[str, Any]:
     return {"segments": segments, "device_traces": [history], "allocator_settings": {}}
 
 
-def write_memory_snapshot(trace: Trace, gpu: GpuProfile | None, path: str | Path) -> Path:
-    """Write the snapshot as a pickle, the format memory_viz opens."""
-    target = Path(path)
-    with target.open("wb") as handle:
+def write_memory_snapshot(
+    trace: Trace, gpu: GpuProfile | None, path: str | Path, *, force: bool = True
+) -> Path:
+    """Write the snapshot as a pickle, the format memory_viz opens, by the rules of
+    :mod:`torchdoctor.output_files` (an existing file replaced only with ``force``; a
+    recording, a folder or a device never)."""
+    with open_output_file(path, "memory_snapshot", force=force, binary=True) as handle:
         pickle.dump(memory_snapshot(trace, gpu), handle)
-    return target
+    return Path(path)

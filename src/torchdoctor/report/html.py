@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import tempfile
 import time
 from html import escape
 from importlib import resources
@@ -17,6 +16,7 @@ from pathlib import Path
 import torchdoctor
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
+from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
 from torchdoctor.report.model import Chart, Heatmap, ReportData
@@ -38,11 +38,14 @@ def write_report(
     thresholds: Thresholds | None = None,
     *,
     diagnose: Diagnose | None = None,
+    force: bool = False,
 ) -> tuple[Path, ReportData]:
     """Write the report of ``recording`` to ``out`` (default: beside it, ``.html``).
 
-    The file is written to a temporary name and renamed, so a failure never leaves half a
-    report behind, and an existing report of the same recording is replaced whole.
+    Written by :mod:`torchdoctor.output_files`: an existing report torchdoctor wrote is replaced
+    whole, any other existing file only with ``force``, a recording or anything that is not a
+    regular file never; a failure never leaves half a report behind. Text that is not UTF-8
+    (a command recorded with Latin-1 bytes) is written with backslash escapes.
     """
     source = Path(recording)
     target = Path(out) if out is not None else source.with_suffix(".html")
@@ -50,36 +53,18 @@ def write_report(
         raise UserError(
             f"the report would overwrite the recording {str(source)!r}; choose -o FILE.html"
         )
-    if target.is_dir():
-        raise UserError(f"{str(target)!r} is a folder; give -o a file name ending in .html")
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise UserError(
-            f"the folder {str(folder)!r} does not exist; create it or choose another -o"
-        )
+    # Checked before the recording is read: a bad -o fails at once, not after the diagnosis.
+    check_output_file(target, "-o", force=force, ours=is_report)
     with open_recording(source) as rec:
         data = build_report_data(rec, thresholds or Thresholds(), diagnose=diagnose)
     page = render_html(data)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write to {str(folder)!r}: {exc.strerror}; choose another -o"
-        ) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(
-            f"cannot write the report to {str(target)!r}: {exc.strerror}; choose another -o"
-        ) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_output_file(target, page, "-o", force=force, ours=is_report, errors="backslashreplace")
     return target, data
+
+
+def is_report(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a report this module wrote."""
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>torchdoctor report: " in head
 
 
 def render_html(data: ReportData) -> str:
