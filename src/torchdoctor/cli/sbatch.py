@@ -9,16 +9,24 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import job_name
+from torchdoctor.cli.force import force_option
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import UserError
-from torchdoctor.recording.paths import runs_dir
+from torchdoctor.output_files import check_output_file, write_output_file
+from torchdoctor.recording.paths import prepare_folder, runs_dir
 from torchdoctor.slurm import client
 from torchdoctor.slurm.network import doctor_network_env
 from torchdoctor.slurm.notation import require_duration
 from torchdoctor.slurm.recorded import read_recorded_job
-from torchdoctor.slurm.script import ScriptOptions, job_folder, render_script
+from torchdoctor.slurm.script import (
+    ScriptOptions,
+    check_name,
+    check_recordings_folder,
+    job_folder,
+    render_script,
+)
 from torchdoctor.slurm.sizing import JobRequest, size_job
 from torchdoctor.units import fmt_duration
 
@@ -92,6 +100,7 @@ from torchdoctor.units import fmt_duration
     metavar="FILE",
     help="Write the script here (default: stdout; with --submit, DIR/<name>.sbatch).",
 )
+@force_option("the -o file")
 @click.option(
     "--doctor",
     "doctor_json",
@@ -123,6 +132,7 @@ def command(
     signal_checkpoint: bool,
     recordings: str | None,
     out: str | None,
+    force: bool,
     doctor_json: str | None,
     submit: bool,
     as_json: bool,
@@ -138,10 +148,24 @@ def command(
     which `torchdoctor diagnose` and `torchdoctor slurm status JOBID` read afterwards.
     """
     args = list(argv)
+    # Every value bound for an #SBATCH line is checked before anything is read or asked of
+    # Slurm (a newline in --partition made the rest of the value a command in the script).
+    for value, option in (
+        (partition, "--partition"),
+        (account, "--account"),
+        (gpu_type, "--gpu-type"),
+    ):
+        if value is not None:
+            check_name(value, option)
+    name = _job_name(job_name, args)
+    folder = check_recordings_folder(runs_dir(recordings).resolve())
     time_limit_s = None if time_text == "auto" else require_duration(time_text, "--time")
-    recording = recording or _last_recording_of(args)
     if steps is not None and steps < 1:
         raise UserError(f"--steps {steps}: give the number of steps the job runs (1 or more)")
+    path = Path(out) if out else folder / f"{name}.sbatch" if submit else None
+    if out is not None:  # checked now, not after sizing; the default place once it exists
+        check_output_file(out, "-o", force=force, ours=is_sbatch_script)
+    recording = recording or _last_recording_of(args)
     request = JobRequest(
         command=args,
         nodes=nodes,
@@ -155,8 +179,6 @@ def command(
     )
     recorded = read_recorded_job(recording)
     size = size_job(recorded, request)
-    name = _job_name(job_name, args)
-    folder = runs_dir(recordings).resolve()
     opts = ScriptOptions(
         command=args,
         job_name=name,
@@ -177,11 +199,10 @@ def command(
         else:
             click.echo(text, nl=False)
         return
-    folder.mkdir(parents=True, exist_ok=True)  # sbatch writes the job's output there
-    path = Path(out) if out else folder / f"{name}.sbatch"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
+    prepare_folder(folder, "--recordings")  # sbatch writes the job's output there
+    assert path is not None  # out or submit
+    # Executable when torchdoctor creates it; a file replaced with --force keeps its mode.
+    write_output_file(path, text, "-o", force=force, ours=is_sbatch_script, mode=0o755)
     click.echo(f"torchdoctor: wrote {path}", err=True)
     job_id = client.submit(path) if submit else None
     if as_json:
@@ -222,10 +243,12 @@ def _last_recording_of(argv: list[str]) -> str:
 
 
 def _job_name(given: str | None, argv: list[str]) -> str:
-    name = given or job_name(argv)
-    if not name or any(c.isspace() for c in name):
-        raise UserError(f"--job-name {name!r}: give a name without spaces")
-    return name
+    return check_name(given or job_name(argv), "--job-name")
+
+
+def is_sbatch_script(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a script this command wrote."""
+    return head.startswith(b"#!/bin/bash\n# Written by `torchdoctor sbatch`")
 
 
 def _torchdoctor_executable() -> str:

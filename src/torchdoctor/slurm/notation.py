@@ -15,6 +15,10 @@ from torchdoctor.units import fmt_mem_option, parse_size
 
 MIB = 1024 * 1024
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "INVALID", "N/A", "")
+# The longest time limit torchdoctor writes. Slurm keeps limits in minutes in 32 bits (INFINITE
+# is 0xffffffff minutes) and a partition's MaxTime caps them far below: a year is past any real
+# cluster's limit, and a figure past it is a mistake (a mistyped --steps), not a job.
+MAX_TIME_LIMIT_S = 365 * 86400
 
 
 def parse_memory(text: str) -> int | None:
@@ -51,6 +55,11 @@ def require_duration(text: str, option: str) -> int:
     seconds = units.parse_duration(text, option, bare=False)
     if seconds <= 0:
         raise UserError(f"{option} {text!r} must be longer than zero (or `auto`)")
+    if seconds > MAX_TIME_LIMIT_S:
+        raise UserError(
+            f"{option} {text!r} is longer than 365 days, more than any Slurm partition grants; "
+            "give the job's real time limit"
+        )
     return int(seconds)
 
 

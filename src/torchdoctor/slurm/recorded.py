@@ -47,6 +47,9 @@ class RecordedJob:
     gpu_memory_total: int | None
     network_env: dict[str, str] = field(default_factory=dict)  # the recorded env of interest
     findings: list[str] = field(default_factory=list)  # ids of the diagnosis' findings
+    # What a damaged recording lost (the reader's Recording.damage, one line each): its
+    # figures are what could be read, and sizing says so.
+    damage: list[str] = field(default_factory=list)
 
 
 def read_recorded_job(path: str | os.PathLike[str]) -> RecordedJob:
@@ -114,6 +117,7 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         gpu_memory_total=top.memory_total if top else None,
         network_env=dict(env),  # slurm.network picks the network settings
         findings=[f.id for f in findings],
+        damage=list(summary.damage),
     )
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchdoctor.errors import UserError
 from torchdoctor.sampling.roles import is_python
 from torchdoctor.slurm.command import torchrun_invocation
 from torchdoctor.slurm.notation import format_duration, format_memory
@@ -32,9 +33,48 @@ CHECKPOINT_SIGNAL = "USR1@90"
 PORT_BASE, PORT_SPAN = 20000, 40000
 
 
+# Characters an #SBATCH value cannot hold: sbatch reads the line word by word (a space ends the
+# value, quotes and backslashes are its own syntax, # starts a comment), and a newline ends the
+# directive: what follows it is a shell command in the job script, and sbatch stops reading
+# directives at the first line that is not one, so every later #SBATCH line is dropped.
+_NOT_IN_A_DIRECTIVE = frozenset("\"'#\\")
+
+
+def fits_a_directive(value: str) -> bool:
+    """Whether ``value`` can stand as it is after ``#SBATCH --option=``."""
+    return bool(value) and not any(
+        c.isspace() or not c.isprintable() or c in _NOT_IN_A_DIRECTIVE for c in value
+    )
+
+
+def check_name(value: str, option: str) -> str:
+    """``value`` (a partition, account, job or GPU type name) when it fits an #SBATCH line;
+    otherwise one line naming ``option``."""
+    if not fits_a_directive(value):
+        raise UserError(f"{option} {value!r}: give one name without spaces or newlines")
+    return value
+
+
+def check_recordings_folder(folder: Path, option: str = "--recordings") -> Path:
+    """``folder`` when its path fits the script's ``#SBATCH --output`` line and marker comment."""
+    if not fits_a_directive(str(folder)):
+        raise UserError(
+            f"{option} {str(folder)!r}: the job's output folder goes into an #SBATCH line, which "
+            "cannot hold spaces, quotes, # or newlines; choose a folder whose path has none"
+        )
+    return folder
+
+
+def comment(text: str) -> str:
+    """``text`` safe inside a ``#`` comment line: a newline or other control character in a
+    recorded command (``python -c`` code) would end the comment and run the rest."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass(slots=True)
 class ScriptOptions:
-    """What the script needs besides the sizes."""
+    """What the script needs besides the sizes; every value that goes into an #SBATCH line is
+    checked when the options are made."""
 
     command: list[str]
     job_name: str
@@ -45,6 +85,13 @@ class ScriptOptions:
     account: str | None = None
     signal_checkpoint: bool = False
     cluster_gpu_types: tuple[str, ...] = ()  # gres the cluster names, for the GPU hint
+
+    def __post_init__(self) -> None:
+        check_name(self.job_name, "--job-name")
+        for value, option in ((self.partition, "--partition"), (self.account, "--account")):
+            if value is not None:
+                check_name(value, option)
+        check_recordings_folder(self.recordings)
 
 
 def job_folder(recordings: Path, job_id: str) -> Path:
@@ -95,10 +142,10 @@ def render_script(size: JobSize, opts: ScriptOptions) -> str:
     lines = [
         "#!/bin/bash",
         f"# Written by `torchdoctor sbatch` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        f"# Sized from {opts.source}.",
+        f"# Sized from {comment(opts.source)}.",
         "# Sizes are per node: one task per node runs torchrun, which starts the ranks.",
     ]
-    lines += [f"# NOTE: {note}" for note in size.notes]
+    lines += [f"# NOTE: {comment(note)}" for note in size.notes]
     lines += _sbatch_lines(size, opts)
     lines += _body(size, opts)
     return "\n".join(lines) + "\n"
@@ -107,10 +154,10 @@ def render_script(size: JobSize, opts: ScriptOptions) -> str:
 def _sbatch_lines(size: JobSize, opts: ScriptOptions) -> list[str]:
     out: list[str] = []
 
-    def opt(text: str, comment: str | None = None) -> None:
+    def opt(text: str, why: str | None = None) -> None:
         # sbatch reads an #SBATCH line's whole remainder as the option: comments go above.
-        if comment:
-            out.append(f"# {comment}")
+        if why:
+            out.append(f"# {comment(why)}")
         out.append(f"#SBATCH {text}")
 
     opt(f"--job-name={opts.job_name}")
@@ -123,7 +170,7 @@ def _sbatch_lines(size: JobSize, opts: ScriptOptions) -> list[str]:
     gpus = size.gpus_per_node.value
     if gpus:
         hint = _gpu_hint(size, opts)
-        kind = f"{size.gpu_type}:" if size.gpu_type else ""
+        kind = f"{check_name(size.gpu_type, '--gpu-type')}:" if size.gpu_type else ""
         opt(
             f"--gpus-per-node={kind}{gpus}",
             f"GPUs per node: {size.gpus_per_node.source}. Not --gpus-per-task: every rank "
@@ -170,7 +217,7 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
         f"{RECORDINGS_MARKER}{opts.recordings}",
         "set -eu",
         "# the torchdoctor every node runs (set TORCHDOCTOR to use another)",
-        f'export TORCHDOCTOR="${{TORCHDOCTOR:-{opts.torchdoctor}}}"',
+        f'export TORCHDOCTOR="${{TORCHDOCTOR:-{_in_double_quotes(opts.torchdoctor)}}}"',
         f'export JOB_RECORDINGS={shlex.quote(str(opts.recordings))}/slurm-"$SLURM_JOB_ID"',
         'mkdir -p "$JOB_RECORDINGS"',
         "# a copy of this script beside the recordings: `slurm status` reads what was asked",
@@ -181,7 +228,7 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
         "export MASTER_ADDR=${nodes[0]}",
         f"export MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
         "",
-        f"# threads per rank: {size.threads_per_rank.source}",
+        f"# threads per rank: {comment(size.threads_per_rank.source)}",
         f"export OMP_NUM_THREADS={size.threads_per_rank.value}",
         "# CUDA numbers GPUs as Slurm and NVML do; CUDA_VISIBLE_DEVICES is Slurm's to set",
         "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
@@ -196,11 +243,11 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
             "# network: which interface the ranks use (check on a node: torchdoctor doctor)"
         )
         for key, figure in sorted(size.network_env.items()):
-            lines.append(f"# {key}: {figure.source}")
+            lines.append(f"# {key}: {comment(figure.source)}")
             lines.append(f"export {key}={shlex.quote(str(figure.value))}")
     lines += [
         "",
-        f"# {ranks} rank{'s' if ranks != 1 else ''} per node: {size.ranks_per_node.source}",
+        f"# {ranks} rank{'s' if ranks != 1 else ''} per node: {comment(size.ranks_per_node.source)}",
         f"# each node: {what}",
         "# -c again on srun: since 22.05 srun does not inherit --cpus-per-task",
         'srun --ntasks-per-node=1 -c "$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
@@ -208,3 +255,8 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
         "  " + " ".join(shlex.quote(a) for a in node_args),
     ]
     return lines
+
+
+def _in_double_quotes(text: str) -> str:
+    """``text`` as it reads literally inside bash's double quotes."""
+    return "".join("\\" + c if c in '"$`\\' else c for c in text)

@@ -9,13 +9,14 @@ extrapolated, not measured at that size.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from torchdoctor.errors import UserError
 from torchdoctor.slurm.command import job_identity
 from torchdoctor.slurm.figure import Figure
 from torchdoctor.slurm.network import recorded_network_env
-from torchdoctor.slurm.notation import MIB, format_memory
+from torchdoctor.slurm.notation import MAX_TIME_LIMIT_S, MIB, format_memory
 from torchdoctor.slurm.recorded import RecordedJob
 from torchdoctor.units import fmt_bytes, fmt_duration
 
@@ -75,6 +76,14 @@ def size_job(job: RecordedJob, request: JobRequest) -> JobSize:
     if request.nodes < 1:
         raise UserError(f"--nodes {request.nodes}: a job needs at least one node")
     notes: list[str] = []
+    if job.damage:
+        # The reader's first line says how much is there ("the file holds N of its M bytes").
+        how = re.search(r"\((.*?)\)", job.damage[0])
+        notes.append(
+            f"the recording {job.path} is damaged ({how.group(1) if how else 'cut short'}): "
+            "the sizes come from the part that could be read; record the job again to size it "
+            "from a whole run"
+        )
     _check_command(job, request.command, notes)
     gpus = _gpus_per_node(job, request)
     ranks = _ranks_per_node(job, request, gpus.value)
@@ -225,7 +234,21 @@ def _memory(job: RecordedJob, ranks: int) -> Figure | None:
 def _time_limit(job: RecordedJob, request: JobRequest, notes: list[str]) -> Figure:
     steps = request.steps or job.step_count
     estimate = None
-    if job.step_s is not None and steps:
+    # Refused before any figure is computed: --steps 99999999999999999999 wrote
+    # `--time=481633480341880:20:00`, which no cluster accepts (a count past 2^64 is refused as
+    # such: past ~10^308 an int times a float raises OverflowError).
+    too_long = (
+        job.step_s is not None
+        and steps is not None
+        and (steps >= 2**64 or steps * job.step_s > MAX_TIME_LIMIT_S)
+    )
+    if too_long and request.time_limit_s is None:
+        said = f"--steps {steps}" if request.steps is not None else "the recorded steps"
+        raise UserError(
+            f"{said} at {fmt_duration(job.step_s)} a step run longer than 365 days, more than "
+            "any Slurm partition grants; give the steps the job runs, or --time"
+        )
+    if job.step_s is not None and steps and not too_long:
         estimate = (job.overhead_s or 0.0) + steps * job.step_s
         basis = (
             f"{steps} steps x {fmt_duration(job.step_s)} per step + "
@@ -236,12 +259,12 @@ def _time_limit(job: RecordedJob, request: JobRequest, notes: list[str]) -> Figu
                 "step time was measured on one machine; across nodes each step also waits for "
                 "the network (measure with `torchdoctor bench scaling`)"
             )
-    elif request.steps is not None:
+    elif request.steps is not None and job.step_s is None:
         raise UserError(
             "--steps needs the recording's step times, and it has none: record the job with "
             "instrumentation on (`torchdoctor run` without --no-instrument), or give --time"
         )
-    elif job.duration_s is not None:
+    elif job.duration_s is not None and not too_long:
         estimate = job.duration_s
         basis = f"wall time of the recorded run {fmt_duration(estimate)} (no step figures)"
     if request.time_limit_s is not None:
@@ -250,6 +273,11 @@ def _time_limit(job: RecordedJob, request: JobRequest, notes: list[str]) -> Figu
     if estimate is None:
         raise UserError("the recording has no duration to size --time from: give --time HH:MM:SS")
     limit = estimate + max(TIME_MARGIN * estimate, TIME_MARGIN_MIN_S)
+    if limit > MAX_TIME_LIMIT_S:  # a long run whose margin passes the year
+        raise UserError(
+            f"the time limit would be {fmt_duration(limit)} ({basis} plus margin), longer than "
+            "365 days, more than any Slurm partition grants; give the steps the job runs, or --time"
+        )
     limit = math.ceil(limit / 60) * 60
     return Figure(
         limit,
