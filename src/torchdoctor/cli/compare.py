@@ -133,12 +133,15 @@ def headline(c: Comparison) -> str:
     r = c.ratio
     if not math.isfinite(r.estimate):
         return f"{c.verdict}: A's median step time is zero"
-    ratio = f"B's step takes {r.estimate:.3g}x A's (95 % interval {r.low:.3g} to {r.high:.3g})"
+    ratio = f"B's step takes {r.estimate:.3f}x A's (95 % interval {r.low:.3f} to {r.high:.3f})"
     if c.verdict == FASTER:
-        return f"faster: {ratio}, {1 / r.estimate:.3g}x the speed"
+        return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
     if c.verdict == SLOWER:
         return f"slower: {ratio}, {r.estimate - 1:.1%} slower"
-    return f"no significant change: {ratio}; the interval holds 1 or lies within {c.band * 100:g} %"
+    return (
+        f"no significant change: {ratio}; a change is called when the whole interval lies "
+        f"beyond 1 -+ {c.band * 100:g} %"
+    )
 
 
 def _ms(seconds: float) -> str:

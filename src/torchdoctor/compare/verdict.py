@@ -15,9 +15,14 @@ FASTER = "faster"
 SLOWER = "slower"
 NO_CHANGE = "no significant change"
 
-# Step-time changes smaller than this are "no significant change" even when the interval
-# excludes 1: two runs of the same command on a shared machine differ by a few percent between
-# them (start-up placement, caches, neighbours), which no interval from within the runs sees.
+# The practical band: a verdict of faster or slower needs the whole interval beyond 1 -+ 3 %.
+# The interval measures the noise *within* the two runs, but two runs of the same command on a
+# shared machine also differ *between* them (the machine's load, where the job's threads land,
+# caches), by a few percent with tight intervals each (measured: 20 ms data-bound steps on a
+# loaded 2-CPU box, same command four times, medians within 1 %, intervals out to +8 %). So
+# "no significant change" is an interval that holds 1, lies within the band, or reaches into it:
+# a change is called only when it is beyond the band with 95 % confidence (a minimum-effect
+# test). It still detects a 5 % change once the interval is narrower than +-2 %.
 NO_CHANGE_BAND = 0.03
 # A run needs this many steady steps for a median and its interval to mean something.
 MIN_STEADY_STEPS = 10
@@ -132,13 +137,16 @@ def workload_mismatch(a: RunFigures, b: RunFigures) -> list[str]:
 
 
 def verdict_of(ratio: Interval, band: float = NO_CHANGE_BAND) -> str:
-    """faster / slower / no significant change from the ratio B / A and its interval: no
-    change when the interval holds 1, or when both its ends lie within the band around 1."""
-    if not math.isfinite(ratio.low) or ratio.contains(1.0):
+    """faster / slower / no significant change from the ratio B / A and its interval: slower
+    when the whole interval lies above 1 + band, faster when it lies below 1 - band, else no
+    significant change (an interval that holds 1 or lies within the band is always that)."""
+    if not (math.isfinite(ratio.low) and math.isfinite(ratio.high)):
         return NO_CHANGE
-    if 1 - band <= ratio.low and ratio.high <= 1 + band:
-        return NO_CHANGE
-    return SLOWER if ratio.low > 1 else FASTER
+    if ratio.low > 1 + band:
+        return SLOWER
+    if ratio.high < 1 - band:
+        return FASTER
+    return NO_CHANGE
 
 
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
@@ -173,9 +181,10 @@ def compare(
     ratio, deltas = bootstrap(
         PairedSeries({p: a.series[p] for p in phases}, {p: b.series[p] for p in phases}), STEP
     )
-    # A phase "moved" when its change is beyond the band as a share of A's step, not of the
-    # phase itself: a data wait from 0.1 ms to 0.2 ms doubles and matters to no one.
-    a_median_step = statistics.median(a.series[STEP])
+    # A phase "moved" when its whole interval lies beyond the band as a share of A's step (the
+    # verdict's rule), not of the phase itself: a data wait from 0.1 ms to 0.2 ms doubles and
+    # matters to no one.
+    margin = band * statistics.median(a.series[STEP])
     changes = []
     for p in phases:
         d = deltas[p]
@@ -187,7 +196,7 @@ def compare(
                 a_median_s=am,
                 b_median_s=am + d.estimate,
                 delta=d,
-                moved=not d.contains(0.0) and abs(d.estimate) > band * a_median_step,
+                moved=d.low > margin or d.high < -margin,
             )
         )
     settings = _diff(a.settings, b.settings)
