@@ -480,3 +480,46 @@ def test_bench_flag_adds_a_short_checked_sweep():
     assert sizes == [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20]
     assert bench["details"]["peak_busbw"] == max(r["busbw"] for r in bench["details"]["rows"])
     assert "results checked" in bench["saw"]
+
+
+def test_more_ranks_than_cpus_is_fixed_with_fewer_ranks_not_threads():
+    from torchdoctor.sampling.hostinfo import whole_cpus_here
+
+    cpus = whole_cpus_here()
+    # OMP_NUM_THREADS=1 already: the ranks alone outnumber the CPUs, no thread setting helps.
+    plan = Plan(nproc_per_node=cpus + 1, env=clean_env(OMP_NUM_THREADS="1"))
+    check = one(run_checks(plan, ["host.cpu_oversubscription"]), "host.cpu_oversubscription")
+    assert check.status == WARNING
+    assert check.fix == f"start at most {cpus} rank(s) per node (--nproc-per-node {cpus})"
+
+
+def test_rank_count_refuses_ranks_far_above_the_cpus_or_beyond_the_ram():
+    from torchdoctor.doctor.host import RANK_MEMORY, RANKS_PER_CPU
+    from torchdoctor.sampling.hostinfo import available_ram, whole_cpus_here
+
+    cpus = whole_cpus_here()
+    # No GPU, whatever the machine has: an NVML whose driver is not loaded.
+    no_gpu = {"nvml_module": fake_nvml.scenario("no_driver"), "env": clean_env()}
+    # Without GPUs: up to RANKS_PER_CPU ranks a CPU pass (the oversubscription warning's
+    # business), one more is an error.
+    ok = one(
+        run_checks(Plan(nproc_per_node=RANKS_PER_CPU * cpus, **no_gpu), ["host.rank_count"]),
+        "host.rank_count",
+    )
+    assert ok.status == OK, ok
+    over = one(
+        run_checks(Plan(nproc_per_node=RANKS_PER_CPU * cpus + 1, **no_gpu), ["host.rank_count"]),
+        "host.rank_count",
+    )
+    assert over.status == ERROR
+    assert f"on {cpus} usable CPU(s) and no GPU" in over.saw
+    assert over.fix.startswith("start at most ")
+    # With GPUs the CPUs do not limit the ranks, the RAM does: one rank more than it holds.
+    holds = available_ram() // RANK_MEMORY
+    check = one(
+        run_checks(gpu_plan("two_sockets", nproc_per_node=holds * 2), ["host.rank_count"]),
+        "host.rank_count",
+    )
+    assert check.status == ERROR
+    assert "of RAM" in check.saw and "is available" in check.saw
+    assert "--nproc-per-node" in check.fix

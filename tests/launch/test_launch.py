@@ -253,3 +253,73 @@ def test_python_interpreter_before_the_script_is_accepted() -> None:
 
     assert split_script([sys.executable, JOB, "--x"]) == [JOB, "--x"]
     assert split_script(["-m", "pkg.train"]) == ["-m", "pkg.train"]
+
+
+def test_ranks_far_above_the_cpus_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    from torchdoctor.doctor.host import RANKS_PER_CPU
+    from torchdoctor.sampling.hostinfo import whole_cpus_here
+
+    cpus = whole_cpus_here()
+    many = str(RANKS_PER_CPU * cpus + 1)
+    res = run_td("launch", "--quiet", "--nproc-per-node", many, "--out-dir", str(tmp_path),
+                 "--", JOB)  # fmt: skip
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("torchdoctor: error: preflight found 1 error(s) (host.rank_count: ")
+    # The fix is fewer ranks (not OMP_NUM_THREADS), and --force overrides.
+    assert "fix: start at most " in lines[0] and "--force" in lines[0]
+    assert not list(tmp_path.glob("*.sqlite"))
+
+
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie that its new parent has yet to reap."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import TORCHDOCTOR
+
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    script = Path(__file__).resolve().parent / "jobs" / "waiting_rank.py"
+    launcher = subprocess.Popen(
+        [*TORCHDOCTOR, "launch", "--quiet", "--nproc-per-node", "2",
+         "--out-dir", str(tmp_path / "out"), "--", str(script), str(pids_dir)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2:  # both ranks joined their group and said who they are
+            assert launcher.poll() is None, launcher.stderr.read().decode()
+            assert time.monotonic() < deadline, "the ranks did not start within 120 s"
+            ranks = [int(p.read_text()) for p in sorted(pids_dir.glob("rank*"))]
+            time.sleep(0.1)  # polling for the files the ranks write, not a synchronisation
+        launcher.kill()  # SIGKILL: nothing of the launcher runs after this
+        launcher.wait()
+        # torchrun gets SIGTERM from the kernel and stops its ranks (torch's own grace is 30 s).
+        deadline = time.monotonic() + 60
+        while not all(_gone(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for the ranks to be gone
+        left = [pid for pid in ranks if not _gone(pid)]
+        assert not left, f"ranks {left} outlived the killed launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in ranks:  # ours, started by the launch above: stopped by their PIDs
+            with contextlib.suppress(ProcessLookupError):
+                if not _gone(pid):
+                    os.kill(pid, signal.SIGKILL)
+        launcher.stderr.close()

@@ -9,6 +9,10 @@ Thresholds:
 - open files: workers pass tensors as file descriptors; 1024 (a common soft limit) runs out
   with a few workers and large batches ("Too many open files").
 - CPU oversubscription: ranks x (threads + workers) above the CPUs this process may use.
+- rank count: more ranks than the node can hold at all, an error (a launch refuses it unless
+  --force): without GPUs, more than RANKS_PER_CPU ranks per usable CPU (each would get under a
+  quarter of a CPU: the job crawls while the ranks' memory fills the machine); with or without
+  them, more ranks than RAM holds at RANK_MEMORY each. More ranks than GPUs is gpus.visible's.
 """
 
 from __future__ import annotations
@@ -176,12 +180,74 @@ def check_oversubscription(facts: Facts) -> Check:
     )
     details = {"nproc": nproc, "threads": threads, "workers": workers, "cpus": cpus}
     if total > cpus:
-        per_rank = max(1, cpus // nproc)
-        fix = f"export OMP_NUM_THREADS={max(1, per_rank - workers) if workers < per_rank else 1}"
-        if workers and nproc * (1 + workers) > cpus:
-            fix += f" and use at most {max(0, per_rank - 1)} DataLoader worker(s) per rank"
-        return Check("host.cpu_oversubscription", WARNING, saw + ": oversubscribed", fix, details)
+        return Check(
+            "host.cpu_oversubscription",
+            WARNING,
+            saw + ": oversubscribed",
+            _oversubscription_fix(nproc, threads, workers, cpus),
+            details,
+        )
     return Check("host.cpu_oversubscription", OK, saw, details=details)
 
 
-CHECKS = (check_shm, check_open_files, check_numa, check_oversubscription)
+def _oversubscription_fix(nproc: int, threads: int, workers: int, cpus: int) -> str | None:
+    """What brings ranks x (threads + workers) down to the CPUs: fewer ranks when the ranks
+    alone outnumber the CPUs (no thread setting helps then), else fewer threads (only where
+    that is a change) and fewer DataLoader workers."""
+    if nproc > cpus:
+        return f"start at most {cpus} rank(s) per node (--nproc-per-node {cpus})"
+    per_rank = cpus // nproc
+    fixes = []
+    wanted = max(1, per_rank - workers) if workers < per_rank else 1
+    if wanted < threads:
+        fixes.append(f"export OMP_NUM_THREADS={wanted}")
+    if workers and nproc * (1 + workers) > cpus:
+        fixes.append(f"use at most {max(0, per_rank - 1)} DataLoader worker(s) per rank")
+    return " and ".join(fixes) or None
+
+
+# Without GPUs, ranks per usable CPU past which a launch is refused: each rank would get under
+# a quarter of a CPU (the cpu_oversubscription warning covers the ranks between 1x and this).
+RANKS_PER_CPU = 4
+# RAM a rank holds of its own at the least: a CPU rank that imported torch, joined a gloo
+# group and ran a step held 145 MiB of private memory (torch 2.13), before any data or model.
+RANK_MEMORY = 150 * MIB
+
+
+def check_rank_count(facts: Facts) -> Check:
+    from torchdoctor.sampling.hostinfo import available_ram, whole_cpus_here
+
+    gpus = facts.gpu_status.gpus if facts.gpu_status.available else []
+    nproc = facts.plan.nproc_per_node or len(gpus) or 1  # none planned: one per GPU, or one
+    cpus = whole_cpus_here()
+    ram = available_ram()
+    details = {"nproc": nproc, "cpus": cpus, "gpus": len(gpus), "available_ram": ram}
+    holds = max(1, ram // RANK_MEMORY)  # ranks the RAM available holds
+    fits = min(cpus, holds)  # what the fix offers without GPUs: a rank per CPU, if RAM holds it
+    if not gpus and nproc > RANKS_PER_CPU * cpus:
+        return Check(
+            "host.rank_count",
+            ERROR,
+            f"{nproc} ranks per node on {cpus} usable CPU(s) and no GPU: more than "
+            f"{RANKS_PER_CPU} per CPU",
+            f"start at most {fits} rank(s) per node (--nproc-per-node {fits})",
+            details,
+        )
+    if nproc > holds:
+        return Check(
+            "host.rank_count",
+            ERROR,
+            f"{nproc} ranks per node need at least {fmt_bytes(nproc * RANK_MEMORY)} of RAM "
+            f"({fmt_bytes(RANK_MEMORY)} each before any data), {fmt_bytes(ram)} is available",
+            f"start at most {holds} rank(s) per node (--nproc-per-node {holds})",
+            details,
+        )
+    return Check(
+        "host.rank_count",
+        OK,
+        f"{nproc} rank(s) per node: {cpus} usable CPU(s), {fmt_bytes(ram)} of RAM available",
+        details=details,
+    )
+
+
+CHECKS = (check_shm, check_open_files, check_numa, check_oversubscription, check_rank_count)

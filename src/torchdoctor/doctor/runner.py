@@ -32,6 +32,7 @@ REGISTRY: tuple[tuple[str, CheckFn], ...] = (
     ("host.open_files", host.check_open_files),
     ("host.numa", host.check_numa),
     ("host.cpu_oversubscription", host.check_oversubscription),
+    ("host.rank_count", host.check_rank_count),
     ("settings.environment", settings.check_environment),
     ("settings.nccl_conf", settings.check_conf_files),
 )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.instrument.agent.contract import ENV_DIE_WITH
 from torchdoctor.launch.plan import (
     LaunchOptions,
     launch_meta,
@@ -89,6 +90,9 @@ def launch_node(
                 "fix them, or start anyway with --force"
             )
         prepare_folder(fr_dir, "--out")
+        # torchrun dies with this process, and stops its ranks then (see ENV_DIE_WITH): a
+        # launcher killed with SIGKILL left every rank running, holding its memory.
+        plan.env[ENV_DIE_WITH] = str(os.getpid())
         executable = resolve_command(list(plan.argv))
         started = time.time()
         status = record_command(

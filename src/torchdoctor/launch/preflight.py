@@ -1,8 +1,9 @@
 """The checks ``launch`` runs before it starts anything: the doctor's checks that decide
 whether a distributed job can start on this node (route and interfaces, rendezvous endpoint
-and port, /dev/shm, CPU oversubscription, the GPUs visible to it and no more ranks than those,
-stale settings). An error refuses the launch (unless --force). The checks are the doctor's
-own (:mod:`torchdoctor.doctor`): this module only picks them and sorts their outcomes.
+and port, /dev/shm, CPU oversubscription, ranks the node cannot hold, the GPUs visible to it
+and no more ranks than those, stale settings). An error refuses the launch (unless --force).
+The checks are the doctor's own (:mod:`torchdoctor.doctor`): this module only picks them and
+sorts their outcomes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ PREFLIGHT_CHECKS = (
     "network.rendezvous",
     "host.shm",
     "host.cpu_oversubscription",
+    "host.rank_count",
     "gpus.visible",
     "settings.environment",
 )

@@ -22,6 +22,10 @@ ENV_PURE_PYTHON = "TORCHDOCTOR_AGENT_PURE_PYTHON"
 # Where ranks write their flight-recorder dumps (launch sets it), and the dumps' file names:
 # FR_PREFIX + rank (+ ".json"), the prefix torch's own dump-on-timeout uses too.
 ENV_FR_DIR = "TORCHDOCTOR_FR_DIR"
+# The PID of `torchdoctor launch`, set for torchrun alone: its start-up (the bootstrap) asks the
+# kernel for SIGTERM when that process dies (PR_SET_PDEATHSIG) and removes the variable, so
+# that a launcher killed with SIGKILL leaves no torchrun, and torchrun stops its ranks.
+ENV_DIE_WITH = "TORCHDOCTOR_DIE_WITH"
 FR_PREFIX = "fr_trace_rank_"
 
 # Exit status of a process stopped by TORCHDOCTOR_STOP_AFTER_STEPS (EX_TEMPFAIL: Python itself

@@ -32,6 +32,8 @@ def _torchdoctor_bootstrap():
 
     here = os.path.dirname(os.path.abspath(__file__))
     environ = os.environ
+    if "TORCHDOCTOR_DIE_WITH" in environ:  # contract.ENV_DIE_WITH: torchrun under launch
+        _die_with(environ.pop("TORCHDOCTOR_DIE_WITH"))
     flag = environ.get("TORCHDOCTOR_NO_INSTRUMENT", "").strip().lower()
     try:
         if flag in ("", "0", "false", "no", "off") and _AGENT not in sys.modules:
@@ -43,6 +45,28 @@ def _torchdoctor_bootstrap():
     except Exception:
         _unload_agent()
     _chain_sitecustomize(here)
+
+
+def _die_with(launcher):
+    """SIGTERM this process when ``launcher`` (its parent, a PID) dies, even by SIGKILL: the
+    kernel's PR_SET_PDEATHSIG, which lasts through exec but not into children (the variable
+    is gone from the environment they get). torchrun stops its ranks on SIGTERM. A launcher
+    already gone when this runs sends nothing: the signal is sent here at once."""
+    import os
+
+    try:
+        import ctypes
+
+        launcher = int(launcher)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM
+        if os.getppid() != launcher:  # reparented, or started through a wrapper: ask
+            try:
+                os.kill(launcher, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), 15)
+    except Exception:
+        pass  # never in the program's way: without it the job starts as it would
 
 
 def _wait_for_torch(folder, environ):
