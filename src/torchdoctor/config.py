@@ -55,8 +55,14 @@ def user_config_path() -> Path:
 
 
 def find_pyproject(start: Path | None = None) -> Path | None:
-    """The nearest pyproject.toml in ``start`` (default: this folder) or a parent."""
-    start = start or Path.cwd()
+    """The nearest pyproject.toml in ``start`` (default: this folder) or a parent; None also
+    when this folder was deleted (a shell left in a removed folder can still run commands:
+    there is no project to read settings from, not a reason to refuse to run)."""
+    if start is None:
+        try:
+            start = Path.cwd()
+        except FileNotFoundError:
+            return None
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():

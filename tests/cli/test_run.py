@@ -185,6 +185,22 @@ def test_a_command_that_names_nothing_runnable_says_what_it_is(tmp_path, command
     assert not (tmp_path / "torchdoctor-runs").exists()
 
 
+def test_run_from_a_deleted_working_directory_runs_the_job(tmp_path: Path) -> None:
+    # A shell left in a removed folder: the pyproject.toml lookup and the recording's cwd
+    # raised FileNotFoundError before the job started.
+    gone, out = tmp_path / "gone", tmp_path / "job.sqlite"
+    gone.mkdir()
+    res = subprocess.run(
+        ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+         *TORCHDOCTOR, "run", "--quiet", "--out", str(out), "--", PY, "-c", "print('job ran')"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "job ran\n"
+    assert res.stderr == ""
+    assert out.stat().st_size > 0
+
+
 @pytest.mark.parametrize("interval", ["0.01", "61", "2m"])
 def test_interval_out_of_range(tmp_path: Path, interval: str) -> None:
     res = run_td("run", "--interval", interval, "--", PY, "-c", "pass", cwd=tmp_path)

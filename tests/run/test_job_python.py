@@ -184,7 +184,70 @@ def test_tune_names_the_interpreter_of_its_trials(envs, tmp_path):
     job = tmp_path / "job.py"
     job.write_text("print('ran')\n")
     done = envs.td(
-        "tune", "--budget", "5", "--out-dir", str(tmp_path / "t"), "--", str(envs.train), str(job)
+        "tune", "--budget", "20", "--out-dir", str(tmp_path / "t"), "--", str(envs.train), str(job)
     )
-    # The job has no DataLoader to tune: what matters here is which Python ran it.
+    # The job takes no training step, so tune stops after its first trial: what matters here
+    # is which Python ran it (a budget below tune's minimum is refused before it is said).
     assert f"every trial runs with {envs.train} (the command line)" in done.stderr
+
+
+# -- a --python without torch, or not a Python at all -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A venv of the same base Python with nothing installed: no torch."""
+    return _venv(tmp_path_factory.mktemp("bare") / "env", [])
+
+
+def _td_with_torch(*args: str) -> subprocess.CompletedProcess:
+    """torchdoctor from this venv, whose own site folder holds torch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchdoctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_a_python_without_torch_never_gets_torchdoctors_torch(bare_python):
+    # The relay appended torchdoctor's site folder, torch included: doctor said "ok torch"
+    # for an environment that has none, and estimate ran with torchdoctor's torch.
+    done = _td_with_torch("doctor", "--json", "--only", "versions", "--python", str(bare_python))
+    assert done.returncode == 1, done.stderr
+    [check] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "versions.torch"]
+    assert check["status"] == "error"
+    assert check["saw"] == f"torch is not installed in {bare_python}"
+    assert f"{bare_python} -m pip install torch" in check["fix"]
+    done = _td_with_torch(
+        "estimate", f"{MODELS}:gpt_tiny", "--tokens", "16", "--python", str(bare_python)
+    )
+    assert done.returncode == 3
+    assert "needs PyTorch" in done.stderr
+
+
+def test_torchdoctors_own_dependencies_still_fill_what_the_env_lacks(bare_python):
+    # click, rich and psutil come from torchdoctor's folders: the bare env has none of them
+    done = _td_with_torch(
+        "doctor", "--json", "--only", "versions.python", "--python", str(bare_python)
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(bare_python) in done.stdout
+
+
+@pytest.mark.parametrize("python", ["/bin/false", "/bin/sh", "old-python"])
+def test_a_python_option_that_is_no_usable_python_is_one_line(tmp_path, python):
+    if python == "old-python":
+        fake = tmp_path / "python3.8"
+        fake.write_text("#!/bin/sh\necho '(3, 8)'\n")
+        fake.chmod(0o755)
+        python, says = str(fake), "is Python 3.8: torchdoctor runs its code in it and needs 3.10"
+    else:
+        says = "is not a Python (asked its version, it exited with status"
+    done = _td_with_torch("doctor", "--quiet", "--python", python)
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"torchdoctor: error: --python {python} {says}")

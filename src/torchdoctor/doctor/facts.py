@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 
 from torchdoctor.doctor.check import Plan
@@ -31,6 +32,11 @@ class TorchFacts:
 def _torch_facts() -> TorchFacts:
     try:
         torch = importlib.import_module("torch")
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":  # torch is there but something it imports is not
+            return TorchFacts(None, reason=f"torch is not importable: {exc}")
+        # Said with the interpreter: under --python it is the training env's, not ours
+        return TorchFacts(None, reason=f"torch is not installed in {sys.executable}")
     except Exception as exc:  # ImportError, or a broken install raising anything
         return TorchFacts(None, reason=f"torch is not importable: {type(exc).__name__}: {exc}")
     facts = TorchFacts(str(torch.__version__).split("+")[0])

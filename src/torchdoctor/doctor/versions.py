@@ -49,7 +49,8 @@ def check_torch(facts: Facts) -> Check:
             "versions.torch",
             ERROR,
             t.reason or "torch is not importable",
-            "install PyTorch: `pip install torch` (a CUDA build on GPU machines)",
+            f"install PyTorch into it: `{sys.executable} -m pip install torch` (a CUDA build on "
+            "GPU machines)",
         )
     built = (
         f"CUDA {t.cuda}, cuDNN {_cudnn_text(t.cudnn) if t.cudnn else 'n/a'}, NCCL {t.nccl or 'n/a'}"

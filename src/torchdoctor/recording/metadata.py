@@ -45,6 +45,15 @@ def installed_torch_version() -> str | None:
         return None
 
 
+def _working_directory() -> str | None:
+    """Where the job starts; None when that folder was deleted (the job still runs there, as
+    a shell left in a removed folder runs commands: nothing to record, no reason to fail)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 def run_metadata(
     *,
     mode: str,
@@ -61,7 +70,7 @@ def run_metadata(
         "torchdoctor_version": torchdoctor.__version__,
         "mode": mode,
         "command": command,
-        "cwd": os.getcwd(),
+        "cwd": _working_directory(),
         "root_pid": root_pid,
         "started_at": time.time(),
         "interval_s": interval_s,

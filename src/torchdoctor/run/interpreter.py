@@ -15,6 +15,14 @@ A command that imports torch itself (``estimate``, ``bench allreduce``, ``doctor
 *relayed*: run again, whole, inside the job's interpreter, with this very torchdoctor loaded
 by path and its own dependencies appended after the job's (the job's packages win, ours only
 fill what it lacks). Nothing needs installing into the training environment.
+
+torch (and the packages built against it) is never one of those fillers: torchdoctor's own
+site folder often holds a torch too, and a training env without torch would otherwise pass
+``doctor``'s checks and run ``estimate`` with torchdoctor's torch, answering for an environment
+that is not the job's. A finder first on the relayed interpreter's ``sys.meta_path`` looks
+those names up on the job's own path only, so a missing torch stays missing (see
+:func:`relay_argv`). A ``--python`` is run once first (``-c``, no shell, a timeout) to know it
+is a Python torchdoctor can run in.
 """
 
 from __future__ import annotations
@@ -38,6 +46,11 @@ RELAYED_ENV = "TORCHDOCTOR_RELAYED"
 _DEPENDENCIES = ("click", "rich", "psutil", "pynvml", "prometheus_client")
 
 OWN = "torchdoctor's own"
+# Top-level packages the job's environment alone may provide in a relayed command: torch and
+# what is built against its ABI. Ours are fillers for torchdoctor's own needs, never these.
+JOBS_OWN = ("torch", "torchvision", "torchaudio", "torchgen", "functorch", "triton", "nvidia")
+MIN_PYTHON = (3, 10)  # pyproject's requires-python: torchdoctor's code runs in the job's Python
+PROBE_TIMEOUT_S = 30.0  # a cold interpreter on a busy network file system can take seconds
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ def find_job_python(
     named = _command_python(command, env)
     if explicit is not None:
         chosen = _check(_resolve(explicit, env), "--python")
+        if os.environ.get(RELAYED_ENV) != chosen:  # a relayed command's was probed already
+            probe_python(chosen, "--python")
         if named is not None and not same_interpreter(named, chosen):
             raise UserError(
                 f"--python {explicit} and the command's interpreter {command[0]} differ: "
@@ -115,19 +130,86 @@ def _check(path: str, what: str) -> str:
     return path
 
 
+def probe_python(path: str, what: str) -> tuple[int, int]:
+    """``path``'s (major, minor), from running it once with ``-c`` (no shell, a timeout); a
+    :class:`UserError` when it is no Python (/bin/false, /bin/sh) or one too old to run
+    torchdoctor's code. Before, /bin/false failed silently and /bin/sh leaked its syntax
+    errors."""
+    fix = "give the path of a Python 3.10 or newer (e.g. /path/to/env/bin/python)"
+    try:
+        done = subprocess.run(
+            [path, "-c", "import sys; print(tuple(sys.version_info[:2]))"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"{what} {path} did not answer within {PROBE_TIMEOUT_S:g} s when asked its version: {fix}"
+        ) from None
+    except OSError as exc:  # not an executable format the kernel runs
+        raise UserError(f"{what} {path} is not a Python ({exc.strerror}): {fix}") from None
+    words = done.stdout.strip().strip("()").split(",")
+    if done.returncode != 0 or len(words) != 2 or not all(w.strip().isdigit() for w in words):
+        raise UserError(
+            f"{what} {path} is not a Python (asked its version, it exited with status "
+            f"{done.returncode}): {fix}"
+        )
+    version = (int(words[0]), int(words[1]))
+    if version < MIN_PYTHON:
+        raise UserError(
+            f"{what} {path} is Python {version[0]}.{version[1]}: torchdoctor runs its code in it "
+            f"and needs {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
+        )
+    return version
+
+
+# Run first in a relayed interpreter: `_ours` are torchdoctor's dependency folders appended
+# after the job's path, and JOBS_OWN names are looked up on the job's path alone. Returning a
+# spec or raising ModuleNotFoundError here ends the search, so the path finder later in
+# sys.meta_path never reaches our folders for them; submodules (torch.nn) are found through
+# their package's own __path__, already the job's.
+_RELAY_FINDER = """
+import importlib.machinery as _machinery
+
+class _JobsOwnPackages:
+    \"\"\"torch and its kin come from the training environment or not at all.\"\"\"
+
+    names = frozenset(JOBS_OWN)
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if path is not None or name.partition(".")[0] not in cls.names:
+            return None
+        own_path = [entry for entry in sys.path if entry not in _ours]
+        spec = _machinery.PathFinder.find_spec(name, own_path)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return spec
+
+sys.meta_path.insert(0, _JobsOwnPackages)
+"""
+
+
 def relay_argv(job_python: JobPython, args: Sequence[str], shim: Path) -> list[str]:
     """The argv that runs ``torchdoctor ARGS`` inside ``job_python``, with this torchdoctor.
 
     ``shim`` is a folder holding only a link to this torchdoctor package: first on the path,
     so that neither the working directory nor a torchdoctor of the training env shadows it;
-    multiprocessing's spawned children (bench allreduce's ranks) inherit that path.
+    multiprocessing's spawned children (bench allreduce's ranks) inherit that path. Our
+    dependency folders go after the job's own path, and only those not on it already (a
+    folder the job's Python has is the job's: its torch stays visible).
     """
     dependency_dirs = sorted({d for d in map(_module_dir, _DEPENDENCIES) if d is not None})
     code = (
         "import sys\n"
         f"sys.path[:1] = [{str(shim)!r}]\n"  # -c puts the working directory first
-        f"sys.path.extend({dependency_dirs!r})\n"
-        "from torchdoctor.cli import main\n"
+        f"_ours = [d for d in {dependency_dirs!r} if d not in sys.path]\n"
+        "sys.path.extend(_ours)\n"
+        f"JOBS_OWN = {JOBS_OWN!r}\n" + _RELAY_FINDER + "from torchdoctor.cli import main\n"
         "sys.argv[0] = 'torchdoctor'\n"
         "main()\n"
     )
