@@ -256,7 +256,10 @@ def test_export_refuses_the_users_files_then_replaces_them_with_force(
 def test_export_onto_a_full_disk_leaves_no_half_folder(
     recording: Path, td, small_disk: Path
 ) -> None:
-    (small_disk / "filler").write_bytes(b"\0" * 56 * 1024)  # leave less than one table
+    # The disk full to the last block (unbuffered: nothing left to flush at close).
+    with open(small_disk / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
     out = small_disk / "x"
     line = one_error_line(td("export", str(recording), "--format", "csv", "--out-dir", str(out)))
     assert "No space left on device; free some space or choose another --out-dir" in line
@@ -279,3 +282,29 @@ def test_memory_snapshot_refuses_a_recording_before_tracing(recording: Path, td,
     mine.write_bytes(b"mine")
     line = one_error_line(td(*args[:-1], str(mine)))
     assert "already exists; add --force" in line
+
+
+# -- queue install --dir ------------------------------------------------------------------
+
+
+def test_queue_install_refuses_a_masked_unit_and_leaves_dev_null_alone(
+    td, tmp_path: Path, null_device: Path
+) -> None:
+    # `systemctl mask` makes the unit a symlink to /dev/null: writing through it and chmodding
+    # it made /dev/null 0644 (here a copy of it).
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "torchdoctor-queue.service").symlink_to(null_device)
+    line = one_error_line(td("queue", "install", "--dir", str(units)))
+    assert "torchdoctor-queue.service' is a character device, not a file" in line
+    st = null_device.stat()
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+    (units / "torchdoctor-queue.service").unlink()
+    done = td("queue", "install", "--dir", str(units))
+    assert done.returncode == 0, done.stderr
+    done = td("queue", "install", "--dir", str(units))  # installing again replaces them
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in units.iterdir()) == [
+        "torchdoctor-exporter.service",
+        "torchdoctor-queue.service",
+    ]

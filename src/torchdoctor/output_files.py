@@ -143,7 +143,7 @@ def check_output_file(
         if is_kind(st.st_mode):
             raise _error(
                 option,
-                "{option} {path} is {kind}, not a file; give {option} a file name",
+                "{option} {path} is {kind}, not a file; choose another {option}",
                 path=repr(shown),
                 kind=kind,
             )

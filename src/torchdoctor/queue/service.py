@@ -12,11 +12,14 @@ changes no uid: it gets the full set (``NoNewPrivileges=``, ``ProtectSystem=stri
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 import sys
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.output_files import write_output_file
 
 QUEUE_UNIT = "torchdoctor-queue.service"
 EXPORTER_UNIT = "torchdoctor-exporter.service"
@@ -82,16 +85,16 @@ WantedBy=multi-user.target
 
 
 def write_units(folder: str | Path) -> list[Path]:
-    """Write both units into ``folder``; their paths."""
+    """Write both units into ``folder``; their paths.
+
+    Each by :mod:`torchdoctor.output_files`, replacing an earlier install: a unit that is a
+    symlink to /dev/null (masked with ``systemctl mask``) is refused, where writing through it
+    and chmodding it made /dev/null 0644, unwritable for everyone but root."""
     folder = Path(folder)
-    written = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for name, text in ((QUEUE_UNIT, queue_unit()), (EXPORTER_UNIT, exporter_unit())):
-            path = folder / name
-            path.write_text(text)
-            path.chmod(0o644)
-            written.append(path)
+        if not os.access(folder, os.W_OK | os.X_OK):  # read-only, or root's and this is not root
+            raise PermissionError(errno.EACCES, "not writable")
     except OSError as exc:
         # The default /etc/systemd/system is root's; a read-only or mistyped --dir is the
         # same mistake: say where, and how to go on.
@@ -99,4 +102,8 @@ def write_units(folder: str | Path) -> list[Path]:
             f"cannot write the unit files into {folder} ({exc.strerror or exc}): run it as root, "
             "or give --dir a folder you can write"
         ) from None
+    written = []
+    for name, text in ((QUEUE_UNIT, queue_unit()), (EXPORTER_UNIT, exporter_unit())):
+        write_output_file(folder / name, text, "--dir", force=True, mode=0o644)
+        written.append(folder / name)
     return written
