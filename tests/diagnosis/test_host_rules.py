@@ -53,8 +53,9 @@ def test_cgroup_quota_sets_the_thread_count(run_rules):
 
 
 def test_busy_workers_count_against_the_threads(run_rules):
-    # 4 CPUs: trainer 4 threads + 2 busy workers = 6 compute threads; the workers use 1.8 CPUs
-    # so the trainer should keep floor(4 - 1.8) = 2.
+    # 4 CPUs: trainer 4 threads + 2 busy workers = 6 compute threads; the workers use 1.8 CPUs,
+    # which leaves floor(4 - 1.8) = 2, but the trainer's threads ran on 3 CPUs: 2 threads
+    # would take parallelism it used, so the advice keeps 3 (one fewer than it has).
     job = Job(
         cpus=4,
         procs=[
@@ -68,8 +69,39 @@ def test_busy_workers_count_against_the_threads(run_rules):
         settings={1000: {"torch.num_threads": 4}},
     )
     f = by_id(run_rules(job), "thread-oversubscription")
-    assert f.settings["torch.num_threads"] == 2
-    assert evidence(f, "busy DataLoader workers") == 2
+    assert f.settings["torch.num_threads"] == 3
+    assert evidence(f, "busy DataLoader workers at once") == 2
+    assert evidence(f, "CPUs used by the threads of pid 1000") == 3.0
+    assert "3 and not fewer: the threads ran on 3.0 CPUs" in f.recommendation
+    assert f.expected_effect.startswith("Not slower, by this run's figures")
+
+
+def test_workers_restarted_each_epoch_count_as_they_overlapped(run_rules):
+    # 2 CPUs, 2 trainer threads on 1.5 CPUs, 2 workers an epoch for 9 epochs of 4 s: 18 busy
+    # workers in all, never more than 2 at once (the issue: "18 busy workers use 4.5 CPUs").
+    # 4 threads on 2 CPUs is contention, but 1 thread would not cover the 1.5 CPUs the
+    # trainer used: a note, with no thread count.
+    workers = [
+        Proc(2000 + 2 * e + w, role="dataloader-worker", cpu=const(25.0), start=e * 4 + 0.2,
+             end=e * 4 + 3.8)
+        for e in range(9) for w in range(2)
+    ]  # fmt: skip
+    job = Job(
+        cpus=2,
+        duration=36.0,
+        procs=[Proc(1000, cpu=const(150.0), involuntary=const(400.0)), *workers],
+        host=lambda t: {"procs_running": 4.0},
+        steps=make_steps(n=300, wall=0.1, wait=0.001),
+        dataloaders=[loader(num_workers=2, persistent_workers=False)],
+        settings={1000: {"torch.num_threads": 2}},
+    )
+    f = by_id(run_rules(job), "thread-oversubscription")
+    assert evidence(f, "busy DataLoader workers at once") == 2
+    # the steady steps' window leaves out the first epoch's warm-up
+    assert evidence(f, "busy DataLoader workers in all") >= 16
+    assert evidence(f, "compute threads in the job") == 4
+    assert f.severity == "info" and f.settings == {}
+    assert f.recommendation.startswith("No thread count to advise from this run")
 
 
 # -- cpu-saturated / cpu-contention -----------------------------------------------------------
@@ -279,11 +311,12 @@ def test_workers_copy_on_access_is_not_a_leak(run_rules):
 
 
 def test_other_processes_leave_fewer_cpus_for_threads(run_rules):
-    # 4 CPUs, 16 threads, but other programs keep 2.5 CPUs busy: 1 thread fits what is left.
+    # 4 CPUs, 16 threads, but other programs keep 2.5 CPUs busy: 1 thread fits what is left,
+    # yet the threads ran on 1.5 CPUs: 2 keep that parallelism (cpu-contention says 1).
     job = threads_job(16, cpus=4, run_queue=20.0, host={"cpu_busy": 100.0})
     job.procs = [Proc(1000, cpu=const(150.0), involuntary=const(3000.0))]
     f = by_id(run_rules(job), "thread-oversubscription")
-    assert f.settings["torch.num_threads"] == 1
+    assert f.settings["torch.num_threads"] == 2
     assert evidence(f, "CPU used by other processes") == 2.5
     contention = by_id(run_rules(job), "cpu-contention")
     assert contention.settings["torch.num_threads"] == 1

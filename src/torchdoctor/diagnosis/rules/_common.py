@@ -53,6 +53,38 @@ def per_process_mean_cores(
     return mean(values)
 
 
+def workers_at_once(
+    ctx: DiagnosisContext, t0: float, t1: float, busy_cores: float
+) -> tuple[int, int, float]:
+    """DataLoader workers as they ran together between t0 and t1: (the most busy workers alive
+    at one time, busy workers in all, CPUs all workers used together on average).
+
+    A worker is busy when its mean CPU use over its own samples exceeds ``busy_cores``; its
+    lifetime runs from its create time to its last sample (never past its death, so the
+    workers of consecutive epochs do not overlap). Workers restarted each epoch are many
+    processes but never more than ``num_workers`` at once: only those alive together compete
+    for the CPUs. Their CPU is averaged over every instant of the window, epochs without
+    workers included."""
+    lifetimes: list[tuple[float, float]] = []
+    cpu_sum = 0.0
+    for pid in ctx.worker_pids:
+        samples = [s for s in ctx.samples_by_pid.get(pid, []) if t0 <= s["t"] <= t1]
+        cpus = [s["cpu_percent"] / 100.0 for s in samples if s["cpu_percent"] is not None]
+        cpu_sum += sum(cpus)
+        if cpus and sum(cpus) / len(cpus) > busy_cores:
+            born = samples[0]["create_time"]
+            born = samples[0]["t"] if born is None else min(born, samples[0]["t"])
+            lifetimes.append((born, samples[-1]["t"]))
+    # A death sorts before a birth at the same instant: the two never ran together.
+    changes = sorted([(b, 1) for b, _ in lifetimes] + [(d, -1) for _, d in lifetimes])
+    alive = most = 0
+    for _, change in changes:
+        alive += change
+        most = max(most, alive)
+    instants = sum(1 for t, _ in ctx.job_cores_series if t0 <= t <= t1)
+    return most, len(lifetimes), cpu_sum / instants if instants else 0.0
+
+
 def torch_threads(ctx: DiagnosisContext, pid: int) -> int | None:
     value = ctx.setting("torch.num_threads", pid)
     try:

@@ -3,8 +3,14 @@ CPUs show it (run queue above the CPU count, involuntary context switches, cgrou
 
 Compute threads are what torch will run in parallel: ``torch.get_num_threads()`` of every
 training process (from the settings the job reported) plus one per busy DataLoader worker
-(workers run with one torch thread). A thread count alone is not a finding: an idle process
-with 32 threads harms nobody, so at least one sign of contention is required.
+alive at the same time (workers run with one torch thread; workers restarted each epoch are
+counted as they overlapped, not as the run's total). A thread count alone is not a finding: an
+idle process with 32 threads harms nobody, so at least one sign of contention is required.
+
+The thread count it advises is bounded by this run: never fewer than the CPUs each training
+process's threads actually ran on (fewer would take away parallelism the job used, and make it
+slower), and only when that is below the threads it has. Where no such count exists the
+finding is a note without a fix.
 """
 
 from __future__ import annotations
@@ -13,7 +19,12 @@ import math
 
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
-from torchdoctor.diagnosis.rules._common import per_process_mean_cores, span_evidence, torch_threads
+from torchdoctor.diagnosis.rules._common import (
+    per_process_mean_cores,
+    span_evidence,
+    torch_threads,
+    workers_at_once,
+)
 from torchdoctor.diagnosis.series import mean
 
 ID = "thread-oversubscription"
@@ -22,6 +33,8 @@ INVOLUNTARY_PER_THREAD_S = 50.0  # preemptions per compute thread and second: co
 THROTTLED_SHARE = 0.1  # share of wall time the cgroup was throttled
 BUSY_WORKER_CORES = 0.2  # a worker using more than this share of a core computes
 OTHERS_MIN_CPUS = 0.5  # less CPU taken by other processes (the recorder, a shell) costs no thread
+# CPU use read as the next whole thread only above this much past a whole number (sampling noise)
+USED_CPUS_SLACK = 0.05
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
@@ -35,12 +48,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if not threads:
         return []  # without the torch thread setting the count would be a guess
     t0, t1 = ctx.busy_window
-    busy_workers = [
-        pid
-        for pid in ctx.worker_pids
-        if (per_process_mean_cores(ctx, [pid], t0, t1) or 0.0) > BUSY_WORKER_CORES
-    ]
-    demand = sum(threads.values()) + len(busy_workers)
+    busy_at_once, busy_in_all, worker_cores = workers_at_once(ctx, t0, t1, BUSY_WORKER_CORES)
+    demand = sum(threads.values()) + busy_at_once
     usable = ctx.usable_cpus
     if demand <= usable:
         return []
@@ -52,8 +61,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     ]
     for pid, n in threads.items():
         evidence.append(Evidence(f"torch threads of pid {pid} ({ctx.role_of(pid)})", n, "threads"))
-    if busy_workers:
-        evidence.append(Evidence("busy DataLoader workers", len(busy_workers), "processes"))
+    if busy_at_once:
+        evidence.append(Evidence("busy DataLoader workers at once", busy_at_once, "processes"))
+        if busy_in_all > busy_at_once:
+            # Restarted each epoch (persistent_workers=False): many processes, few at a time.
+            evidence.append(Evidence("busy DataLoader workers in all", busy_in_all, "processes"))
 
     run_queue = [(t, v) for t, v in ctx.host_series("procs_running") if t0 <= t <= t1]
     rq_span = ctx.sustained(run_queue, usable * RUN_QUEUE_FACTOR)
@@ -77,20 +89,56 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if not signals:
         return []
 
-    worker_cores = sum(per_process_mean_cores(ctx, [pid], t0, t1) or 0.0 for pid in busy_workers)
     available = ctx.available_cores(t0, t1)
     others = usable - available if available is not None else 0.0
     free = usable - worker_cores - (others if others >= OTHERS_MIN_CPUS else 0.0)
-    per_process = max(1, math.floor(free / len(threads) + 1e-9))
+    # The CPUs each training process's threads ran on, measured: a thread count below it would
+    # cost the job parallelism it used (a compute-bound job with 2 threads on 2 CPUs and
+    # workers beside it ran 7 % slower with 1), so the advice never goes below it.
+    used = {pid: per_process_mean_cores(ctx, [pid], t0, t1) for pid in threads}
+    used_most = max((c for c in used.values() if c is not None), default=None)
+    if used_most is None:
+        return []  # without the trainer's own CPU use no thread count is bounded
+    kept = max(1, math.ceil(used_most - USED_CPUS_SLACK))
+    per_process = max(1, math.floor(free / len(threads) + 1e-9), kept)
+    for pid, cores in used.items():
+        if cores is not None:
+            evidence.append(
+                Evidence(f"CPUs used by the threads of pid {pid}", round(cores, 2), "CPUs", t0, t1)
+            )
     ratio = demand / usable
-    severity = "critical" if ratio >= 4 else "warning"
     current = ", ".join(sorted({str(n) for n in threads.values()}))
+    title = f"{demand} compute threads compete for {usable:g} CPUs (torch threads = {current})"
+    contention = f"{demand} compute threads share {usable:g} CPUs ({'; '.join(signals)})."
+    if per_process >= min(threads.values()):
+        # No count both below the threads it has and at or above the CPUs it used.
+        return [
+            Finding(
+                id=ID,
+                severity="info",
+                title=title,
+                evidence=evidence,
+                recommendation=(
+                    f"No thread count to advise from this run: {contention} But the training "
+                    f"threads ran on {used_most:.1f} CPUs on average, which fewer than the "
+                    f"{min(threads.values())} they have would not cover: fewer threads would "
+                    "cost this job parallelism it used. `torchdoctor tune` times thread counts "
+                    "with the real model."
+                ),
+                expected_effect="Nothing to apply: no change is predicted to help this job.",
+                confidence=min(0.95, 0.6 + 0.15 * len(signals)),
+            )
+        ]
+    severity = "critical" if ratio >= 4 else "warning"
     code = f"torch.set_num_threads({per_process})"
     recommendation = (
         f"{code} at the start of the script (or OMP_NUM_THREADS={per_process} in its "
-        f"environment): {demand} compute threads share {usable:g} CPUs "
-        f"({'; '.join(signals)})."
+        f"environment): {contention}"
     )
+    if per_process == kept and kept > math.floor(free / len(threads) + 1e-9):
+        recommendation += (
+            f" {per_process} and not fewer: the threads ran on {used_most:.1f} CPUs on average."
+        )
     if len(threads) > 1:
         recommendation += (
             f" That is {per_process} per training process for {len(threads)} processes."
@@ -102,29 +150,33 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             "OpenMP threads that wait for a preempted sibling at every barrier cost more than "
             "the parallelism gains."
         )
-    if busy_workers:
+    if busy_at_once:
+        at_once = "at once" if busy_in_all == busy_at_once else f"at once ({busy_in_all} in all)"
         recommendation += (
-            f" {len(busy_workers)} busy DataLoader workers use {worker_cores:.1f} CPUs "
+            f" {busy_at_once} busy DataLoader workers {at_once} use {worker_cores:.1f} CPUs "
             "of their own."
         )
     return [
         Finding(
             id=ID,
             severity=severity,
-            title=f"{demand} compute threads compete for {usable:g} CPUs (torch threads = {current})",
+            title=title,
             evidence=evidence,
             recommendation=recommendation,
             expected_effect=(
-                "Threads stop preempting each other, so the same work finishes in less wall "
-                "time (on a 2-core machine a small MLP ran 2.6x faster with 2 threads than with "
-                "32) and other processes get CPU back."
+                f"Not slower, by this run's figures: the training threads ran on "
+                f"{used_most:.1f} CPUs on average and {per_process} threads cover that, so the "
+                "job keeps the parallelism it had. It gains the time its threads lost waiting "
+                "for preempted siblings, which one run cannot size (`torchdoctor tune` "
+                "measures it), and other processes get CPU back."
             ),
             confidence=min(0.95, 0.6 + 0.15 * len(signals)),
             settings={"torch.num_threads": per_process, "env.OMP_NUM_THREADS": str(per_process)},
             details=(
                 "Compute threads count torch.get_num_threads() of each training process and one "
-                "thread per busy DataLoader worker; the limit is the CPU affinity capped by the "
-                "cgroup CPU quota."
+                "thread per busy DataLoader worker alive at the same time; the limit is the CPU "
+                "affinity capped by the cgroup CPU quota. The advised count is never below the "
+                "CPUs the training threads were measured to use."
             ),
         )
     ]
