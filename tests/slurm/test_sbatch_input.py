@@ -161,3 +161,14 @@ def _umask() -> int:
     old = os.umask(0)
     os.umask(old)
     return old
+
+
+def test_a_recorded_variable_name_that_is_shell_code_is_left_out() -> None:
+    # The recording's environment is carried into the script; a name is not quoted by bash.
+    env = {"NCCL_SOCKET_IFNAME": "ib0", "NCCL_X=1;echo INJECTED;: ": "y"}
+    text, _ = script_for(recorded(network_env=env))
+    assert "export NCCL_SOCKET_IFNAME=ib0" in text
+    assert [line for line in text.splitlines() if "INJECTED" in line] == [
+        "# NCCL_X=1;echo INJECTED;: : left out, not a variable name bash exports"
+    ]
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)

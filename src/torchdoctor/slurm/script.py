@@ -14,6 +14,7 @@ job's folder: ``torchdoctor diagnose FOLDER`` and ``torchdoctor slurm status JOB
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ PORT_BASE, PORT_SPAN = 20000, 40000
 # directive: what follows it is a shell command in the job script, and sbatch stops reading
 # directives at the first line that is not one, so every later #SBATCH line is dropped.
 _NOT_IN_A_DIRECTIVE = frozenset("\"'#\\")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def fits_a_directive(value: str) -> bool:
@@ -243,6 +245,11 @@ def _body(size: JobSize, opts: ScriptOptions) -> list[str]:
             "# network: which interface the ranks use (check on a node: torchdoctor doctor)"
         )
         for key, figure in sorted(size.network_env.items()):
+            if not _VARIABLE.fullmatch(key):
+                # A recorded environment can hold any name; bash exports only identifiers,
+                # and an unquoted name is shell code.
+                lines.append(f"# {comment(key)}: left out, not a variable name bash exports")
+                continue
             lines.append(f"# {key}: {comment(figure.source)}")
             lines.append(f"export {key}={shlex.quote(str(figure.value))}")
     lines += [
