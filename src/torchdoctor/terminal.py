@@ -41,6 +41,15 @@ def terminal_width(width: int | None = None) -> int | None:
     return width if width >= MIN_WIDTH else FALLBACK_WIDTH
 
 
+class _Console(Console):
+    """rich answers a closed pipe by pointing stdout at /dev/null and raising SystemExit(1)
+    from inside the print, whatever stream broke: `run` would exit 1 instead of with the job's
+    status. A console whose reader went away falls silent instead; the command goes on."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
 def make_console(
     file: IO[str] | None = None,
     *,
@@ -52,7 +61,7 @@ def make_console(
     it is. ``stderr=True`` writes to the standard error (the default is the standard output)."""
     if file is None and stderr:
         file = sys.stderr
-    console = Console(
+    console = _Console(
         file=file,
         markup=False,
         highlight=False,

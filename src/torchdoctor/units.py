@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 
 from torchdoctor.errors import UserError
 
@@ -213,6 +214,24 @@ def _three_figures(value: float) -> str:
     """``value`` (below 1000) to three significant figures: 1.50, 42.1, 812."""
     digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0  # as they will round
     return f"{value:.{digits}f}"
+
+
+def shell_line(argv: list[str], limit: int = 80) -> str:
+    """A command line as a shell would take it back (``shlex.join``) on one line: newlines,
+    tabs and other control characters (a ``-c`` script's) escaped, and at most ``limit``
+    characters, cut at a word boundary with an ellipsis where that does not lose most of it."""
+    text = "".join(
+        ch if ch.isprintable() or ch == " " else _ESCAPES.get(ch, f"\\x{ord(ch):02x}")
+        for ch in shlex.join(argv)
+    )
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut) + "..."
+
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def one_line(argv: list[str], limit: int = 100) -> str:

@@ -68,7 +68,13 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: turn UserError into one line on stderr and its exit status."""
+    """Entry point: turn UserError into one line on stderr and its exit status.
+
+    Our own stdout and stderr drop output once they break (a closed pipe, a full disk): the
+    command still runs to its end and exits with its own status, `run` with the job's."""
+    from torchdoctor.cli.streams import guard_standard_streams
+
+    guard_standard_streams()
     try:
         # Without standalone mode click returns ctx.exit(code)'s code instead of exiting.
         status = cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import stat
+import sys
 from pathlib import Path
 
 import click
@@ -20,6 +22,7 @@ from torchdoctor.instrument.agent.cuda import ENV_MEMORY_HISTORY
 from torchdoctor.run.end_report import print_end_report
 from torchdoctor.run.process import resolve_command
 from torchdoctor.run.session import claim_file, record_command
+from torchdoctor.units import shell_line
 
 
 @click.command(
@@ -89,7 +92,7 @@ def command(
     path = claim_file(out, job_name(args))
     console = stderr_console()
     if not quiet:
-        console.print(f"torchdoctor: recording {' '.join(args)[:80]} into {path}")
+        console.print(f"torchdoctor: recording {shell_line(args)} into {path}")
     env = None
     if memory_history:
         env = {**os.environ, ENV_MEMORY_HISTORY: f"{path.with_suffix('')}.cuda-oom-{{pid}}.pickle"}
@@ -102,14 +105,17 @@ def command(
         env=env,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
     )
-    if not quiet or as_json:
-        report = print_end_report(path, None if quiet else console, thresholds)
-        if report is not None:
-            from torchdoctor.cli.recordings import line_of, remember
+    try:
+        if not quiet or as_json:
+            report = print_end_report(path, None if quiet else console, thresholds)
+            if report is not None:
+                from torchdoctor.cli.recordings import line_of, remember
 
-            remember(path, line_of(path, *report))  # `torchdoctor ls` need not redo it
-        if as_json:
-            _print_json(path, status, report)
+                remember(path, line_of(path, *report))  # `torchdoctor ls` need not redo it
+            if as_json:
+                _print_json(path, status, report)
+    except Exception as exc:  # noqa: BLE001 - the job has ended: its status is what we return
+        click.echo(f"torchdoctor: internal error after the job ended ({exc!r})", err=True)
     ctx.exit(status)
 
 
@@ -132,7 +138,29 @@ def _print_json(path: Path, status: int, report) -> None:
             worst_severity=line.worst_severity,
             findings=findings_to_dict(findings)["findings"],
         )
+    if not _stdout_ends_a_line():
+        click.echo("")  # the JSON on a line of its own: `tail -n 1` reads it
     dump_json("run", document, indent=None)
+
+
+def _stdout_ends_a_line() -> bool:
+    """Whether the job's output so far ends with a newline (or is empty). Only a regular file
+    can be read back; what went into a pipe or a terminal cannot, so there the JSON always
+    starts on a new line (an empty line where the job's output did end one)."""
+    try:
+        sys.stdout.flush()
+        fd = sys.stdout.fileno()
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        if info.st_size == 0:
+            return True
+        # Opened anew for reading: stdout itself is write-only (`> file`).
+        with open(f"/proc/self/fd/{fd}", "rb") as written:
+            written.seek(info.st_size - 1)
+            return written.read(1) == b"\n"
+    except (OSError, ValueError):
+        return False
 
 
 def _output_options(prometheus: str | None, tensorboard: str | None):

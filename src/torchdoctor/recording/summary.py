@@ -66,6 +66,8 @@ class RunSummary:
     # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    # `attach` stopped by the user (Ctrl-C, TERM, HUP) while the job still ran: that signal
+    stopped_by_signal: int | None = None
     # One line: complete, in progress (writer alive, last write N s ago) or cut short.
     state: str = ""
     recording_state: str = ""  # torchdoctor.recording.state: COMPLETE, IN_PROGRESS...
@@ -133,6 +135,7 @@ def summarize(rec: Recording) -> RunSummary:
         steps_source_reason=meta.get("steps_source_reason"),
         evaluation=_evaluation(rec),
         settings=_settings(rec),
+        stopped_by_signal=meta.get("stopped_by_signal"),
         state=describe_state(rec.state, rec.path, hint=False),
         state_hint=missing_wal_hint(rec.path, rec.state.checkpoint_every_s)
         if rec.state.wal_missing

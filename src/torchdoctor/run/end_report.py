@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
 from pathlib import Path
 
 from rich.console import Console
@@ -23,6 +26,12 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         ended = summary.state or "recording cut short"
     elif status is not None:
         ended = f"exit status {status}"
+    elif summary.stopped_by_signal is not None:
+        # `attach` stopped by the user: the job did not end, it runs on unrecorded
+        ended = (
+            f"recording stopped by the user ({_signal_name(summary.stopped_by_signal)})"
+            " while the job still ran"
+        )
     else:
         ended = "ended (an attached process' exit status is not visible)"
     console.print(
@@ -95,6 +104,13 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     console.print(f"recording: {summary.path}")
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _pct(fraction: float | None) -> float | None:
     return None if fraction is None else 100.0 * fraction
 
@@ -122,11 +138,18 @@ def print_end_report(
     except UserError as exc:
         problem = exc.message
     except Exception as exc:  # noqa: BLE001 - the report is a courtesy; never fail the run
+        if isinstance(exc, OSError) and exc.errno in _BROKEN_OUTPUT:
+            return None  # our own stream broke: a line saying so would fail the same way
         problem = f"({type(exc).__name__}: {exc})"
-    (console or make_console(stderr=True, soft_wrap=True)).print(
-        f"torchdoctor: could not summarize the recording: {problem}"
-    )
+    with contextlib.suppress(OSError):  # the stream may break on this very line
+        (console or make_console(stderr=True, soft_wrap=True)).print(
+            f"torchdoctor: could not summarize the recording: {problem}"
+        )
     return None
+
+
+# A write to our stream failed for good: the reader went away, the disk is full, it is closed.
+_BROKEN_OUTPUT = frozenset({errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EBADF})
 
 
 def _print_findings(rec, console: Console | None, thresholds_path: str | None) -> list:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.errors import UserError
 from torchdoctor.recording import registry
 from torchdoctor.recording.metadata import run_metadata
 from torchdoctor.recording.paths import claim_recording_file, create_recording_file
@@ -50,10 +51,25 @@ def claim_file(
 ) -> Path:
     """The session's recording file, created now: ``out`` exactly (it must be new), else a
     fresh unique ``<UTC time>-<name>.sqlite`` in ``folder`` (default: the recordings folder in
-    use, :func:`torchdoctor.recording.paths.runs_dir`; ``<name>.sqlite`` unstamped)."""
+    use, :func:`torchdoctor.recording.paths.runs_dir`; ``<name>.sqlite`` unstamped).
+
+    A name holding a newline or another control character is refused: the file would be
+    awkward for every shell tool and line-based listing after it."""
+    for given in (out, folder):
+        if given is not None and any(_is_control(ch) for ch in os.fspath(given)):
+            raise UserError(
+                f"{option} {os.fspath(given)!r} holds a newline or control character: "
+                "choose a name without one"
+            )
     if out:
         return claim_recording_file(out, option=option)
     return create_recording_file(name, folder=folder, stamp=stamp, option=option)
+
+
+def _is_control(ch: str) -> bool:
+    """C0 and C1 control characters (newline, tab, escape...); not the surrogates that stand
+    for a non-UTF-8 byte of a file name, which are a legitimate (if unusual) name."""
+    return ch < " " or "\x7f" <= ch <= "\x9f"
 
 
 def agent_module():
