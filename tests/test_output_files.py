@@ -308,3 +308,20 @@ def test_queue_install_refuses_a_masked_unit_and_leaves_dev_null_alone(
         "torchdoctor-exporter.service",
         "torchdoctor-queue.service",
     ]
+
+
+def test_a_sqlite_file_with_its_wal_beside_it_is_not_replaced(tmp_path: Path) -> None:
+    import sqlite3
+
+    db_path = tmp_path / "live.sqlite"
+    db = sqlite3.connect(db_path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t (x)")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.commit()  # open: its -wal stays beside it
+    try:
+        assert (tmp_path / "live.sqlite-wal").exists()
+        with pytest.raises(UserError, match="never replaced"):
+            write_output_file(db_path, "x", "-o", force=True)
+    finally:
+        db.close()

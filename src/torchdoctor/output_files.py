@@ -7,7 +7,7 @@ The rules, the same for every such file:
   torchdoctor wrote of the same kind (``ours``: an HTML report, an sbatch script), which the
   command would write again anyway.
 - A torchdoctor recording is never replaced, even with ``--force``: it is someone's data, and
-  it cannot be made again.
+  it cannot be made again. Nor is a SQLite file with a ``-wal`` beside it (a database in use).
 - Only a regular file is ever replaced: never a folder, a device, a FIFO or a socket (as root,
   ``report -o /dev/full`` replaced the machine's device node with an HTML file).
 - Symlinks are followed: a link to a file is written through (the file it points to is
@@ -148,18 +148,24 @@ def check_output_file(
                 kind=kind,
             )
     head = _head(target)
-    if is_recording_head(head):
+    # A SQLite file with its write-ahead log beside it is open in some program (a recording
+    # from before the schema went into the main file holds all of it in the WAL): not ours to
+    # replace either.
+    in_use = head.startswith(_SQLITE_MAGIC) and os.path.exists(f"{target}-wal")
+    if is_recording_head(head) or in_use:
         raise _error(
             option,
-            "{option} {path} is a torchdoctor recording, which is never replaced "
-            "(not even with --force); choose another {option}",
+            "{option} {path} is {what}, which is never replaced (not even with --force); "
+            "choose another {option}",
             path=repr(shown),
+            what="a torchdoctor recording"
+            if is_recording_head(head)
+            else "a SQLite database in use (its -wal file is beside it)",
         )
     if not force and not (ours is not None and ours(head)):
         raise _error(
             option,
-            "{option} {path} already exists; add --force to replace it, "
-            "or choose another {option}",
+            "{option} {path} already exists; add --force to replace it, or choose another {option}",
             path=repr(shown),
         )
     return target
