@@ -162,7 +162,8 @@ def render(c: Comparison) -> None:
     console.print(
         Text(
             f"compared: {c.a_steps} steady steps of A's {c.a_step_count}, {c.b_steps} of B's "
-            f"{c.b_step_count} ({c.warmup_rule})",
+            f"{c.b_step_count} ({c.warmup_rule}); a run's figure is the median of the means "
+            "of its blocks of consecutive steps",
             style="dim",
         )
     )
@@ -174,13 +175,13 @@ def render(c: Comparison) -> None:
         console.print(Text("not the same workload (--force): " + "; ".join(c.mismatch), "yellow"))
 
     table = Table(box=None, pad_edge=False, title_justify="left")
-    for name in ("median per step", "A", "B", "B - A", "95 % interval"):
-        table.add_column(name, justify="left" if name == "median per step" else "right")
+    for name in ("per step", "A", "B", "B - A", "95 % interval"):
+        table.add_column(name, justify="left" if name == "per step" else "right")
     for p in c.phases:
         table.add_row(
             Text(p.label, style="bold" if p.moved else ""),
-            _ms(p.a_median_s),
-            _ms(p.b_median_s),
+            _ms(p.a_per_step_s),
+            _ms(p.b_per_step_s),
             Text(_signed(p.delta.estimate), style="bold" if p.moved else ""),
             f"{_signed(p.delta.low)} to {_signed(p.delta.high)}",
         )

@@ -1,20 +1,28 @@
-"""The statistics of a comparison: a ratio of medians with a moving-block bootstrap interval.
+"""The statistics of a comparison: a ratio of winsorized mean step times, with a block
+bootstrap interval.
 
-Why this one (and not a t-test on means or Hodges-Lehmann):
+A run's figure for a series (step time, data wait...) is its mean over the steady steps after
+the slowest 2 % of steps are brought down to the 98th percentile (winsorized); the verdict is
+the ratio B / A of those figures. Why this one (and not a ratio of medians, a t-test on plain
+means or Hodges-Lehmann):
 
-- step times have outliers (a checkpoint save, a garbage collection, a worker respawn) that drag
-  a mean and its variance far from a typical step; the median ignores them;
-- a ratio (B / A) reads the same for a 20 ms and a 2 s step, so ``--fail-if-slower 5`` means
-  5 % whatever the job;
-- steps are not independent: DataLoader workers hand out batches in bursts (a wait every
-  ``num_workers``-th step), the machine's load drifts. Hodges-Lehmann's interval and any
-  resampling of single steps assume independence and come out too narrow. Resampling runs of
-  consecutive steps (blocks) keeps that structure inside each resampled series;
+- a step's time is often bimodal: with DataLoader workers, batches arrive in bursts, one step
+  waits for a worker and the next ones find their batch ready. A median then sits in one mode
+  or the other (2 workers: half the steps wait ~20 ms, half ~0, and the median is either) and
+  says nothing of throughput. A mean is the throughput;
+- rare outliers (a checkpoint save, a garbage collection, a worker respawn) drag a plain mean
+  far from the job's pace. Winsorizing at the 98th percentile caps them, while a burst's slow
+  steps, one every few steps (more often than 1 in 50), are the job's pace and stay;
+- steps are not independent (the bursts, the machine's load drifting): resampling single steps,
+  as Hodges-Lehmann's interval and a plain bootstrap assume, makes the interval too narrow.
+  Resampling blocks of about sqrt(n) consecutive steps (a non-overlapping block bootstrap)
+  keeps that structure inside each block;
+- a ratio reads the same for a 20 ms and a 2 s step, so ``--fail-if-slower 5`` means 5 %;
 - the resampling is seeded, so the same two recordings always give the same interval.
 
 The interval is the percentile interval of the bootstrap distribution. It measures the
-uncertainty *within* the two runs; two runs of the same command on a shared machine also differ
-between them, which is why a verdict also has a practical band (:data:`NO_CHANGE_BAND`).
+uncertainty *within* the two runs; two runs of the same command also differ *between* them,
+which is why the verdict also has a practical band (:mod:`torchdoctor.compare.verdict`).
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from torchdoctor.recording.steps import quantile
+
 CONFIDENCE = 0.95
-RESAMPLES = 1000  # percentile ends at 95 % are stable to about 1 % of the width at 1000
+RESAMPLES = 2000  # percentile ends at 95 % are stable to about 1 % of the width at 2000
 SEED = 20240043  # any fixed number: the same recordings give the same interval every time
-# Longer series are thinned to this many steps, evenly spread, before resampling: the cost
-# stays flat for a day of steps, and the interval, from fewer steps, can only come out wider.
-MAX_STEPS = 2000
+WINSOR_Q = 0.98  # steps above this quantile are outliers, capped (see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,30 +54,27 @@ class Interval:
 
 
 def block_length(n: int) -> int:
-    """Steps per resampled block: about n^(1/3) (the usual rate for a moving-block bootstrap
-    of a median), at least 4 so a worker's burst of batches stays inside one block."""
-    return max(1, min(n, max(4, round(n ** (1 / 3)))))
+    """Steps per block: about sqrt(n) - as many blocks as steps in a block, so that a block
+    covers a DataLoader's burst of batches and the load's drift, and there are still blocks
+    enough to resample - and at least 4 (a run of 20 steps is 5 blocks of 4)."""
+    return max(1, min(n, max(4, round(math.sqrt(n)))))
 
 
-def thin(values: Sequence[float], limit: int = MAX_STEPS) -> list[float]:
-    """At most ``limit`` of ``values``, evenly spread, in their order."""
+def winsorized(values: Sequence[float], q: float = WINSOR_Q) -> list[float]:
+    """``values`` with those above their ``q`` quantile brought down to it."""
+    cap = quantile(list(values), q)
+    return [min(v, cap) for v in values]
+
+
+def _blocks(values: Sequence[float]) -> list[tuple[float, int]]:
+    """(sum, count) of consecutive blocks of :func:`block_length` steps, every step in one
+    (the blocks differ in length by one step at most)."""
     n = len(values)
-    if n <= limit:
-        return list(values)
-    return [values[i * n // limit] for i in range(limit)]
-
-
-def _block_indices(n: int, rng: random.Random) -> list[int]:
-    """Indices of one moving-block resample of a series of ``n``: blocks of consecutive
-    steps starting anywhere, concatenated until there are ``n`` indices."""
-    size = block_length(n)
-    starts = n - size + 1
-    out: list[int] = []
-    while len(out) < n:
-        s = rng.randrange(starts)
-        out.extend(range(s, s + size))
-    del out[n:]
-    return out
+    if n == 0:
+        return []
+    g = max(1, n // block_length(n))
+    bounds = [i * n // g for i in range(g + 1)]
+    return [(math.fsum(values[lo:hi]), hi - lo) for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
 def _percentiles(values: list[float], confidence: float) -> tuple[float, float]:
@@ -84,10 +89,24 @@ def _percentiles(values: list[float], confidence: float) -> tuple[float, float]:
 class PairedSeries:
     """The same steps of two runs seen through several series (step wall, data wait...):
     ``a[name]`` and ``b[name]`` are lists as long as run A's and run B's steady steps. The
-    bootstrap resamples *steps*, so every series of a run shares the resampled indices."""
+    bootstrap resamples *blocks of steps*, so every series of a run shares the resampled
+    blocks."""
 
     a: dict[str, list[float]]
     b: dict[str, list[float]]
+
+
+def typical_step(values: Sequence[float]) -> float:
+    """A run's figure for a series: its winsorized mean (see the module doc)."""
+    return statistics.fmean(winsorized(values))
+
+
+def _mean(blocks: list[tuple[float, int]], picks: list[int]) -> float:
+    total = count = 0.0
+    for i in picks:
+        total += blocks[i][0]
+        count += blocks[i][1]
+    return total / count
 
 
 def bootstrap(
@@ -98,29 +117,28 @@ def bootstrap(
     confidence: float = CONFIDENCE,
     seed: int = SEED,
 ) -> tuple[Interval, dict[str, Interval]]:
-    """The ratio of medians B / A of the series ``ratio_of``, and the difference of medians
+    """The ratio B / A of :func:`typical_step` of the series ``ratio_of``, and the difference
     B - A of every series, each with its bootstrap interval.
 
-    A ratio needs A's median above zero: a series whose median is 0 gets a ratio of NaN."""
+    A ratio needs A's figure above zero: otherwise the ratio is NaN."""
     names = list(series.a)
-    a = {k: thin(v) for k, v in series.a.items()}
-    b = {k: thin(v) for k, v in series.b.items()}
-    na, nb = len(a[ratio_of]), len(b[ratio_of])
-    if na == 0 or nb == 0:
+    a = {k: _blocks(winsorized(v)) for k, v in series.a.items()}
+    b = {k: _blocks(winsorized(v)) for k, v in series.b.items()}
+    ga, gb = len(a[ratio_of]), len(b[ratio_of])
+    if ga == 0 or gb == 0:
         raise ValueError("both runs need at least one step")
     rng = random.Random(seed)
     ratios: list[float] = []
     deltas: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(resamples):
-        ia = _block_indices(na, rng)
-        ib = _block_indices(nb, rng)
+        ia = [rng.randrange(ga) for _ in range(ga)]
+        ib = [rng.randrange(gb) for _ in range(gb)]
         for k in names:
-            ma = statistics.median([a[k][i] for i in ia])
-            mb = statistics.median([b[k][i] for i in ib])
+            ma, mb = _mean(a[k], ia), _mean(b[k], ib)
             deltas[k].append(mb - ma)
             if k == ratio_of:
                 ratios.append(mb / ma if ma > 0 else math.nan)
-    point = {k: (statistics.median(a[k]), statistics.median(b[k])) for k in names}
+    point = {k: (typical_step(series.a[k]), typical_step(series.b[k])) for k in names}
     ma, mb = point[ratio_of]
     finite = [r for r in ratios if math.isfinite(r)]
     if ma > 0 and finite:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchdoctor.compare.runs import COMPUTE, DATA_WAIT, PHASE_LABELS, STEP, RunFigures
-from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap
+from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap, typical_step
 from torchdoctor.errors import UserError
 
 FASTER = "faster"
@@ -24,8 +23,8 @@ NO_CHANGE = "no significant change"
 # a change is called only when it is beyond the band with 95 % confidence (a minimum-effect
 # test). It still detects a 5 % change once the interval is narrower than +-2 %.
 NO_CHANGE_BAND = 0.03
-# A run needs this many steady steps for a median and its interval to mean something.
-MIN_STEADY_STEPS = 10
+# A run needs this many steady steps (5 blocks of 4) for its figure and interval to mean something.
+MIN_STEADY_STEPS = 20
 # Other programs used this many more CPUs on average during B than during A: "busier".
 BUSIER_MARGIN_CPUS = 0.5
 
@@ -65,8 +64,8 @@ class Difference:
 class PhaseChange:
     phase: str
     label: str
-    a_median_s: float
-    b_median_s: float
+    a_per_step_s: float
+    b_per_step_s: float
     delta: Interval  # B - A, seconds, with its interval
     moved: bool  # the interval excludes 0 and the change is beyond the band of A's step
 
@@ -184,17 +183,17 @@ def compare(
     # A phase "moved" when its whole interval lies beyond the band as a share of A's step (the
     # verdict's rule), not of the phase itself: a data wait from 0.1 ms to 0.2 ms doubles and
     # matters to no one.
-    margin = band * statistics.median(a.series[STEP])
+    margin = band * typical_step(a.series[STEP])
     changes = []
     for p in phases:
         d = deltas[p]
-        am = statistics.median(a.series[p])
+        am = typical_step(a.series[p])
         changes.append(
             PhaseChange(
                 phase=p,
                 label=PHASE_LABELS.get(p, p),
-                a_median_s=am,
-                b_median_s=am + d.estimate,
+                a_per_step_s=am,
+                b_per_step_s=am + d.estimate,
                 delta=d,
                 moved=d.low > margin or d.high < -margin,
             )

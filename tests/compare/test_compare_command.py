@@ -1,0 +1,136 @@
+"""`torchdoctor compare` on real recordings of a real torch loop whose dataset sleeps for every
+sample (data-bound): more DataLoader workers is faster and names num_workers and the data wait;
+the same command twice is no significant change; a slowed run fails --fail-if-slower; unlike
+workloads and short runs are refused in one line; --json validates against its schema.
+
+The recordings are made once for the module, one after the other (runs side by side would slow
+each other down and make the equal pair unequal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TORCHDOCTOR
+from tests.helpers.dependencies import require
+from tests.helpers.schemas import assert_valid
+
+JOB = Path(__file__).parent / "jobs" / "slow_loader.py"
+STEPS = "60"  # 55 steady steps of ~21 ms: a median and its interval within ~2 %
+
+
+class Runs:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.env = {**os.environ, "TORCHDOCTOR_RUNS_DIR": str(folder)}
+
+    def record(self, name: str, *args: str, env: dict[str, str] | None = None) -> str:
+        out = self.folder / f"{name}.sqlite"
+        done = subprocess.run(
+            [*TORCHDOCTOR, "run", "--quiet", "--interval", "0.2", "-o", str(out), "--"]
+            + [sys.executable, str(JOB), *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**self.env, **(env or {})},
+        )
+        assert done.returncode == 0, done.stderr
+        return str(out)
+
+    def compare(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*TORCHDOCTOR, "compare", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env,
+            cwd=self.folder,
+        )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Runs:
+    require("torch")
+    r = Runs(tmp_path_factory.mktemp("compare-runs"))
+    # In this order: `last` is "again" and `last~1` is "base" (newest first by time written).
+    r.record("short", "0", "16")
+    r.record("batch2", "0", "30", "2")
+    r.record("slowed", "0", STEPS, env={"SLOW_LOADER_DELAY_S": "0.04"})
+    r.record("workers", "2", STEPS)
+    r.record("base", "0", STEPS)
+    r.record("again", "0", STEPS)
+    return r
+
+
+def p(runs: Runs, name: str) -> str:
+    return str(runs.folder / f"{name}.sqlite")
+
+
+def test_more_workers_is_faster_and_names_num_workers_and_the_data_wait(runs):
+    done = runs.compare(p(runs, "base"), p(runs, "workers"))
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("faster: B's step takes 0.")
+    why = [line for line in done.stdout.splitlines() if "data wait fell" in line]
+    assert why and "dataloader.num_workers 0 -> 2" in why[0], done.stdout
+    assert "55 steady steps of A's 60" in done.stdout
+
+
+def test_the_same_command_twice_is_no_significant_change(runs):
+    # `last~1` and `last` name the two newest recordings, as `show last` does
+    for pair in (("last~1", "last"), ("last", "last~1")):
+        done = runs.compare(*pair, "--fail-if-slower", "5", "--fail-if-more-memory", "50")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("no significant change"), done.stdout
+        assert "Settings that differ" not in done.stdout
+
+
+def test_fail_if_slower_on_a_slowed_run(runs):
+    done = runs.compare(p(runs, "base"), p(runs, "slowed"), "--fail-if-slower", "5")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stdout.startswith("slower: ")
+    assert done.stderr.count("\n") == 1 and "beyond --fail-if-slower 5" in done.stderr
+    # the run that got faster passes the same gate, and a memory gate catches the workers' RSS
+    done = runs.compare(p(runs, "slowed"), p(runs, "base"), "--fail-if-slower", "5")
+    assert done.returncode == 0, done.stderr
+    done = runs.compare(p(runs, "base"), p(runs, "workers"), "--fail-if-more-memory", "20")
+    assert done.returncode == 4 and "--fail-if-more-memory 20" in done.stderr
+
+
+def test_unlike_workloads_are_refused_in_one_line_unless_forced(runs):
+    done = runs.compare(p(runs, "base"), p(runs, "batch2"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "torchdoctor: error: not the same workload: batch size 1 vs 2 (--force compares "
+        "them anyway)"
+    ]
+    forced = runs.compare(p(runs, "base"), p(runs, "batch2"), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "not the same workload (--force): batch size 1 vs 2" in forced.stdout
+
+
+def test_too_few_steady_steps_and_bad_names_are_one_line(runs):
+    done = runs.compare(p(runs, "base"), p(runs, "short"))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "has 15 steady steps of 16 recorded" in done.stderr
+    done = runs.compare("last~9", "last")
+    assert done.returncode == 2 and "'last~9' names the recording 9 before the newest" in (
+        done.stderr
+    )
+
+
+def test_json_validates_against_its_schema(runs):
+    require("jsonschema")
+    done = runs.compare(p(runs, "base"), p(runs, "workers"), "--json")
+    assert done.returncode == 0, done.stderr
+    doc = assert_valid("compare", done.stdout)
+    assert doc["verdict"] == "faster" and doc["ratio"]["high"] < 0.97
+    phases = {ph["phase"]: ph for ph in doc["phases"]}
+    assert phases["data_wait"]["moved"] and phases["data_wait"]["delta"]["high"] < 0
+    assert {"key": "dataloader.num_workers", "a": 0, "b": 2} in doc["settings"]
+    assert doc["regressions"] == [] and json.loads(done.stdout)["b"] == p(runs, "workers")
