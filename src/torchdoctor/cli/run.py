@@ -55,7 +55,7 @@ from torchdoctor.units import shell_line
     "as_json",
     is_flag=True,
     help="When CMD ends, print the recording's summary line and findings as one line of JSON "
-    "on stdout, after CMD's own output (`tail -n 1` reads it).",
+    "on stdout, on a line of its own after CMD's own output (`tail -n 1` reads it).",
 )
 @click.option(
     "--memory-history",
