@@ -69,9 +69,11 @@ def train(
     *,
     seconds: float | None = None,
     on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """Train for ``steps`` optimizer steps (or, given ``seconds``, until that much time has
-    passed), re-iterating ``batches()`` per epoch; print the rate."""
+    passed), re-iterating ``batches()`` per epoch; print the rate. ``loss_of(model, x, y)``
+    replaces the classifier's cross-entropy (a VAE's loss is not a function of one output)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
@@ -81,8 +83,11 @@ def train(
     while not done(step):
         for x, y in batches():
             opt.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
+            if loss_of is None:
+                out = model(x)
+                loss = loss_fn(out, y)
+            else:
+                loss = out = loss_of(model, x, y)
             loss.backward()
             opt.step()
             if on_step is not None:

@@ -72,6 +72,30 @@ def test_workers_already_use_every_cpu(run_rules):
     assert "no CPU to run on" in f.recommendation
 
 
+def test_a_worker_beside_threads_that_fill_the_cpus_is_not_advised(run_rules):
+    # pytorch/examples' vae on 2 CPUs: 2 torch threads, num_workers=0, 4 of 10 ms waiting on
+    # data, the trainer on 1.6 CPUs. One worker was predicted 1.3x faster from the unchanged
+    # 6 ms of compute and made training 16 % slower: beside a half-busy worker the 2 threads no
+    # longer fit in 2 CPUs, and 1 thread may take 2 x 6 ms. Bounded, no worker fix is faster.
+    vae = job(wait=0.004, wall=0.01, cpus=2, trainer_cpu=const(160.0))
+    f = by_id(run_rules(vae), "dataloader-bound")
+    assert f.settings == {}
+    assert "x more steps per second" not in f.expected_effect
+
+
+def test_a_bounded_fix_names_its_threads_and_keeps_its_gain(run_rules):
+    # 2 CPUs, 2 threads on 1.6 CPUs, but loading takes 80 of 100 ms: one worker beside one
+    # thread (compute at most 2 x 20 ms) still cuts the step to about 42 ms.
+    f = by_id(run_rules(job(wait=0.08, cpus=2, trainer_cpu=const(160.0))), "dataloader-bound")
+    assert f.settings["num_workers"] >= 1
+    assert f.settings["torch.num_threads"] == 1
+    assert "compute at its bound beside the workers, 40.0 ms (measured 20.0 ms" in (
+        f.recommendation
+    )
+    predicted = evidence(f, "predicted step time after the fix")
+    assert 0.04 <= predicted < 0.09
+
+
 def test_threshold_is_configurable(run_rules):
     findings = run_rules(job(wait=0.011), Thresholds(data_wait_alert_pct=20.0))
     assert "dataloader-bound" not in [f.id for f in findings]

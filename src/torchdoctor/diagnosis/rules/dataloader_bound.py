@@ -9,9 +9,16 @@ The step's CPU work is therefore the trainer's measured CPU time capped at L plu
 on its threads; measured worker CPU is used as it is. :func:`size_workers` then picks the
 fewest workers that bring the step down to its floor: the compute time, or that CPU work spread
 over the CPUs available (affinity capped by the cgroup quota, less what other programs take),
-whichever is longer. When the workers then take a CPU or more and the trainer's threads no
-longer fit beside them, the trainer's thread count is part of the fix
-(``torch.set_num_threads(k)`` / ``OMP_NUM_THREADS=k``).
+whichever is longer.
+
+The step's compute was measured with the trainer's threads on the CPUs the loading left them.
+When the workers' CPU and those threads no longer fit in the CPUs, the measured compute no
+longer holds: the trainer gets the k CPUs left, and its compute is bounded by what one thread
+can do at worst (the measured compute times its parallelism over k, no speed-up from its
+threads at all). The prediction uses that bound, the trainer's thread count k is part of the
+fix when below its threads (``torch.set_num_threads(k)`` / ``OMP_NUM_THREADS=k``), and a fix
+whose bounded prediction is not faster is not printed (pytorch/examples' vae on 2 CPUs: one
+worker predicted 1.3x faster from the unchanged compute, measured 16 % slower).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     worker_cores = per_process_mean_cores(ctx, ctx.worker_pids, t0, t1) if current else None
     job_cores = mean_cpu_cores(ctx, [*ctx.compute_pids, *ctx.worker_pids], t0, t1)
     threads = _trainer_threads(ctx)
+    trainer_cores = per_process_mean_cores(ctx, ctx.compute_pids, t0, t1)
     # CPU time is what the job consumed, contention or not; the CPUs it can have are what it
     # used plus what sat idle (other processes take the rest).
     measured_cpu = (job_cores or 0.0) * summary.mean_step_s
@@ -67,11 +75,14 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     available = ctx.available_cores(t0, t1) or ctx.usable_cpus
     workers, predicted = size_workers(load_per_batch, compute, cpu_per_step, available)
     needed = max(1, math.ceil(load_per_batch / compute))
-    helps = predicted < 0.9 * summary.mean_step_s
-    fit_threads = _threads_beside_workers(
-        threads, workers, load_per_batch if not current else None, worker_cores,
-        compute, predicted, available,
+    # Loading in the main process costs at most its wall time and at most the CPU it used.
+    load_cpu = min(load_per_batch, measured_cpu or load_per_batch) if not current else None
+    trainer_cpu = trainer_cores * summary.mean_step_s if trainer_cores is not None else None
+    fit_threads, bounded_compute = _threads_beside_workers(
+        threads, workers, load_cpu, worker_cores, compute, trainer_cpu, predicted, available,
     )  # fmt: skip
+    predicted = max(predicted, bounded_compute * 1.05)
+    helps = predicted < 0.9 * summary.mean_step_s
 
     evidence = [
         Evidence("data wait share of step time", round(share * 100, 1), "%", t0, t1),
@@ -125,6 +136,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 f"(or OMP_NUM_THREADS={fit_threads}): its {threads} intra-op threads and "
                 f"{workers} busy workers would share {available:.1f} CPUs, and threads that "
                 "wait for a preempted sibling at every parallel region waste the rest."
+            )
+        if bounded_compute > compute + 1e-9:
+            thread_text += (
+                f" The prediction takes the compute at its bound beside the workers, "
+                f"{fmt_duration(bounded_compute)} (measured {fmt_duration(compute)} with the "
+                "CPUs to itself)."
             )
         idle_text = (
             f" and {idle:.1f} of {ctx.allowed_cpus:g} CPUs sit idle"
@@ -224,32 +241,42 @@ def _threads_beside_workers(
     load_cpu: float | None,
     worker_cores: float | None,
     compute: float,
+    trainer_cpu: float | None,
     predicted: float,
     cpus: float,
-) -> int | None:
-    """The trainer's thread count that fits beside ``workers`` loading workers, when it must
-    change: the workers keep at least one CPU busy, the trainer's threads no longer fit in
-    what is left, and the step is set by the loading, not by the compute (fewer threads may
-    make the compute up to threads/k times longer: it must stay below the predicted step).
-    None when the trainer's threads can stay as they are.
+) -> tuple[int | None, float]:
+    """(the trainer's thread count that fits beside ``workers`` loading workers, or None when
+    its threads can stay; the step's compute bounded by what was measured, beside them).
+
+    The compute was measured with the trainer's parallelism p: its CPU per step less the
+    loading's, over the compute time (at most its threads). While p and the workers' busy
+    CPUs fit in ``cpus`` the measured compute stands. Otherwise the trainer gets the k CPUs
+    the workers leave and, with k threads, computes in at most compute * p / k: no speed-up
+    from its threads at all, the bound. k is the fix's thread count when below its threads.
 
     ``load_cpu`` is one batch's loading CPU work in a one-thread worker (main-process loading:
-    its wall time), else ``worker_cores`` the measured use of one existing worker.
+    at most its wall time and the CPU the trainer used), else ``worker_cores`` the measured
+    use of one existing worker; ``trainer_cpu`` the training process's CPU time per step.
     """
-    if threads is None or threads <= 1:
-        return None
     if load_cpu is not None:
         busy = min(load_cpu / max(predicted, 1e-9), float(workers))
     elif worker_cores is not None:
         busy = worker_cores * workers
     else:
-        return None
-    if busy < 1.0 or threads + busy <= cpus + 0.25:
-        return None
-    fit = max(1, math.floor(cpus - busy + 0.5))
-    if fit >= threads or compute * threads / fit > predicted:
-        return None
-    return fit
+        return None, compute
+    if trainer_cpu is not None:
+        parallel = max(trainer_cpu - (load_cpu or 0.0), 0.0) / max(compute, 1e-9)
+        if threads is not None:
+            parallel = min(parallel, float(threads))
+    elif threads is not None:
+        parallel = float(threads)
+    else:
+        return None, compute
+    if parallel + busy <= cpus + 0.25:
+        return None, compute
+    fit = max(1, math.floor(cpus - busy + 1e-9))
+    bounded = compute * max(1.0, parallel / fit)
+    return (fit if threads is not None and fit < threads else None), bounded
 
 
 def _expected(step: float, predicted: float) -> str:
