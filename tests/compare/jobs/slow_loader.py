@@ -10,10 +10,10 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-# 20 ms a sample, one sample a batch: the sleep dominates the step, so the step time of two
-# runs of the same command differs by under 2 % even on a loaded machine (a few 1-ms sleeps
-# differ by their wake-up latency, which is what a busy machine varies).
-DELAY_S = float(os.environ.get("SLOW_LOADER_DELAY_S", "0.02"))
+# 40 ms a sample, one sample a batch: the sleep dominates the step, so the step time of two
+# runs of the same command differs by a few percent at most even on a loaded machine, which
+# varies the wake-up latency of each sleep (~1 ms; a 5 ms sleep would vary by 20 %).
+DELAY_S = float(os.environ.get("SLOW_LOADER_DELAY_S", "0.04"))
 
 
 class SlowSamples(Dataset):
