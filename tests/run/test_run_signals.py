@@ -81,6 +81,19 @@ def test_a_signal_to_the_whole_group_reaches_the_job_once(tmp_path: Path, sig) -
     assert group_members(proc.pid) == []  # nothing of ours (the witness) is left behind
 
 
+def test_a_group_signal_reaches_a_job_that_left_the_group(tmp_path: Path) -> None:
+    """A job that made a process group of its own missed the group's signal: forwarded."""
+    proc = subprocess.Popen(
+        [*TORCHDOCTOR, "run", "--quiet", "--out", str(tmp_path / "r.sqlite"), "--",
+         PY, "-c", "import os; os.setpgid(0, 0)\n" + COUNTER],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert (out, err, proc.returncode) == ("got SIGTERM\n", "", 7)
+
+
 def test_timeout_reaches_the_job_once(tmp_path: Path) -> None:
     """timeout(1) signals its child, then its whole group. Its SIGALRM is the time running out:
     sent once the job is ready, no guess at how long starting takes."""

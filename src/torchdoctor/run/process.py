@@ -200,7 +200,7 @@ class GroupWitness:
     def pending(self) -> set[int]:
         """The signals waiting in the witness now (empty when it cannot be read)."""
         try:
-            with open(f"/proc/{self.pid}/status", encoding="ascii") as fh:
+            with open(f"/proc/{self.pid}/status", encoding="utf-8", errors="replace") as fh:
                 fields = dict(line.split(":", 1) for line in fh if ":" in line)
             bits = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
         except (OSError, KeyError, ValueError):
@@ -298,7 +298,9 @@ class ChildProcess:
         # taken (a signal pending twice is delivered once), our copy is still to come: e.g.
         # timeout(1) signals us alone, then its group. That copy is not forwarded either.
         self._group_copy_due[signum] = time.monotonic() + WITNESS_GRACE_S
-        return False
+        # A command that left our group (setsid, setpgid) missed a group signal: forwarded.
+        # (One sent to every process of the cgroup did reach it, but a lost TERM harms more.)
+        return _group_of(self.pid) != os.getpgrp()
 
     def _close_witness(self) -> None:
         if self._witness is not None:
@@ -316,6 +318,13 @@ class ChildProcess:
             if pid == self.pid:
                 self.returncode = exit_status(status)
         return self.returncode
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 # -- stopping a whole tree ---------------------------------------------------------------------
