@@ -124,6 +124,15 @@ def ex_diagnose() -> str:
     return run(["torchdoctor", "diagnose", _recording()])
 
 
+def ex_compare() -> str:
+    """The example job before and after the advice on 2 CPUs (workers, one trainer thread),
+    recorded side by side, then compared: `last~1` is the first, `last` the second."""
+    steps = ["--steps", "40"]
+    for extra in ([], ["--num-workers", "2", "--threads", "1"]):
+        run(["torchdoctor", "run", "--quiet", "--", *TRAIN, *steps, *extra])
+    return run(["torchdoctor", "compare", "last~1", "last"])
+
+
 def ex_export() -> str:
     out = run(["torchdoctor", "export", _recording(), "--format", "csv", "--to", "export"])
     listing = sorted(p.name for p in (WORK / "export").iterdir())
@@ -251,6 +260,7 @@ EXAMPLES: dict[str, Callable[[], str | None]] = {
     "show": ex_show,
     "export": ex_export,
     "diagnose": ex_diagnose,
+    "compare": ex_compare,
     "report": ex_report,
     "estimate": ex_estimate,
     "tune": ex_tune,
