@@ -23,7 +23,8 @@ from torchdoctor.recording.paths import runs_dir
 
 
 class RecordingArg(click.ParamType):
-    """A recording file or folder; ``last`` or ``@last`` is the newest recording."""
+    """A recording file or folder; ``last`` or ``@last`` is the newest recording, ``last~N``
+    the one N before it."""
 
     name = "recording"
 

@@ -70,26 +70,24 @@ def resolve_recording(text: str) -> str:
     """A recording as the user named it: ``last``/``@last`` is the newest in the recordings
     folder, ``last~N`` the one N before it (as git names commits), unless a file of that name
     exists here; anything else is a path."""
-    if Path(text).exists():
-        return text
-    if text in LAST:
-        return str(last_recording())
     base, sep, back = text.partition("~")
-    if sep and base in LAST:
-        if not back.isdigit():
-            raise UserError(f"{text!r}: after ~ comes how many recordings back, e.g. last~1")
-        n = int(back)
-        if n == 0:
-            return str(last_recording())
-        where = runs_dir()
-        found = recording_files(where)
-        if n >= len(found):
-            raise UserError(
-                f"{text!r} names the recording {n} before the newest, but {str(where)!r} "
-                f"holds {len(found)}"
-            )
-        return str(found[n])
-    return text
+    if base not in LAST or Path(text).exists():
+        return text
+    if not sep:
+        return str(last_recording())
+    if not (back.isascii() and back.isdigit() and len(back) < 10):
+        raise UserError(f"{text!r}: after ~ comes how many recordings back, e.g. last~1")
+    n = int(back)
+    if n == 0:
+        return str(last_recording())
+    where = runs_dir()
+    found = recording_files(where)
+    if n >= len(found):
+        raise UserError(
+            f"{text!r} names the recording {n} before the newest, but {str(where)!r} "
+            f"holds {len(found)}"
+        )
+    return str(found[n])
 
 
 def file_key(path: Path) -> list[int]:
