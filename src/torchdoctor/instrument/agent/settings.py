@@ -8,6 +8,7 @@ import os
 import sys
 
 from .contract import LAUNCHER, MULTIPROCESSING_CHILD, RANK, TRAINER, WORKER, env_int, qualname
+from .sidetable import SideTable
 
 # Settings that can change while the job runs: re-read at every flush, sent when they change.
 VOLATILE_SETTINGS = (
@@ -33,7 +34,7 @@ def capture_settings(agent, optimizer) -> None:
         agent.setting(f"env.{name}", os.environ.get(name))
     capture_volatile(agent)
     if optimizer is not None:
-        capture_optimizer(agent, optimizer)
+        counter.optimizers.add(agent, optimizer)
     agent.setting("amp.autocast", counter.autocast_dtype)
     agent.setting("amp.grad_scaler", counter.scaler_used)
     agent.setting("distributed.rank", agent.rank)
@@ -42,30 +43,52 @@ def capture_settings(agent, optimizer) -> None:
     agent.setting("distributed.backend", dist_backend(torch))
 
 
-def capture_optimizer(agent, optimizer) -> None:
-    agent.setting("optimizer.class", qualname(optimizer))
-    defaults = getattr(optimizer, "defaults", {}) or {}
-    agent.setting("optimizer.foreach", defaults.get("foreach"))
-    agent.setting("optimizer.fused", defaults.get("fused"))
-    seen: set[int] = set()
-    count = nbytes = 0
-    devices: set[str] = set()
-    dtypes: set[str] = set()
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            numel = p.numel()
-            count += numel
-            nbytes += numel * p.element_size()
-            devices.add(str(p.device))
-            dtypes.add(str(p.dtype).replace("torch.", ""))
-    agent.setting("optimizer.param_groups", len(optimizer.param_groups))
-    agent.setting("params.count", count)
-    agent.setting("params.bytes", nbytes)
-    agent.setting("params.devices", sorted(devices))
-    agent.setting("params.dtypes", sorted(dtypes))
+class Optimizers:
+    """Every optimizer the job steps, each recorded once: the first one's settings as
+    ``optimizer.*``, every one of them in ``optimizers`` once there are several (a GAN's
+    generator and discriminator, multi-task heads), and ``params.*`` over the parameters of
+    all of them (each counted once)."""
+
+    __slots__ = ("seen", "described", "params")
+
+    def __init__(self) -> None:
+        self.seen = SideTable()  # optimizer -> True, once recorded
+        self.described: list[dict] = []
+        self.params: dict[int, tuple[int, int, str, str]] = {}  # id -> numel, bytes, device, dtype
+
+    def add(self, agent, optimizer) -> None:
+        if optimizer in self.seen:
+            return
+        self.seen.set(optimizer, True)
+        defaults = getattr(optimizer, "defaults", {}) or {}
+        own: set[int] = set()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                own.add(id(p))
+                if id(p) not in self.params:
+                    numel = p.numel()
+                    dtype = str(p.dtype).replace("torch.", "")
+                    self.params[id(p)] = (numel, numel * p.element_size(), str(p.device), dtype)
+        described = {
+            "class": qualname(optimizer),
+            "foreach": defaults.get("foreach"),
+            "fused": defaults.get("fused"),
+            "param_groups": len(optimizer.param_groups),
+            "params": sum(self.params[i][0] for i in own),
+        }
+        self.described.append(described)
+        if len(self.described) == 1:
+            agent.setting("optimizer.class", described["class"])
+            agent.setting("optimizer.foreach", described["foreach"])
+            agent.setting("optimizer.fused", described["fused"])
+            agent.setting("optimizer.param_groups", described["param_groups"])
+        else:
+            agent.setting("optimizers", self.described)
+        values = self.params.values()
+        agent.setting("params.count", sum(v[0] for v in values))
+        agent.setting("params.bytes", sum(v[1] for v in values))
+        agent.setting("params.devices", sorted({v[2] for v in values}))
+        agent.setting("params.dtypes", sorted({v[3] for v in values}))
 
 
 def capture_volatile(agent) -> None:

@@ -70,6 +70,7 @@ class StepCounter(CounterFields):
         self.last_optimizer = None  # weakref to the optimizer that ended the last step
         self.loader_seen = False
         self.first_batches_due = 0  # iterators whose first batch is still to come (loaders.py)
+        self.optimizers = settings.Optimizers()  # every optimizer stepped, recorded once
         # The evaluation under way, and evaluation time already taken out of the step.
         self.evaluation: Evaluation | None = None
         self.eval_ns = 0
@@ -261,6 +262,9 @@ class StepCounter(CounterFields):
             self._settle_evaluation_at_step()
         last = self.last_optimizer() if self.last_optimizer is not None else None
         if last is not optimizer:
+            if agent.settings_done:
+                # Another optimizer than the last (GAN, multi-task): recorded beside the first.
+                self.optimizers.add(agent, optimizer)
             if last is not None and self.loader_seen and not self.batches:
                 return  # another optimizer (GAN, multi-task) on the same batch: the same step
             self.last_optimizer = weakref_ref(optimizer)
