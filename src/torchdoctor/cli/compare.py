@@ -64,7 +64,7 @@ def command(
     fail_memory: float | None,
 ) -> None:
     """Compare run B with run A (the baseline): faster, slower or no significant change,
-    with the ratio of their median step times and its 95 % interval; each phase of the step
+    with the ratio of their step times and its 95 % interval; each phase of the step
     (data wait, compute); the settings, environment and command line that differ and which
     of them explains the phase that moved; memory peaks; findings that appeared or went.
 
@@ -113,8 +113,8 @@ def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | No
         low = c.slowdown.low
         if math.isfinite(low) and low * 100 > slower_pct:
             out.append(
-                f"B is slower than A by {c.slowdown.estimate:.1%} (at least {low:.1%} with 95 % "
-                f"confidence), beyond --fail-if-slower {slower_pct:g}"
+                f"B is slower than A by {_pct(c.slowdown.estimate)} (at least {_pct(low)} with "
+                f"95 % confidence), beyond --fail-if-slower {slower_pct:g}"
             )
     if memory_pct is not None:
         if c.a_peak_rss is None or c.b_peak_rss is None or c.a_peak_rss <= 0:
@@ -122,22 +122,26 @@ def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | No
         grew = c.b_peak_rss / c.a_peak_rss - 1
         if grew * 100 > memory_pct:
             out.append(
-                f"B's peak RSS {fmt_bytes(c.b_peak_rss)} is {grew:.1%} above A's "
+                f"B's peak RSS {fmt_bytes(c.b_peak_rss)} is {_pct(grew)} above A's "
                 f"{fmt_bytes(c.a_peak_rss)}, beyond --fail-if-more-memory {memory_pct:g}"
             )
     return out
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f} %"
 
 
 def headline(c: Comparison) -> str:
     """The verdict in one line."""
     r = c.ratio
     if not math.isfinite(r.estimate):
-        return f"{c.verdict}: A's median step time is zero"
+        return f"{c.verdict}: A's step time is zero"
     ratio = f"B's step takes {r.estimate:.3f}x A's (95 % interval {r.low:.3f} to {r.high:.3f})"
     if c.verdict == FASTER:
         return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
     if c.verdict == SLOWER:
-        return f"slower: {ratio}, {r.estimate - 1:.1%} slower"
+        return f"slower: {ratio}, {_pct(r.estimate - 1)} slower"
     return (
         f"no significant change: {ratio}; a change is called when the whole interval lies "
         f"beyond 1 -+ {c.band * 100:g} %"

@@ -75,7 +75,7 @@ class Comparison:
     a: str
     b: str
     verdict: str  # FASTER, SLOWER or NO_CHANGE
-    ratio: Interval  # B's median step time / A's
+    ratio: Interval  # B's step time / A's (each stats.typical_step), with its interval
     confidence: float
     band: float
     a_steps: int  # steady steps compared
