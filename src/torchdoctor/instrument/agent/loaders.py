@@ -11,14 +11,17 @@ from .sidetable import SideTable
 
 
 class LoaderInfo:
-    __slots__ = ("loader_id", "record", "sent", "epochs", "batch_size")
+    __slots__ = ("loader_id", "record", "sent", "epochs", "batch_size", "dataset_id")
 
-    def __init__(self, loader_id: int, record: dict, batch_size: int | None) -> None:
+    def __init__(
+        self, loader_id: int, record: dict, batch_size: int | None, dataset_id: int
+    ) -> None:
         self.loader_id = loader_id
         self.record = record
         self.sent = False
         self.epochs = 0
         self.batch_size = batch_size
+        self.dataset_id = dataset_id  # id() of its dataset: a loader built over another's
 
 
 class Loaders:
@@ -28,7 +31,7 @@ class Loaders:
     # every batch reads it, on the compiled path as a C integer.
     __slots__ = (
         "agent", "iterable_dataset", "info_of", "first_of", "pass_of", "batch_size_of",
-        "pending", "next_id",
+        "pending", "next_id", "iterated_datasets",
     )  # fmt: skip
 
     def __init__(self, agent, torch) -> None:
@@ -45,6 +48,7 @@ class Loaders:
     def reset(self) -> None:
         self.pending: list[LoaderInfo] = []  # built, first batch still to come
         self.next_id = 0
+        self.iterated_datasets: set[int] = set()  # id() of the datasets of loaders iterated
 
     def on_created(self, loader) -> None:
         dataset = loader.dataset
@@ -76,7 +80,7 @@ class Loaders:
             "sampler_type": sampler_type,
             "first_batch_s": None,
         }
-        info = LoaderInfo(self.next_id, record, loader.batch_size)
+        info = LoaderInfo(self.next_id, record, loader.batch_size, id(dataset))
         self.next_id += 1
         self.info_of.set(loader, info)
         self.pending.append(info)
@@ -102,6 +106,7 @@ class Loaders:
             counter.loader_batch_size = info.batch_size
         agent.event_json("epoch-start", detail + "}")
         info.epochs += 1
+        self.iterated_datasets.add(info.dataset_id)
         if not info.sent and it not in self.first_of:
             self.first_of.set(it, (info, t_iter))
             if it in self.first_of:
@@ -130,7 +135,14 @@ class Loaders:
         self.agent.loaders.append(record)
 
     def emit_pending(self) -> None:
+        """Send the loaders whose first batch never came (at exit, at uninstall), except one
+        never iterated over the dataset of a loader that was: a wrapper built from it took
+        its place (accelerate's DataLoaderShard from the HF Trainer's loader) and the job's
+        one loader would be listed twice."""
         for info in list(self.pending):
+            if info.epochs == 0 and info.dataset_id in self.iterated_datasets:
+                self.pending.remove(info)
+                continue
             self.emit(info)
 
     def apply_overrides(self, init, args: tuple, kwargs: dict):
