@@ -138,3 +138,14 @@ def test_json_validates_against_its_schema(runs):
     assert phases["data_wait"]["moved"] and phases["data_wait"]["delta"]["high"] < 0
     assert {"key": "dataloader.num_workers", "a": 0, "b": 2} in doc["settings"]
     assert doc["regressions"] == [] and json.loads(done.stdout)["b"] == p(runs, "workers")
+
+
+def test_a_cut_recording_is_compared_on_what_it_holds_and_says_so(runs, tmp_path):
+    whole = Path(p(runs, "again")).read_bytes()
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(whole[: len(whole) * 3 // 4])  # a copy that stopped part way
+    done = runs.compare(p(runs, "base"), str(cut))
+    assert done.returncode == 0, done.stderr
+    assert "note: B: recording damaged" in done.stdout
+    # what the cut lost is not reported as changed
+    assert "Settings that differ" not in done.stdout

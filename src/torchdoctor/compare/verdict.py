@@ -198,7 +198,13 @@ def compare(
                 moved=d.low > margin or d.high < -margin,
             )
         )
-    settings = _diff(a.settings, b.settings)
+    notes = [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes]
+    # A run without settings (recorded with --no-instrument, or a damaged file that lost the
+    # table) would show every setting of the other as changed: not compared, and said so.
+    unset = [name for name, run in (("A", a), ("B", b)) if not run.settings]
+    settings = _diff(a.settings, b.settings) if not unset else []
+    if unset:
+        notes.append(f"{' and '.join(unset)} holds no captured settings: settings not compared")
     environment = _diff(a.environment, b.environment)
     command = Difference("command", a.command, b.command) if a.command != b.command else None
     busier = (
@@ -208,7 +214,6 @@ def compare(
     )
     verdict = verdict_of(ratio, band)
     fa, fb = set(findings_a or []), set(findings_b or [])
-    notes = [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes]
     return Comparison(
         a=a.path,
         b=b.path,
