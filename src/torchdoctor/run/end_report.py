@@ -78,6 +78,10 @@ def render_summary(summary: RunSummary, console: Console) -> None:
     if steps and steps.get("step_count"):
         line = (
             f"steps: {steps['step_count']}, median {fmt_duration(steps.get('median_step_s'))},"
+            # Beside the median: a data-bound job's steps are often bimodal (most fed at once,
+            # every few waiting long), and the median alone hides the slow ones.
+            f" mean {fmt_duration(steps.get('mean_step_s'))},"
+            f" p90 {fmt_duration(steps.get('p90_step_s'))},"
             f" data wait {fmt_pct(_pct(steps.get('data_wait_fraction')))} of step time"
         )
         if steps.get("samples_per_s"):
