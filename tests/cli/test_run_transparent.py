@@ -202,3 +202,13 @@ def test_the_end_report_stops_at_a_broken_stream(tmp_path: Path) -> None:
     assert summary.exit_status == 0  # figured out all the same, for `run --json`
     with contextlib.suppress(BrokenPipeError):
         broken.close()
+
+
+def test_streams_without_a_descriptor_are_kept(capsys) -> None:
+    """Run in-process under a capture (no descriptor to copy), the output is still captured."""
+    from torchdoctor.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert "torchdoctor" in capsys.readouterr().out

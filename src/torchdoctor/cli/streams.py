@@ -100,14 +100,19 @@ def guard_standard_streams() -> None:
 
 
 def _private_copy(stream: IO[str] | None) -> IO[str]:
-    """A text stream like ``stream`` on a copy of its descriptor; /dev/null when it has none."""
-    # Both replace a standard stream for the rest of the process: never closed.
+    """A text stream like ``stream`` on a copy of its descriptor; ``stream`` itself when it has
+    no descriptor (a test's capture); /dev/null when it is missing or its descriptor closed."""
+    # The streams made here replace a standard stream for the rest of the process: never closed.
     if stream is None:
         return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return stream
+    try:
         stream.flush()
-        fd = os.dup(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # no descriptor, or a closed one
+        fd = os.dup(fd)
+    except OSError:  # a descriptor closed under Python
         return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     return io.TextIOWrapper(
         open(fd, "wb"),  # noqa: SIM115
