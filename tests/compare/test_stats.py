@@ -146,6 +146,7 @@ def figures(**kw) -> RunFigures:
         environment={"torch": "2.13.0"},
         peak_rss=2**30,
         peak_pss=2**29,
+        peak_vram=None,
         host_cpu_busy_pct=40.0,
         job_cpus=1.0,
         other_cpus=0.2,

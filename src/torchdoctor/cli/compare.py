@@ -218,6 +218,10 @@ def render(c: Comparison) -> None:
     console.print(Text("Memory and machine", style="bold"))
     console.print(Text(f"  peak RSS  A {fmt_bytes(c.a_peak_rss)}, B {fmt_bytes(c.b_peak_rss)}"))
     console.print(Text(f"  peak PSS  A {fmt_bytes(c.a_peak_pss)}, B {fmt_bytes(c.b_peak_pss)}"))
+    if c.a_peak_vram is not None or c.b_peak_vram is not None:
+        console.print(
+            Text(f"  peak VRAM  A {fmt_bytes(c.a_peak_vram)}, B {fmt_bytes(c.b_peak_vram)}")
+        )
     if c.a_other_cpus is not None and c.b_other_cpus is not None:
         console.print(
             Text(

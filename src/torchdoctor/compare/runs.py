@@ -65,6 +65,7 @@ class RunFigures:
     environment: dict[str, Any]  # key -> value: versions, CPUs, memory, GPUs, env variables
     peak_rss: int | None
     peak_pss: int | None
+    peak_vram: int | None  # the job's processes' memory on its busiest GPU, at its peak
     host_cpu_busy_pct: float | None  # mean over the run, percent of the allowed CPUs
     job_cpus: float | None  # mean CPUs the job itself used
     other_cpus: float | None  # mean CPUs everything else on the machine used
@@ -151,6 +152,7 @@ def run_figures(rec: Recording) -> RunFigures:
     if busy is not None and allowed and job_cpus is not None:
         other = max(0.0, busy / 100 * allowed - job_cpus)
     params = settings_in.get("params.count")
+    vram = [g.job_memory_peak for g in summary.gpus if g.job_memory_peak is not None]
     notes = list(rec.notes())
     return RunFigures(
         path=str(rec.path),
@@ -166,6 +168,7 @@ def run_figures(rec: Recording) -> RunFigures:
         environment=environment,
         peak_rss=_int(summary.job_rss.peak),
         peak_pss=_int(summary.job_pss.peak),
+        peak_vram=max(vram) if vram else None,
         host_cpu_busy_pct=busy,
         job_cpus=job_cpus,
         other_cpus=other,

@@ -92,6 +92,8 @@ class Comparison:
     b_peak_rss: int | None
     a_peak_pss: int | None
     b_peak_pss: int | None
+    a_peak_vram: int | None
+    b_peak_vram: int | None
     a_other_cpus: float | None
     b_other_cpus: float | None
     busier: bool
@@ -235,6 +237,8 @@ def compare(
         b_peak_rss=b.peak_rss,
         a_peak_pss=a.peak_pss,
         b_peak_pss=b.peak_pss,
+        a_peak_vram=a.peak_vram,
+        b_peak_vram=b.peak_vram,
         a_other_cpus=a.other_cpus,
         b_other_cpus=b.other_cpus,
         busier=busier,
