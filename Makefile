@@ -82,5 +82,13 @@ test: system setup lint
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
+# The property-based fuzz suite (tests/fuzz/) at length: FUZZ_EXAMPLES random examples a test
+# (a normal test run draws a few dozen, always the same); failing inputs are saved in
+# tests/fuzz/examples/, which every later `make fuzz` replays first.
+FUZZ_EXAMPLES ?= 2000
+.PHONY: fuzz
+fuzz: setup
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider --timeout=0 tests/fuzz
+
 clean:
 	rm -rf $(VENV) torchdoctor-runs .pytest_cache docs/_build docs/reference

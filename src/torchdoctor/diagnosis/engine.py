@@ -10,6 +10,7 @@ from types import ModuleType
 from torchdoctor.diagnosis.context import DiagnosisContext, JobContext
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.diagnosis.rules import RULE_MODULES
+from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import Recording
 from torchdoctor.thresholds import Thresholds
 
@@ -59,6 +60,8 @@ def diagnose_job(
         for ctx in contexts[:1] if job_rule else contexts:
             try:
                 found = list(module.check(ctx))
+            except UserError:
+                raise  # the recording's fault (damaged or edited), not the rule's: one line
             except Exception as exc:  # noqa: BLE001 - isolate rules from each other
                 text = (
                     f"torchdoctor: rule {module.ID} failed on this recording and was skipped: "

@@ -38,6 +38,7 @@ from torchdoctor.recording.schema import (
     APPLICATION_ID,
     SCHEMA_VERSION,
     TABLES,
+    Table,
     from_row,
     quote,
     select_list,
@@ -130,7 +131,23 @@ class Recording:
         order = order_by or _default_order(table)
         if order:
             sql += f" ORDER BY {order}"
-        return [from_row(spec, dict(r)) for r in self._fetch(sql, params)]
+        rows = [from_row(spec, dict(r)) for r in self._fetch(sql, params)]
+        self._check_types(spec, cols, rows)
+        return rows
+
+    def _check_types(self, spec: Table, columns: list[str], rows: list[dict[str, Any]]) -> None:
+        """Raise "damaged or edited" for a value no writer stores in its column (a blob, text
+        where a number belongs): it would travel into summaries and JSON and fail there."""
+        wanted = {
+            c.name: (str,) if c.sql_type == "TEXT" else (int, float)
+            for c in spec.columns
+            if c.kind != "json" and c.name in columns
+        }
+        for row in rows:
+            for name, types in wanted.items():
+                value = row[name]
+                if value is not None and not isinstance(value, types):
+                    raise damaged(self.path, f"{spec.name}.{name} holds {str(value)[:40]!r}")
 
     def iter_rows(self, table: str):
         """Stream every row of ``table`` (for exports of long recordings)."""
@@ -294,7 +311,13 @@ class Recording:
         steps = self.frame("steps")  # a day of steps as dicts would be gigabytes
         if not steps:
             return None
-        return step_stats(steps, self.rows("dataloaders"), self.rows("settings"))
+        loaders, settings = self.rows("dataloaders"), self.rows("settings")
+        try:
+            return step_stats(steps, loaders, settings)
+        except (TypeError, ValueError) as exc:
+            # A step without a figure every step has (its time NULL, or text read as NULL):
+            # edited, and every reader of the summary would fail on it, each rule on its own.
+            raise damaged(self.path, f"a step lacks a figure ({exc})") from None
 
     @property
     def started_at(self) -> float | None:
@@ -548,6 +571,16 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
     p = Path(path)
     require_regular_file(p)
     head = _read_head(p)
+    try:
+        return _open(p, head)
+    except DAMAGE_ERRORS as exc:
+        # Met below SQLite's own checks: text that is not UTF-8 in the schema or the meta
+        # table, a value salvage cannot copy.
+        raise damaged(p, exc) from None
+
+
+def _open(p: Path, head: bytes) -> Recording:
+    """open_recording once the path is known to be a regular file starting with ``head``."""
     if not head:
         raise NotARecordingError(
             f"{str(p)!r} is empty: a recording that is just starting, or whose recorder stopped "

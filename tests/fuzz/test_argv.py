@@ -1,0 +1,188 @@
+"""Random argv into every command and sub-command: options and arguments discovered from the
+click command tree, values that hurt (brackets and rich markup, unicode, control characters,
+very long, option-like, numbers at the edges). The bar: success, or one clear line and a
+non-zero exit; never a traceback, never a hang."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.fuzz.conftest import invoke
+
+# Commands whose success never ends on its own, or that start something that outlives the
+# call: fuzzed only where their argv cannot succeed (see _argv).
+SERVES = {
+    ("exporter",): "serves metrics until it is stopped",
+    ("submit",): "queues the job and starts the queue's scheduler daemon",
+    ("queue", "wait"): "waits for a queued job",
+    ("attach",): "records a running process (a fuzzed pid may be a real one) until it exits",
+    ("bench", "allreduce"): "a whole bandwidth sweep takes minutes",
+    ("bench", "scaling"): "runs the training command once per rank count",
+}
+
+
+# Crashes the fuzzer found in parts other engineers own, left to them: the argv strategy
+# leaves these commands out (they would fail every run) and each has an xfail test below, which
+# starts passing (XPASS) when the fix lands: then delete its line here.
+KNOWN: dict[tuple[str, ...], str] = {
+    ("queue", "recover"): "queue recover with no queue state yet: FileNotFoundError renaming "
+    "queue.sqlite to queue.sqlite.unreadable-* (queue/store.py)",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A command as the fuzzer writes argv for it."""
+
+    path: tuple[str, ...]
+    options: tuple[tuple[str, bool], ...]  # (a name of the option, whether it is a flag)
+    arguments: int  # positional words it takes (nargs=-1 counts as 3)
+    wraps: bool  # takes `-- CMD [ARGS]...` (run, launch, sbatch...)
+
+
+def _shapes() -> list[Shape]:
+    from torchdoctor.cli import cli
+
+    found: list[Shape] = []
+
+    def walk(command: click.Command, path: tuple[str, ...]) -> None:
+        ctx = click.Context(command, info_name=path[-1] if path else "torchdoctor")
+        if isinstance(command, click.Group):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None:
+                    walk(sub, (*path, name))
+            return
+        params = command.get_params(ctx)  # -h/--help included
+        options = tuple(
+            (name, p.is_flag or p.count)
+            for p in params
+            if isinstance(p, click.Option)
+            for name in p.opts + p.secondary_opts
+        )
+        arguments = [p for p in params if isinstance(p, click.Argument)]
+        wraps = any(p.nargs == -1 and "CMD" in (p.metavar or "") for p in arguments)
+        count = sum(3 if p.nargs == -1 else p.nargs for p in arguments)
+        found.append(Shape(path, options, count, wraps))
+
+    walk(cli, ())
+    return found
+
+
+SHAPES = _shapes()
+
+NASTY = [
+    "",
+    " ",
+    "-",
+    "--",
+    "-5",
+    "--x",
+    "-h",
+    "--help",
+    "[/x]",
+    "[bold]x[/bold]",
+    "[",
+    "]",
+    "[link=file:///etc/passwd]x[/link]",
+    "{}",
+    "%s%n",
+    "0",
+    "-1",
+    "1e309",
+    "nan",
+    "inf",
+    "99999999999999999999",
+    "0x10",
+    "1.5",
+    "last",
+    "@last",
+    ".",
+    "..",
+    "/",
+    "/dev/null",
+    "/dev/zero",
+    "/proc/1",
+    "/nonexistent/x.sqlite",
+    "x.sqlite",
+    "a\nb",
+    "a\tb\r",
+    "\x1b[31mred",
+    "\u202eevil",
+    "日本語",
+    "é",
+    "\udcff",  # a non-UTF-8 byte, as Python decodes one in argv
+    "x" * 300,
+    "x" * 300 + ".sqlite",
+    "a:b:c",
+    "host:99999",
+    "[::1]:0",
+    "1h30m",
+    "-0",
+]
+# Text as a shell hands it over: anything but NUL (argv cannot hold one).
+WORDS = st.one_of(
+    st.sampled_from(NASTY),
+    st.text(st.characters(exclude_characters="\x00"), max_size=40),
+    st.text(st.sampled_from("[]/-:=.,x0123456789 "), max_size=20),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+
+
+@st.composite
+def _argv(draw) -> list[str]:
+    shape = draw(st.sampled_from([s for s in SHAPES if s.path not in KNOWN]))
+    argv = list(shape.path)
+    for _ in range(draw(st.integers(0, 4))):
+        if shape.options and draw(st.booleans()):
+            name, flag = draw(st.sampled_from(shape.options))
+            argv.append(name)
+            if not flag:
+                argv.append(draw(WORDS))
+        else:
+            argv.append(draw(WORDS))
+    if shape.wraps and draw(st.booleans()):
+        argv += ["--", *draw(st.lists(WORDS, min_size=0, max_size=3))]
+    if shape.path in SERVES:
+        # Never a success: an unknown option is a usage error before anything starts.
+        argv.append("--no-such-option-for-the-fuzzer")
+    return argv
+
+
+def test_the_command_tree_is_walked() -> None:
+    paths = {s.path for s in SHAPES}
+    assert {("run",), ("show",), ("diagnose",), ("queue", "show")} <= paths
+    assert all(s.options for s in SHAPES), [s.path for s in SHAPES if not s.options]
+
+
+@given(argv=_argv())
+def test_any_argv_is_success_or_one_line(argv: list[str], sandbox) -> None:
+    root, env = sandbox
+    invoke(argv, root, env).check()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(s.path))
+def test_every_command_refuses_an_unknown_option_in_one_line(shape: Shape, sandbox) -> None:
+    root, env = sandbox
+    out = invoke([*shape.path, "--[/x]"], root, env)
+    assert out.code == 2
+    out.check()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(list(path), marks=pytest.mark.xfail(reason=why, strict=False))
+        for path, why in KNOWN.items()
+    ],
+    ids=" ".join,
+)
+def test_known_crashes_left_to_their_owners(argv: list[str], sandbox) -> None:
+    root, env = sandbox
+    invoke(argv, root, env).check()
