@@ -212,3 +212,18 @@ def test_streams_without_a_descriptor_are_kept(capsys) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert "torchdoctor" in capsys.readouterr().out
+
+
+def test_launch_into_a_closed_pipe_exits_with_torchruns_status(tmp_path: Path) -> None:
+    """`launch` passes torchrun's status through like `run`, whatever its stderr meets."""
+    script = tmp_path / "ok.py"
+    script.write_text("pass\n")  # a job writing into the closed pipe would fail itself
+    argv = [*TORCHDOCTOR, "launch", "--nproc-per-node", "1", "--out-dir", str(tmp_path / "runs")]
+    expected = subprocess.run([*argv, "--", str(script)], capture_output=True, timeout=300)
+    assert expected.returncode == 0, expected.stderr
+    write_end = _closed_pipe()
+    res = subprocess.run(
+        [*argv, "--", str(script)], stdout=write_end, stderr=write_end, timeout=300
+    )
+    os.close(write_end)
+    assert res.returncode == expected.returncode
