@@ -82,8 +82,8 @@ def command(
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
 
     CMD runs without a shell with your stdin, stdout and stderr. SIGINT, SIGTERM and SIGHUP
-    sent to torchdoctor are passed on. When CMD ends, a summary and the findings are printed
-    on stderr.
+    sent to torchdoctor are passed on; one sent to the whole process group (Ctrl-C, timeout)
+    reaches CMD once. When CMD ends, a summary and the findings are printed on stderr.
     """
     check_interval(interval)
     outputs = _output_options(prometheus, tensorboard)
