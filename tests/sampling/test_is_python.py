@@ -9,7 +9,7 @@ import pytest
 from torchdoctor.cli.common import job_name
 from torchdoctor.launch.plan import split_script
 from torchdoctor.sampling.roles import Traits, is_python
-from torchdoctor.slurm.command import job_identity, torchrun_invocation
+from torchdoctor.sizing.command import job_identity, torchrun_invocation
 
 INTERPRETERS = [
     "python",

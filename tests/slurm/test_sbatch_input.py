@@ -49,8 +49,8 @@ def test_a_recordings_folder_with_a_newline_is_refused(recording: Path, tmp_path
 def test_a_recorded_command_with_newlines_stays_in_its_comment() -> None:
     # `python -c` code has newlines: in the "# Sized from" comment they ended the comment, and
     # the rest ran as a command (and ended sbatch's reading of #SBATCH lines).
+    from torchdoctor.sizing.size import JobRequest, size_job
     from torchdoctor.slurm.script import ScriptOptions, render_script
-    from torchdoctor.slurm.sizing import JobRequest, size_job
 
     command = ["python", "train.py"]
     job = recorded(command=["python", "-c", "import os\nos.system('echo INJECTED')"])

@@ -10,17 +10,9 @@ from pathlib import Path
 import pytest
 
 from torchdoctor.errors import UserError
-from torchdoctor.slurm.command import job_identity, torchrun_invocation
-from torchdoctor.slurm.notation import (
-    MIB,
-    format_duration,
-    format_memory,
-    parse_duration,
-    parse_memory,
-)
-from torchdoctor.slurm.recorded import RecordedJob
-from torchdoctor.slurm.script import ScriptOptions, render_script
-from torchdoctor.slurm.sizing import (
+from torchdoctor.sizing.command import job_identity, torchrun_invocation
+from torchdoctor.sizing.recorded import RecordedJob
+from torchdoctor.sizing.size import (
     MEM_MARGIN,
     MEM_ROUND,
     RECORDER_MEM,
@@ -28,6 +20,14 @@ from torchdoctor.slurm.sizing import (
     JobRequest,
     size_job,
 )
+from torchdoctor.slurm.notation import (
+    MIB,
+    format_duration,
+    format_memory,
+    parse_duration,
+    parse_memory,
+)
+from torchdoctor.slurm.script import ScriptOptions, render_script
 
 GIB = 1024 * MIB
 CMD = ["python", "train.py", "--epochs", "3"]

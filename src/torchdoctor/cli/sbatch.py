@@ -16,10 +16,11 @@ from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.paths import prepare_folder, runs_dir
+from torchdoctor.sizing.network import doctor_network_env
+from torchdoctor.sizing.recorded import read_recorded_job
+from torchdoctor.sizing.size import JobRequest, size_job
 from torchdoctor.slurm import client
-from torchdoctor.slurm.network import doctor_network_env
 from torchdoctor.slurm.notation import require_duration
-from torchdoctor.slurm.recorded import read_recorded_job
 from torchdoctor.slurm.script import (
     ScriptOptions,
     check_name,
@@ -27,7 +28,6 @@ from torchdoctor.slurm.script import (
     job_folder,
     render_script,
 )
-from torchdoctor.slurm.sizing import JobRequest, size_job
 from torchdoctor.units import fmt_duration
 
 

@@ -1,7 +1,6 @@
-"""Hand-off to Slurm: size an sbatch script from a recording, submit it, report on the job.
+"""Hand-off to Slurm: an sbatch script from a sized recording, submit it, report on the job.
 
-Layers, each a small module: ``recorded`` (the figures a recording holds, read through the
-recording summary and the diagnosis), ``sizing`` (those figures turned into per-node requests,
-each with its source), ``script`` (the sbatch text), ``client`` (sbatch/scontrol/sacct run
+The sizes come from ``torchdoctor.sizing`` (one definition for every hand-off target). Here:
+``script`` (the sbatch text), ``client`` (sbatch/scontrol/sacct run
 without a shell), ``status`` (what Slurm and the job's recordings say afterwards).
 """

@@ -11,14 +11,14 @@ import math
 
 from torchdoctor import units
 from torchdoctor.errors import UserError
-from torchdoctor.units import fmt_mem_option, parse_size
 
-MIB = 1024 * 1024
+# Sizing writes its figures in this notation; the Slurm side reads and writes the same.
+from torchdoctor.sizing.size import MAX_TIME_LIMIT_S as MAX_TIME_LIMIT_S
+from torchdoctor.sizing.size import MIB as MIB
+from torchdoctor.sizing.size import format_memory as format_memory
+from torchdoctor.units import parse_size
+
 UNLIMITED = ("UNLIMITED", "INFINITE", "NONE", "INVALID", "N/A", "")
-# The longest time limit torchdoctor writes. Slurm keeps limits in minutes in 32 bits (INFINITE
-# is 0xffffffff minutes) and a partition's MaxTime caps them far below: a year is past any real
-# cluster's limit, and a figure past it is a mistake (a mistyped --steps), not a job.
-MAX_TIME_LIMIT_S = 365 * 86400
 
 
 def parse_memory(text: str) -> int | None:
@@ -29,11 +29,6 @@ def parse_memory(text: str) -> int | None:
         return parse_size(text, "memory", bare_unit=MIB)
     except UserError:
         return None
-
-
-def format_memory(n_bytes: int) -> str:
-    """Whole MiB, as sbatch's ``--mem`` reads it: ``"1280M"``; whole GiB as ``"64G"``."""
-    return fmt_mem_option(n_bytes, slurm=True)
 
 
 def parse_duration(text: str) -> int | None:

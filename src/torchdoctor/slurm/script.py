@@ -22,9 +22,9 @@ from pathlib import Path
 
 from torchdoctor.errors import UserError
 from torchdoctor.sampling.roles import is_python
-from torchdoctor.slurm.command import torchrun_invocation
+from torchdoctor.sizing.command import torchrun_invocation
+from torchdoctor.sizing.size import JobSize
 from torchdoctor.slurm.notation import format_duration, format_memory
-from torchdoctor.slurm.sizing import JobSize
 from torchdoctor.units import fmt_bytes
 
 # The marker `slurm status` reads back (from the spooled script) to find the job's recordings.

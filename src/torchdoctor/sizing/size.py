@@ -1,4 +1,6 @@
-"""From a recorded run to what one Slurm node must give the job, each figure with its source.
+"""From a recorded run to what one node must give the job, each figure with its source.
+
+One definition for every hand-off target (Slurm, Ray, Kubernetes): the target only renders it.
 
 Sizes are per node: one task per node runs torchrun, which starts ``ranks_per_node`` ranks.
 When the recording ran another number of ranks than a node will, the per-node figures are the
@@ -13,12 +15,24 @@ import re
 from dataclasses import dataclass, field
 
 from torchdoctor.errors import UserError
-from torchdoctor.slurm.command import job_identity
-from torchdoctor.slurm.figure import Figure
-from torchdoctor.slurm.network import recorded_network_env
-from torchdoctor.slurm.notation import MAX_TIME_LIMIT_S, MIB, format_memory
-from torchdoctor.slurm.recorded import RecordedJob
-from torchdoctor.units import fmt_bytes, fmt_duration
+from torchdoctor.sizing.command import job_identity
+from torchdoctor.sizing.figure import Figure
+from torchdoctor.sizing.network import recorded_network_env
+from torchdoctor.sizing.recorded import RecordedJob
+from torchdoctor.units import fmt_bytes, fmt_duration, fmt_mem_option
+
+MIB = 1024 * 1024
+# The longest time limit torchdoctor writes. Slurm keeps limits in minutes in 32 bits (INFINITE
+# is 0xffffffff minutes) and a partition's MaxTime caps them far below: a year is past any real
+# cluster's limit, and a figure past it is a mistake (a mistyped --steps), not a job.
+MAX_TIME_LIMIT_S = 365 * 86400
+
+
+def format_memory(n_bytes: int) -> str:
+    """Whole MiB as ``"1280M"``, whole GiB as ``"64G"``: the notation of every figure's source
+    line (sbatch's ``--mem`` reads it as it is)."""
+    return fmt_mem_option(n_bytes, slurm=True)
+
 
 # Margins over what was measured. Memory: a peak sampled every second can miss a shorter one,
 # and a node's page cache and Slurm's own step daemon count against --mem as well.

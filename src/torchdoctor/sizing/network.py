@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from torchdoctor.errors import UserError
-from torchdoctor.slurm.figure import Figure
+from torchdoctor.sizing.figure import Figure
 
 # NCCL_* and the socket choices of gloo and TensorPipe: what decides how ranks reach each other.
 NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
