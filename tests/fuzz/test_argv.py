@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import click
 import pytest
-from hypothesis import given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from tests.fuzz.conftest import invoke
@@ -20,6 +20,7 @@ SERVES = {
     ("exporter",): "serves metrics until it is stopped",
     ("submit",): "queues the job and starts the queue's scheduler daemon",
     ("queue", "wait"): "waits for a queued job",
+    ("queue", "serve"): "runs the queue's scheduler until it is stopped",
     ("attach",): "records a running process (a fuzzed pid may be a real one) until it exits",
     ("bench", "allreduce"): "a whole bandwidth sweep takes minutes",
     ("bench", "scaling"): "runs the training command once per rank count",
@@ -33,6 +34,20 @@ KNOWN: dict[tuple[str, ...], str] = {
     ("queue", "recover"): "queue recover with no queue state yet: FileNotFoundError renaming "
     "queue.sqlite to queue.sqlite.unreadable-* (queue/store.py)",
 }
+# The same for one kind of value: (an argv showing it after `queue pause`, why); which argv
+# it covers is _known_value's.
+KNOWN_VALUES: list[tuple[list[str], str]] = [
+    (
+        ["queue", "logs", str(2**63)],
+        "once the queue has its state file (e.g. after `queue pause`), a job id past SQLite's "
+        "INTEGER: OverflowError (queue show/logs/cancel...)",
+    ),
+]
+
+
+def _known_value(argv: list[str]) -> bool:
+    too_big = any(w.lstrip("+-").isdigit() and abs(int(w)) >= 2**63 for w in argv if w.isascii())
+    return argv[:1] == ["queue"] and too_big
 
 
 @dataclass(frozen=True)
@@ -161,8 +176,14 @@ def test_the_command_tree_is_walked() -> None:
     assert all(s.options for s in SHAPES), [s.path for s in SHAPES if not s.options]
 
 
+# Seeds, replayed every run: the bad-input probe's markup inputs (its minor 23) and long name.
+@example(argv=["run", "--out", "a[/x].sqlite", "--", "true"])
+@example(argv=["run", "--out", "[bold]x[/bold].sqlite", "--", "true"])
+@example(argv=["show", "[/x]"])
+@example(argv=["run", "--out", "x" * 300 + ".sqlite", "--", "true"])  # probe minor 1
 @given(argv=_argv())
 def test_any_argv_is_success_or_one_line(argv: list[str], sandbox) -> None:
+    assume(not _known_value(argv))
     root, env = sandbox
     invoke(argv, root, env).check()
 
@@ -178,11 +199,13 @@ def test_every_command_refuses_an_unknown_option_in_one_line(shape: Shape, sandb
 @pytest.mark.parametrize(
     "argv",
     [
-        pytest.param(list(path), marks=pytest.mark.xfail(reason=why, strict=False))
-        for path, why in KNOWN.items()
+        pytest.param(argv, marks=pytest.mark.xfail(reason=why, strict=False))
+        for argv, why in [*((list(p), why) for p, why in KNOWN.items()), *KNOWN_VALUES]
     ],
     ids=" ".join,
 )
 def test_known_crashes_left_to_their_owners(argv: list[str], sandbox) -> None:
     root, env = sandbox
+    if argv[:2] != ["queue", "recover"]:  # that one needs the state not to be there yet
+        invoke(["queue", "pause"], root, env)
     invoke(argv, root, env).check()

@@ -161,6 +161,9 @@ FOUND: dict[str, object] = {
     "blob in settings.pid": "UPDATE settings SET pid = x'0a53776170'",
     "text in steps.wall_s": "UPDATE steps SET wall_s = 'abc'",
     "NULL steps.data_wait_s": "UPDATE steps SET data_wait_s = NULL",
+    # ls and report printed it as a date: OverflowError / OSError EOVERFLOW from localtime
+    "started_at in year 2e9": "UPDATE meta SET value = '67767976233532800' WHERE key = 'started_at'",
+    "ended_at NaN": "UPDATE meta SET value = 'NaN' WHERE key = 'ended_at'",
 }
 
 

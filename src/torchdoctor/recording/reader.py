@@ -482,6 +482,8 @@ def _default_order(table: str) -> str | None:
 DAMAGE_ERRORS = (sqlite3.Error, ValueError, TypeError, LookupError, AttributeError)
 
 # The type of each meta value the readers compute with (None is allowed for each: unknown).
+_META_TIMES = ("started_at", "ended_at", "closed_at")  # seconds since the epoch
+_LAST_TIME = 253_402_300_800  # 10000-01-01 UTC
 _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "schema_version": int,
     "started_at": (int, float),
@@ -560,6 +562,10 @@ def _decoded_meta(path: Path, rows: list[sqlite3.Row]) -> dict[str, Any]:
         # JSON's true is a Python int too: no figure is a bool
         if wanted and got is not None and (not isinstance(got, wanted) or isinstance(got, bool)):
             raise damaged(path, f"meta {key!r} is {str(value)[:40]!r}")
+        # A time every reader prints as a date: the C library takes none past year 9999 (and
+        # JSON's NaN is no time either)
+        if key in _META_TIMES and got is not None and not 0 <= got < _LAST_TIME:
+            raise damaged(path, f"meta {key!r} is {str(value)[:40]!r}, not a time")
     return meta
 
 
