@@ -9,10 +9,12 @@ JSON output (``--json``, on stdout; progress stays on stderr)::
       "recommended": {...same keys...},   # what to use: the original unless a gain was verified
       "changed":     bool,
       "candidate":   {...} | null,        # the search's pick before verification
-      "gain":        float | null,        # verified speed-up (tuned / original), else null
+      "gain":        float | null,        # verified speed-up (original's step time / tuned's,
+                                          # compare's statistics), else null
       "gain_spread": float | null,        # half the range of the verification pairs' ratios
       "verification": {"pairs", "original_steps_per_s", "tuned_steps_per_s", "ratios",
-                       "gain", "gain_spread", "confirmed", "reason"} | null,
+                       "gain", "gain_spread", "gain_low", "gain_high",  # the 95 % interval
+                       "confirmed", "reason"} | null,
       "noise":       float,               # relative difference below which runs are equal
       "stopped":     "converged" | "budget" | "interrupted" | "original-failed",
       "elapsed_s", "search_s", "budget_s", "memory_budget_bytes",
@@ -254,6 +256,8 @@ def render(result: TuneResult, console: Console) -> None:
     v = result.verification
     if result.changed and result.gain is not None:
         spread = f" ± {v.gain_spread:.2f}" if v.gain_spread is not None else ""
+        if v.interval is not None:  # compare's statistics: the same figure compare prints
+            spread = f" (95 % interval {v.interval.low:.2f}x to {v.interval.high:.2f}x)"
         ratios = " ".join(f"{r:.2f}x" for r in v.ratios)
         console.print(styled(f"Winner:      {result.recommended.label()}", "bold"))
         console.print(

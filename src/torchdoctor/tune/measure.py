@@ -7,7 +7,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
@@ -34,6 +34,9 @@ class StepWindow:
     samples_per_s: float | None
     spread: float | None  # relative standard error of the block rates
     data_wait_share: float | None
+    # Each measured step's time, in order: what the verification's gain is computed from, with
+    # compare's statistics (torchdoctor.compare.stats.speedup).
+    step_s: list[float] = field(default_factory=list)
 
 
 def step_window(steps: Iterable[Mapping[str, Any]], warmup: int) -> StepWindow | None:
@@ -72,6 +75,7 @@ def _window(rows: list[Mapping[str, Any]], warmup: int) -> StepWindow | None:
         samples_per_s=samples_per_s,
         spread=_block_spread(measured, start),
         data_wait_share=wait / wall if wall > 0 else None,
+        step_s=[float(r["wall_s"]) for r in measured],
     )
 
 

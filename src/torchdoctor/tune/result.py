@@ -10,6 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor.compare.stats import Interval
 from torchdoctor.tune.space import Config
 
 # Measurement.status values
@@ -39,6 +40,7 @@ class Measurement:
     reason: str = ""  # why it failed / was rejected / was cut
     recording: str | None = None
     log: str | None = None
+    step_s: list[float] = field(default_factory=list)  # each measured step's time, in order
 
     @property
     def ok(self) -> bool:
@@ -70,9 +72,14 @@ class Verification:
 
     original: list[float]  # steps/s of each A run, in run order
     tuned: list[float]
-    ratios: list[float]  # tuned / original of each adjacent pair
-    confirmed: bool  # every pair shows the gain and the mean is beyond the noise
+    ratios: list[float]  # tuned / original speed of each adjacent pair
+    confirmed: bool  # every pair shows the gain and the gain is beyond the noise
     reason: str = ""
+    # The gain (A's step time over B's) with its ~95 % interval, by compare's statistics over
+    # the steps of all A runs and all B runs (torchdoctor.compare.stats.speedup): the same
+    # definition as `torchdoctor compare`'s ratio. None where the runs kept no step times
+    # (the notebook API's trials): the gain is then the mean of the pair ratios.
+    interval: Interval | None = None
 
     @property
     def pairs(self) -> int:
@@ -80,6 +87,8 @@ class Verification:
 
     @property
     def gain(self) -> float | None:
+        if self.interval is not None:
+            return self.interval.estimate
         return statistics.fmean(self.ratios) if self.ratios else None
 
     @property
@@ -97,6 +106,8 @@ class Verification:
             "ratios": self.ratios,
             "gain": self.gain,
             "gain_spread": self.gain_spread,
+            "gain_low": self.interval.low if self.interval is not None else None,
+            "gain_high": self.interval.high if self.interval is not None else None,
             "confirmed": self.confirmed,
             "reason": self.reason,
         }
@@ -163,6 +174,8 @@ class TuneResult:
         if self.changed and self.gain is not None:
             v = self.verification
             spread = f" +- {v.gain_spread:.2f}" if v.gain_spread is not None else ""
+            if v.interval is not None:
+                spread = f" (95 % interval {v.interval.low:.2f} to {v.interval.high:.2f})"
             lines.append(f"verified gain {self.gain:.2f}x{spread} over {v.pairs} interleaved pairs")
             lines.append(f"use: DataLoader(..., {self.paste()['dataloader_code']})")
             lines.append(f"and: {self.paste()['set_num_threads']}")

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from torchdoctor.compare.stats import Interval, speedup, typical_step
+from torchdoctor.compare.verdict import FASTER, verdict_of
 from torchdoctor.tune.result import (
     INTERRUPTED,
     OK,
@@ -389,6 +391,8 @@ class Search:
             pairs = min(pairs, int(self.remaining() // estimate))
         a_runs: list[float] = []
         b_runs: list[float] = []
+        a_steps: list[list[float]] = []
+        b_steps: list[list[float]] = []
         ratios: list[float] = []
         reason = ""
         for _ in range(pairs):
@@ -402,11 +406,27 @@ class Search:
                 break
             a_runs.append(a.throughput)
             b_runs.append(b.throughput)
-            ratios.append(b.throughput / a.throughput)
+            a_steps.append(a.step_s)
+            b_steps.append(b.step_s)
+            ratios.append(_pair_ratio(a, b))
         noise = self.noise_among([self.original, candidate])
-        confirmed = (
-            len(ratios) >= 2 and min(ratios) > 1.0 and statistics.fmean(ratios) > 1.0 + noise
-        )
+        # The gain is compare's figure (the one definition of "x faster" the tool prints) over
+        # the steps of all pairs; where the trials kept no step times, the mean pair ratio.
+        interval = None
+        if ratios and all(a_steps) and all(b_steps):
+            interval = speedup(
+                [s for run in a_steps for s in run], [s for run in b_steps for s in run]
+            )
+            if not math.isfinite(interval.estimate):
+                interval = None
+        gain = interval.estimate if interval is not None else statistics.fmean(ratios or [0.0])
+        # Confirmed: every pair shows the gain, the gain is beyond the noise between runs
+        # (which the interval, made within runs, does not see), and compare would call it
+        # faster (the interval clear of its practical band).
+        confirmed = len(ratios) >= 2 and min(ratios) > 1.0 and gain > 1.0 + noise
+        if interval is not None:
+            ratio = Interval(1 / interval.estimate, 1 / interval.high, 1 / interval.low)
+            confirmed = confirmed and verdict_of(ratio) == FASTER
         if not reason:
             if len(ratios) < 2:
                 reason = "the budget left room for fewer than 2 verification pairs"
@@ -415,7 +435,7 @@ class Search:
                     f"the gain did not hold: pair ratios {', '.join(f'{r:.2f}' for r in ratios)} "
                     f"(noise {noise:.0%})"
                 )
-        return Verification(a_runs, b_runs, ratios, confirmed, reason)
+        return Verification(a_runs, b_runs, ratios, confirmed, reason, interval)
 
     # -- result -------------------------------------------------------------------------------
 
@@ -444,6 +464,17 @@ class Search:
             budget_s=None,
             explores=[d for d in DIMENSIONS if len(self.space.values(d)) > 1],
         )
+
+
+def _pair_ratio(a: Measurement, b: Measurement) -> float:
+    """How many times faster run ``b`` is than run ``a``: compare's figure of each run (the
+    median of its block means, torchdoctor.compare.stats.typical_step) where both kept their
+    step times, else their throughputs."""
+    if a.step_s and b.step_s:
+        tb = typical_step(b.step_s)
+        if tb > 0:
+            return typical_step(a.step_s) / tb
+    return b.throughput / a.throughput
 
 
 __all__ = ["OK", "Search", "SearchLimits", "estimate_noise"]

@@ -297,6 +297,7 @@ class TrialRunner:
             m.warmup_steps = warmup
             m.spread = window.spread
             m.data_wait_share = window.data_wait_share
+            m.step_s = window.step_s
         if status is None:  # the command ended by itself
             code = child.returncode
             if code == STOPPED_EXIT_STATUS or code == 0:
