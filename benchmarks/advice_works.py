@@ -57,6 +57,9 @@ class Case:
     args: list[str] = field(default_factory=list)
     code_fix: list[str] = field(default_factory=list)  # flags for a fix that is a code change
     persistent_flag: bool = True  # the script takes --persistent-workers (the demo: always on)
+    # A finding that must not be critical here: the script's flaw is elsewhere, and the
+    # finding's fix was measured to slow a job of this shape (issue 48).
+    not_critical: str | None = None
 
 
 CASES = [
@@ -69,6 +72,12 @@ CASES = [
     Case("leaking", SCENARIOS / "leaking.py", "host-memory-leak", ["--steps", "400"],
          code_fix=["--fixed"]),
     Case("healthy", SCENARIOS / "healthy.py", None, ["--steps", "200"]),
+    # Issue 48: workers started again each short epoch (dozens in all, 2 at once) beside a
+    # compute-bound trainer; and pytorch/examples' vae on the CPU (per-sample decoding in the
+    # main process beside torch's default threads), where one worker ran 16 % slower.
+    Case("per_epoch_workers", SCENARIOS / "per_epoch_workers.py", "workers-not-persistent",
+         ["--steps", "300"], not_critical="thread-oversubscription"),
+    Case("vae_like", SCENARIOS / "vae_like.py", "dataloader-bound", ["--steps", "1500"]),
 ]  # fmt: skip
 
 
@@ -195,6 +204,14 @@ def bench_case(case: Case, opts: argparse.Namespace, tmp: Path, card: Scorecard)
         got = [f.id for f in alarms]
         card.verdict(
             f"{case.name}: finding", ", ".join(got) or "none", case.finding in got, case.finding
+        )
+    if case.not_critical is not None:
+        severity = next((f.severity for f in findings if f.id == case.not_critical), "none")
+        card.verdict(
+            f"{case.name}: {case.not_critical} not critical",
+            severity,
+            severity != "critical",
+            "not critical",
         )
     for finding in alarms:
         flags, env, unused = fix_args(finding.settings, case)
