@@ -22,6 +22,11 @@ FROM = {
     "build": "the `test` group of [dependency-groups] (in `dev`)",
     "sphinx": "the `docs` group of [dependency-groups] (in `dev`)",
     "sphinx_click": "the `docs` group of [dependency-groups] (in `dev`)",
+    "yaml": "the `kubernetes` extra (in `all`)",
+    "kubeflow_trainer_api": "the `kubernetes` extra (in `all`)",
+    "kubeflow.training": "the `kubernetes` extra (in `all`)",
+    "kubernetes": "the `kubernetes` extra (in `all`)",
+    "ray": "the `ray` extra (in `all`)",
     "torch": "`make setup`, which pins the CPU build (the `dev` group's lightning pulls a CUDA one)",
 }
 

@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Write (and submit) a Slurm script sized from a recording.",
     ),
     "slurm": ("torchdoctor.cli.slurm", "Show a Slurm job: state, asked vs used, findings."),
+    "handoff": (
+        "torchdoctor.cli.handoff",
+        "Hand a job to Slurm, Ray or Kubernetes, sized from its recording.",
+    ),
     # fleets: where people already watch
     "exporter": (
         "torchdoctor.cli.exporter",

@@ -27,6 +27,8 @@ SCHEMA_VERSIONS: dict[str, int] = {
     "estimate-from": 1,
     "estimate-max-batch": 1,
     "export": 1,
+    "handoff": 1,
+    "handoff-status": 1,
     "ls": 1,
     "report": 1,
     "run": 1,

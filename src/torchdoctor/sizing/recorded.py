@@ -46,6 +46,9 @@ class RecordedJob:
     gpu_name: str | None
     gpu_memory_total: int | None
     network_env: dict[str, str] = field(default_factory=dict)  # the recorded env of interest
+    # bytes of shared memory the whole job held at its peak (RssShmem, /dev/shm files); None
+    # where the recording predates that sampling
+    shm_peak: int | None = None
     findings: list[str] = field(default_factory=list)  # ids of the diagnosis' findings
     # What a damaged recording lost (the reader's Recording.damage, one line each): its
     # figures are what could be read, and sizing says so.

@@ -49,6 +49,13 @@ RECORDER_MEM = 32 * MIB
 # checkpoint interval; a generous limit costs little in the queue.
 TIME_MARGIN = 0.5
 TIME_MARGIN_MIN_S = 300.0
+# Shared memory (/dev/shm): DataLoader workers hand batches to their rank through it, and a
+# container's default is 64 MB (pytorch #108861: bus errors). The floor is doctor's own fix for
+# a small /dev/shm (1 GiB); over a measured peak, x2: the batches in flight grow with
+# prefetch_factor and a sampled peak can miss a shorter one.
+SHM_FLOOR = 1024 * MIB
+SHM_FACTOR = 2.0
+SHM_ROUND = 256 * MIB
 # A job whose peak CPU use reaches this share of what it could use was limited by the machine.
 CPU_LIMITED_SHARE = 0.9
 
@@ -80,6 +87,10 @@ class JobSize:
     mem_per_node: Figure | None  # bytes; None: the recording has no memory figure
     time_limit_s: Figure  # int seconds
     gpu_memory_per_gpu: Figure | None = None  # bytes the job needs on each GPU
+    # bytes of /dev/shm a node needs; a Kubernetes memory-backed volume counts against the
+    # memory limit, so manifests add it to mem_per_node (kuberay #3897)
+    shm: Figure | None = None
+    memory_peak: int | None = None  # bytes: the recorded peak for this node's ranks, no margin
     gpu_type: str | None = None
     network_env: dict[str, Figure] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # said on stderr and in the script
@@ -124,6 +135,7 @@ def size_job(job: RecordedJob, request: JobRequest) -> JobSize:
             f"{threads.source}, within the node's {request.node_cpus} CPUs",
         )
     mem = _memory(job, ranks.value)
+    shm = _shm(job, ranks.value)
     time_limit = _time_limit(job, request, notes)
     return JobSize(
         nodes=request.nodes,
@@ -134,6 +146,8 @@ def size_job(job: RecordedJob, request: JobRequest) -> JobSize:
         mem_per_node=mem,
         time_limit_s=time_limit,
         gpu_memory_per_gpu=_gpu_memory(job) if gpus.value else None,
+        shm=shm,
+        memory_peak=_memory_peak(job, ranks.value),
         gpu_type=request.gpu_type,
         network_env={**recorded_network_env(job.network_env), **request.network_env},
         notes=notes,
@@ -242,6 +256,33 @@ def _memory(job: RecordedJob, ranks: int) -> Figure | None:
         f"{what} of the whole job {per}, + {fmt_bytes(extra)} for {added}, "
         f"+{MEM_MARGIN * 100:.0f} % (at least +{fmt_bytes(MEM_MARGIN_MIN)}) -> "
         f"{format_memory(value)}",
+    )
+
+
+def _memory_peak(job: RecordedJob, ranks: int) -> int | None:
+    peak = job.pss_peak if job.pss_peak is not None else job.rss_peak
+    return None if peak is None else int(peak / job.ranks * ranks)
+
+
+def _shm(job: RecordedJob, ranks: int) -> Figure:
+    if job.shm_peak is None:
+        return Figure(
+            SHM_FLOOR,
+            "shared memory not measured (the recording predates its sampling): "
+            f"{format_memory(SHM_FLOOR)}, doctor's fix for a small /dev/shm",
+        )
+    need = job.shm_peak / job.ranks * ranks
+    value = max(SHM_FLOOR, math.ceil(need * SHM_FACTOR / SHM_ROUND) * SHM_ROUND)
+    per = (
+        f"{fmt_bytes(job.shm_peak)} for {_n(job.ranks, 'rank')} -> {fmt_bytes(need)} for "
+        f"{_n(ranks, 'rank')}"
+        if ranks != job.ranks
+        else fmt_bytes(job.shm_peak)
+    )
+    return Figure(
+        value,
+        f"peak shared memory of the whole job {per} (RssShmem and /dev/shm files it held), "
+        f"x{SHM_FACTOR:g}, at least {format_memory(SHM_FLOOR)} -> {format_memory(value)}",
     )
 
 
