@@ -125,3 +125,20 @@ def job_name(argv: list[str]) -> str:
 
 def stderr_console() -> Console:
     return make_console(stderr=True, soft_wrap=True)
+
+
+def profile_steps_env(value: str | None, no_instrument: bool) -> dict[str, str]:
+    """The job's environment for ``--profile-steps A-B`` (empty without it), checked before
+    anything starts: the agent arms the window (instrument/agent/profile.py)."""
+    if value is None:
+        return {}
+    from torchdoctor.instrument.agent.contract import ENV_PROFILE_STEPS
+    from torchdoctor.instrument.agent.profile import parse_steps
+
+    if no_instrument:
+        raise click.UsageError("--profile-steps needs the instrumentation: drop --no-instrument")
+    try:
+        first, last = parse_steps(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile-steps") from None
+    return {ENV_PROFILE_STEPS: f"{first}-{last}"}

@@ -14,6 +14,7 @@ from torchdoctor.cli.common import (
     interval_option,
     job_name,
     out_option,
+    profile_steps_env,
     stderr_console,
     thresholds_option,
 )
@@ -64,6 +65,14 @@ from torchdoctor.units import shell_line
     "out-of-memory error, write the memory snapshot next to the recording "
     "(<recording>.cuda-oom-<pid>.pickle, for pytorch.org/memory_viz).",
 )
+@click.option(
+    "--profile-steps",
+    metavar="A-B",
+    default=None,
+    help="Profile steps A to B with torch.profiler (one warm-up step before, at most 50 steps; "
+    "A >= 2): the trace goes next to the recording (<recording>.profile/rank<R>-steps<A>-<B>"
+    ".pt.trace.json.gz) and those steps leave the step figures.",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -77,6 +86,7 @@ def command(
     tensorboard: str | None,
     as_json: bool,
     memory_history: bool,
+    profile_steps: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -86,6 +96,7 @@ def command(
     reaches CMD once. When CMD ends, a summary and the findings are printed on stderr.
     """
     check_interval(interval)
+    profile_env = profile_steps_env(profile_steps, no_instrument)
     outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
@@ -96,6 +107,8 @@ def command(
     env = None
     if memory_history:
         env = {**os.environ, ENV_MEMORY_HISTORY: f"{path.with_suffix('')}.cuda-oom-{{pid}}.pickle"}
+    if profile_env:
+        env = {**(env or os.environ), **profile_env}
     status = record_command(
         executable,
         args,

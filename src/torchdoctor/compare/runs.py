@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import WARMUP_RULE, step_wait_s, warmup_steps
+from torchdoctor.recording.steps import WARMUP_RULE, measured_steps, step_wait_s
 from torchdoctor.recording.summary import summarize
 
 # The phases of a step, as the step rows hold them. "step" and "data_wait" are in every row;
@@ -95,8 +95,7 @@ def run_figures(rec: Recording) -> RunFigures:
     # The warm-up rule of every step figure the project prints (recording.steps): the same
     # steps are left out here as in `show`.
     for pid in sorted(by_pid):
-        ordered = sorted(by_pid[pid], key=lambda r: r["step"])
-        steady.extend(ordered[warmup_steps(len(ordered)) :])
+        steady.extend(measured_steps(sorted(by_pid[pid], key=lambda r: r["step"])))
     series: dict[str, list[float]] = {
         STEP: [float(r["wall_s"]) for r in steady],
         DATA_WAIT: [step_wait_s(r) for r in steady],

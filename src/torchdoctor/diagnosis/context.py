@@ -16,7 +16,7 @@ from torchdoctor.diagnosis.ranks import RankJob
 from torchdoctor.diagnosis.series import Span, nearest, sustained_span
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import StepStats, decode_json, warmup_steps
+from torchdoctor.recording.steps import StepStats, decode_json, measured_steps
 from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
@@ -249,7 +249,7 @@ class DiagnosisContext:
         out: list[dict[str, Any]] = []
         for rows in by_pid.values():
             rows.sort(key=lambda r: r["step"])
-            out.extend(rows[warmup_steps(len(rows)) :])
+            out.extend(measured_steps(rows))
         out.sort(key=lambda r: r["t_end"])
         return out
 

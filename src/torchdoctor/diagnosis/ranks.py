@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchdoctor.recording.steps import warmup_steps
+from torchdoctor.recording.steps import measured_steps
 
 DDP_WARMUP_ITERATIONS = 2  # DDP's first iterations rebuild buckets: their comm is not typical
 
@@ -47,7 +47,7 @@ class RankSeries:
 
     @property
     def steady(self) -> list[dict[str, Any]]:
-        return self.steps[warmup_steps(len(self.steps)) :]
+        return measured_steps(self.steps)
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]

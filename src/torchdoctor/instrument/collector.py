@@ -189,6 +189,8 @@ class Collector:
             self._wake_r.close()
             self._wake_w.close()
         self._cleanup()
+        # Traces of profiler windows still being read into the recording (wire.WriterSink).
+        self.sink.finish()
 
     def _cleanup(self) -> None:
         if self._listener is not None:

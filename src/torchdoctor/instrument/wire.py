@@ -8,11 +8,21 @@ from another torchdoctor version; unknown step fields are ignored, missing ones 
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.instrument.agent.contract import unpack_steps
-from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
+from torchdoctor.recording.records import (
+    PROFILE_STATES,
+    DataLoaderRecord,
+    JobEvent,
+    ProfileSyncSite,
+    ProfileWindow,
+    SettingRecord,
+    StepRecord,
+)
 
 _STEP_NAMES = {f.name for f in dataclasses.fields(StepRecord)}
 # Integer-nanosecond wire fields -> the record's seconds fields.
@@ -70,13 +80,60 @@ def decode(message: dict[str, Any]) -> Batch:
     return batch
 
 
+PROFILE_EVENT = "profile-window"  # the agent's window ends (instrument/agent/profile.py)
+# How long the end of a recording waits for the traces still being read into it.
+INGEST_WAIT_S = 120.0
+
+
+def profile_window(event: JobEvent) -> tuple[ProfileWindow, list[ProfileSyncSite]]:
+    """The window and sync sites a ``profile-window`` event carries (id 0: not yet written);
+    raises ValueError/KeyError/TypeError on a malformed one."""
+    detail = json.loads(event.detail)
+    if not isinstance(detail, dict):
+        raise ValueError("a profile-window event's detail is an object")
+
+    def number(key: str, kind: type) -> Any:
+        value = detail.get(key)
+        return None if value is None else kind(value)
+
+    state = str(detail.get("state"))
+    if state not in PROFILE_STATES:
+        raise ValueError(f"unknown profile window state {state!r}")
+    window = ProfileWindow(
+        id=0,
+        rank=event.rank,
+        pid=event.pid,
+        first_step=number("first_step", int),
+        last_step=number("last_step", int),
+        warmup_step=number("warmup_step", int),
+        started_at=number("started_at", float),
+        ended_at=number("ended_at", float),
+        trace_path=number("trace_path", str),
+        trace_bytes=number("trace_bytes", int),
+        state=state,
+        reason=number("reason", str),
+    )
+    sites = [
+        ProfileSyncSite(0, str(op), str(file), int(line), str(function), int(count), float(s))
+        for op, file, line, function, count, s in detail.get("sites") or ()
+    ]
+    return window, sites
+
+
 class WriterSink:
-    """Hands decoded records to a RecordingWriter (or anything with the same add_* methods)."""
+    """Hands decoded records to a RecordingWriter (or anything with the same add_* methods).
+
+    A profiler window's end (a ``profile-window`` event) is written into the recording's
+    window tables too and, when its trace was written, read into the recording by
+    ``torchdoctor.recording.profiles.ingest_window`` where that module exists: on a thread of
+    its own, so that the agents' messages keep being received; :meth:`finish` waits for it."""
 
     def __init__(self, writer) -> None:
         self.writer = writer
         self.messages = 0
         self.errors = 0
+        self.ingest_threads: list[threading.Thread] = []
+        self.ingest_errors: list[str] = []
 
     def __call__(self, message: dict[str, Any]) -> None:
         try:
@@ -93,3 +150,47 @@ class WriterSink:
             self.writer.add_settings(batch.settings)
         if batch.events:
             self.writer.add_events(batch.events)
+            for event in batch.events:
+                if event.kind == PROFILE_EVENT:
+                    self._profile_window(event)
+
+    def _profile_window(self, event: JobEvent) -> None:
+        add = getattr(self.writer, "add_profile_window", None)
+        if add is None:
+            return  # a writer without the window tables (tune's trial watcher)
+        try:
+            window, sites = profile_window(event)
+        except (ValueError, KeyError, TypeError):
+            self.errors += 1
+            return
+        window_id = add(window, sites)
+        if window_id and window.trace_path is not None and window.state in ("done", "cut"):
+            self._ingest(window_id, window.trace_path)
+
+    def _ingest(self, window_id: int, trace_path: str) -> None:
+        try:
+            from torchdoctor.recording import profiles  # part B: the trace's tables
+        except ImportError:
+            return
+        ingest = getattr(profiles, "ingest_window", None)
+        if ingest is None:
+            return
+
+        def run() -> None:
+            try:
+                ingest(self.writer, window_id, trace_path)
+            except Exception as exc:  # noqa: BLE001 - a trace unread, the recording goes on
+                self.ingest_errors.append(f"window {window_id}: {type(exc).__name__}: {exc}")
+
+        thread = threading.Thread(target=run, name=f"torchdoctor-profile-{window_id}")
+        thread.daemon = True
+        self.ingest_threads.append(thread)
+        thread.start()
+
+    def finish(self, timeout: float = INGEST_WAIT_S) -> None:
+        """Wait (at most ``timeout`` s in all) for the traces being read into the recording."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        for thread in self.ingest_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))

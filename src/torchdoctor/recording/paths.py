@@ -32,6 +32,15 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
 
+def profile_folder(path: str | os.PathLike[str]) -> Path:
+    """Where a recording's profiler traces go (and `torchdoctor profile`'s requests): its
+    path without ``.sqlite``, plus ``.profile``; the folder is made by the first trace."""
+    text = os.fspath(path)
+    if text.endswith(SUFFIX):
+        text = text[: -len(SUFFIX)]
+    return Path(f"{text}.profile")
+
+
 def create_recording_file(
     name: str,
     *,

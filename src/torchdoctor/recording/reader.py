@@ -22,6 +22,7 @@ as far as it can be, and everything above works on what was read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -33,6 +34,7 @@ from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
 from torchdoctor.recording.frame import SampleFrame, make_frame
+from torchdoctor.recording.records import ProfileSyncSite, ProfileWindow
 from torchdoctor.recording.salvage import is_damage, salvage
 from torchdoctor.recording.schema import (
     APPLICATION_ID,
@@ -318,6 +320,33 @@ class Recording:
             # A step without a figure every step has (its time NULL, or text read as NULL):
             # edited, and every reader of the summary would fail on it, each rule on its own.
             raise damaged(self.path, f"a step lacks a figure ({exc})") from None
+
+    def profile_windows(self) -> list[ProfileWindow]:
+        """The profiler windows of the job (``run --profile-steps``, ``torchdoctor profile``),
+        in the order they ended; none in a recording written before windows existed."""
+        if not self._has_table("profile_windows"):
+            return []
+        names = [f.name for f in dataclasses.fields(ProfileWindow)]
+        rows = self._fetch(f"SELECT {', '.join(names)} FROM profile_windows ORDER BY id")
+        return [ProfileWindow(*row) for row in rows]
+
+    def profile_sync_sites(self, window_id: int) -> list[ProfileSyncSite]:
+        """The source lines that synchronised with the device in window ``window_id``, the
+        costliest first."""
+        if not self._has_table("profile_sync_sites"):
+            return []
+        names = [f.name for f in dataclasses.fields(ProfileSyncSite)]
+        rows = self._fetch(
+            f"SELECT {', '.join(names)} FROM profile_sync_sites WHERE window_id = ? "
+            "ORDER BY total_s DESC, count DESC, file, line",
+            (window_id,),
+        )
+        return [ProfileSyncSite(*row) for row in rows]
+
+    def _has_table(self, name: str) -> bool:
+        return bool(
+            self._fetch("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        )
 
     @property
     def started_at(self) -> float | None:

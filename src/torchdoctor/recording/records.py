@@ -37,6 +37,9 @@ class StepRecord:
     comm_s: float | None = None  # backward all-reduce, first bucket start to last end
     comm_overlap_s: float | None = None  # of which overlapped with backward compute
     backward_compute_s: float | None = None  # backward compute (no waiting)
+    # A profiler window touched the step (its warm-up through the step its export stalled):
+    # step statistics leave it out. None: not profiled (and every step recorded before).
+    profiled: bool | None = None
 
 
 @dataclass(slots=True)
@@ -80,3 +83,40 @@ class JobEvent:
     t: float
     kind: str  # "epoch-start", "cuda-oom", "instrumentation-disabled", "process-start", ...
     detail: str  # JSON-encoded object
+
+
+# A profiler window's states: the trace written in full, written shorter than asked (its size
+# cap, the process ended), or not written (the reason says why).
+PROFILE_STATES = ("done", "cut", "failed")
+
+
+@dataclass(slots=True)
+class ProfileWindow:
+    """One torch.profiler window of one process (``torchdoctor run --profile-steps A-B``,
+    ``torchdoctor profile``): the steps it recorded and where its trace is."""
+
+    id: int
+    rank: int | None
+    pid: int
+    first_step: int | None  # the first active step (A): ProfilerStep#A in the trace
+    last_step: int | None  # the last active step written (B, or earlier when cut)
+    warmup_step: int | None  # A - 1: recorded, not in the trace
+    started_at: float | None
+    ended_at: float | None
+    trace_path: str | None  # the gzipped Chrome trace; None when none was written
+    trace_bytes: int | None
+    state: str  # one of PROFILE_STATES
+    reason: str | None  # why cut or failed, one line
+
+
+@dataclass(slots=True)
+class ProfileSyncSite:
+    """A source line that called a host-device sync point during a window's active steps."""
+
+    window_id: int
+    op: str  # item, cpu, tolist, nonzero, __repr__, __format__, synchronize
+    file: str
+    line: int
+    function: str
+    count: int
+    total_s: float  # time inside those calls

@@ -113,6 +113,19 @@ TABLES: dict[str, Table] = {
 
 META_SQL = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
+# Profiler windows (records.ProfileWindow, ProfileSyncSite), outside TABLES: a recording
+# written before them has neither table and reads as having no window (the reader checks),
+# and they are written once per window, never by the samplers' batches.
+PROFILE_TABLES_SQL = (
+    "CREATE TABLE IF NOT EXISTS profile_windows (id INTEGER PRIMARY KEY, rank INTEGER, "
+    "pid INTEGER, first_step INTEGER, last_step INTEGER, warmup_step INTEGER, "
+    "started_at REAL, ended_at REAL, trace_path TEXT, trace_bytes INTEGER, state TEXT, "
+    "reason TEXT)",
+    "CREATE TABLE IF NOT EXISTS profile_sync_sites (window_id INTEGER, op TEXT, file TEXT, "
+    "line INTEGER, function TEXT, count INTEGER, total_s REAL)",
+)
+PROFILE_TABLES = ("profile_windows", "profile_sync_sites")
+
 
 def to_row(table: Table, record: Any) -> tuple:
     """The values of ``record`` in the column order of ``table``."""
@@ -174,6 +187,8 @@ def select_list(columns: list[str], stored: set[str]) -> str:
 __all__ = [
     "APPLICATION_ID",
     "META_SQL",
+    "PROFILE_TABLES",
+    "PROFILE_TABLES_SQL",
     "SCHEMA_VERSION",
     "TABLES",
     "Column",

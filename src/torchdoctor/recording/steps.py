@@ -24,6 +24,10 @@ of the figures: ``max(1, min(5, n // 10))`` steps, i.e. at least the first step 
 worker start-up, lazy initialisation and the first allocations) and up to 10 % of the steps,
 at most 5. A process with a single step keeps it. ``step_count`` still counts every step.
 
+Profiled steps: the steps a profiler window touched (``profiled``: its warm-up step, its
+active steps and the step its export stalled) are left out of every figure too, after the
+warm-up rule; ``step_count`` still counts them.
+
 Evaluation between steps is not in the step records (the agent takes it out of the step it falls
 in and records it as ``evaluation`` events), so the rates are over the steps' own wall time:
 time spent evaluating makes training look neither slower nor faster. :func:`evaluation_stats`
@@ -121,6 +125,12 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def measured_steps(rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The steps of one process (in step order) that its figures count: past its warm-up
+    (:func:`warmup_steps` of all its steps) and not touched by a profiler window."""
+    return [r for r in rows[warmup_steps(len(rows)) :] if not r.get("profiled")]
+
+
 def step_wait_s(row: dict[str, Any]) -> float:
     """A step's data wait in seconds, at most its wall time (see the module doc)."""
     return min(float(row.get("data_wait_s") or 0.0), float(row.get("wall_s") or 0.0))
@@ -158,8 +168,7 @@ def _process_stats(
     pid: int, rows: list[Mapping[str, Any]], fallback_batch: int | None
 ) -> RankStats:
     rows = sorted(rows, key=lambda r: r["step"])
-    skip = warmup_steps(len(rows))
-    measured = rows[skip:]
+    measured = measured_steps(rows)
     walls = sorted(float(r["wall_s"]) for r in measured)
     total_wall = sum(walls)
     total_wait = sum(step_wait_s(r) for r in measured)
@@ -180,8 +189,8 @@ def _process_stats(
         rank=rows[0].get("rank"),
         step_count=len(rows),
         measured_steps=len(measured),
-        median_step_s=statistics.median(walls),
-        p90_step_s=quantile(walls, 0.9),
+        median_step_s=statistics.median(walls) if walls else None,
+        p90_step_s=quantile(walls, 0.9) if walls else None,
         data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
         steps_per_s=steps_per_s,
         samples_per_s=samples_per_s,
@@ -222,8 +231,7 @@ def step_stats(
 
     measured_rows = []
     for rows in by_pid.values():
-        ordered = sorted(rows, key=lambda r: r["step"])
-        measured_rows.extend(ordered[warmup_steps(len(ordered)) :])
+        measured_rows.extend(measured_steps(sorted(rows, key=lambda r: r["step"])))
     walls = [float(r["wall_s"]) for r in measured_rows]
     waits = [step_wait_s(r) for r in measured_rows]
     total_wall = sum(walls)

@@ -18,6 +18,7 @@ so, later data is dropped, and what was committed stays readable.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -31,8 +32,22 @@ from typing import Any
 
 from torchdoctor.errors import UserError
 from torchdoctor.recording.paths import claim_recording_file
-from torchdoctor.recording.records import DataLoaderRecord, JobEvent, SettingRecord, StepRecord
-from torchdoctor.recording.schema import APPLICATION_ID, META_SQL, SCHEMA_VERSION, TABLES, to_row
+from torchdoctor.recording.records import (
+    DataLoaderRecord,
+    JobEvent,
+    ProfileSyncSite,
+    ProfileWindow,
+    SettingRecord,
+    StepRecord,
+)
+from torchdoctor.recording.schema import (
+    APPLICATION_ID,
+    META_SQL,
+    PROFILE_TABLES_SQL,
+    SCHEMA_VERSION,
+    TABLES,
+    to_row,
+)
 from torchdoctor.recording.state import writer_identity
 from torchdoctor.recording.totals import PROCESS_COLUMNS, STEP_COLUMNS, RunningTotals
 from torchdoctor.sampling.types import Snapshot
@@ -86,6 +101,7 @@ class RecordingWriter:
         self.rows_written: dict[str, int] = {name: 0 for name in TABLES}
         # The counters' sums so far, committed with the rows (see recording.totals).
         self._totals = RunningTotals()
+        self._windows = 0  # profiler windows written (their ids are 1, 2, ...)
         if not self.path.exists():
             claim_recording_file(self.path, option="another path")
         elif self.path.is_dir() or self.path.stat().st_size > 0:
@@ -109,6 +125,8 @@ class RecordingWriter:
             for table in TABLES.values():
                 for stmt in table.create_sql():
                     self._db.execute(stmt)
+            for stmt in PROFILE_TABLES_SQL:
+                self._db.execute(stmt)
             self._set_meta_locked(
                 {
                     "schema_version": SCHEMA_VERSION,
@@ -160,6 +178,56 @@ class RecordingWriter:
 
     def add_events(self, records: Iterable[JobEvent]) -> None:
         self._add("events", records)
+
+    def add_profile_window(self, window: ProfileWindow, sites: Iterable[ProfileSyncSite]) -> int:
+        """Write a profiler window and its sync sites now (one transaction: they are few, and
+        whoever reads the trace next wants the row there); the window's id (``window.id`` and
+        the sites' ``window_id`` are set to it). 0 when the recording has stopped."""
+        with self._lock:
+            if self._closed or self.stopped:
+                return 0
+            self._windows += 1
+            window.id = self._windows
+            rows = []
+            for site in sites:
+                site.window_id = window.id
+                rows.append(
+                    (site.window_id, site.op, site.file, site.line, site.function)
+                    + (site.count, site.total_s)
+                )
+
+            def write() -> None:
+                self._db.execute(
+                    "INSERT INTO profile_windows (id, rank, pid, first_step, last_step, "
+                    "warmup_step, started_at, ended_at, trace_path, trace_bytes, state, reason) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    dataclasses.astuple(window),
+                )
+                self._db.executemany(
+                    "INSERT INTO profile_sync_sites (window_id, op, file, line, function, "
+                    "count, total_s) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+
+            self._write_locked(write)
+            return 0 if self.stopped else window.id
+
+    def write_in_transaction(self, work: Callable[[sqlite3.Connection], None]) -> bool:
+        """Run ``work(connection)`` in one transaction of this writer (its lock held): for
+        tables written once per event, such as a profiler trace's (recording/profiles.py).
+        False when the recording has stopped or the work failed (said once, as any write)."""
+        with self._lock:
+            if self._closed or self.stopped:
+                return False
+            try:
+                self._write_locked(lambda: work(self._db))
+            except Exception:
+                # Not SQLite's (those stop the recording in _write_locked): the work's own
+                # bug. Its rows go, the recording goes on.
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
+            return not self.stopped
 
     def set_meta(self, values: dict[str, Any]) -> None:
         with self._lock:

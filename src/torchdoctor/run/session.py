@@ -28,9 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.instrument.agent.contract import ENV_PROFILE_DIR
 from torchdoctor.recording import registry
 from torchdoctor.recording.metadata import run_metadata
-from torchdoctor.recording.paths import claim_recording_file, create_recording_file
+from torchdoctor.recording.paths import (
+    claim_recording_file,
+    create_recording_file,
+    profile_folder,
+)
 from torchdoctor.recording.recorder import Recorder
 from torchdoctor.recording.writer import RecordingWriter
 from torchdoctor.run.cgroup import MemoryCgroup
@@ -153,7 +158,12 @@ class RecordingSession:
         except ImportError:
             return env
         self.collector = Collector(self.writer, warn=warn)
-        return self.collector.child_env(env)
+        wired = self.collector.child_env(env)
+        if wired is not env:
+            # Where a profiler window's traces go, and where `torchdoctor profile` asks for
+            # one (instrument/agent/profile.py): beside the recording.
+            wired = {**wired, ENV_PROFILE_DIR: str(profile_folder(self.path))}
+        return wired
 
     @property
     def agent_error(self) -> str | None:
@@ -232,6 +242,7 @@ class RecordingSession:
         if self._agent is not None:
             agent, self._agent = self._agent, None
             _safely(lambda: agent.end_session(self._sink, self._armed_here))
+            _safely(self._sink.finish)  # traces of profiler windows being read in
         if self.recorder is not None:
             _safely(lambda: self.recorder.stop(final_sample=final_sample))
         if self.collector is not None:

@@ -17,6 +17,10 @@ ENV_COLLECTOR = "TORCHDOCTOR_COLLECTOR"
 ENV_NO_INSTRUMENT = "TORCHDOCTOR_NO_INSTRUMENT"
 ENV_OVERRIDES = "TORCHDOCTOR_OVERRIDES"
 ENV_STOP_AFTER_STEPS = "TORCHDOCTOR_STOP_AFTER_STEPS"
+# A torch.profiler window (see profile.py): the steps "A-B", and where traces and
+# `torchdoctor profile`'s requests go (the recording's path without .sqlite, plus .profile).
+ENV_PROFILE_STEPS = "TORCHDOCTOR_PROFILE_STEPS"
+ENV_PROFILE_DIR = "TORCHDOCTOR_PROFILE_DIR"
 # Set (1): the agent runs its pure-Python path where the compiled one is built (see compiled.py).
 ENV_PURE_PYTHON = "TORCHDOCTOR_AGENT_PURE_PYTHON"
 # Where ranks write their flight-recorder dumps (launch sets it), and the dumps' file names:
@@ -73,10 +77,14 @@ STEP_FIELDS = (
     "comm_ns",
     "comm_overlap_ns",
     "backward_compute_ns",
+    # True on the steps a profiler window touched (its warm-up through the step its export
+    # stalled, profile.py): step statistics leave them out. After the rank values, padded.
+    "profiled",
 )
 AGENT_STEP_VALUES = 13  # STEP_FIELDS up to cuda_ooms
 SHORT_STEP_VALUES = 8  # the common step's row (no CUDA, no rank figures): up to grad_scaler
-RANK_STEP_FIELDS = STEP_FIELDS[AGENT_STEP_VALUES:]  # what ranks.py appends, in this order
+RANK_STEP_FIELDS = STEP_FIELDS[AGENT_STEP_VALUES:-1]  # what ranks.py appends, in this order
+PROFILED_VALUE = len(STEP_FIELDS) - 1  # the index of "profiled" in a step's row
 # The step's end as the agent keeps it: perf_counter_ns, one clock read per step boundary.
 # A message carries the offset to UNIX time read when it was flushed (``clock_offset_ns``).
 PERF_CLOCK_FIELD = "t_end_ns"

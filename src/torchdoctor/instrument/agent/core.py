@@ -15,6 +15,8 @@ from .contract import (
     ENV_COLLECTOR,
     ENV_NO_INSTRUMENT,
     ENV_OVERRIDES,
+    ENV_PROFILE_DIR,
+    ENV_PROFILE_STEPS,
     ENV_STOP_AFTER_STEPS,
     FLUSH_INTERVAL_NS,
     FLUSH_MAX_STEPS,
@@ -54,6 +56,7 @@ class Agent:
         "distributed", "counter", "loader_state", "cuda",
         "pid", "rank", "role", "loaders", "settings", "events", "settings_done",
         "setting_values", "last_volatile", "threads_override_pending", "stopping",
+        "profile", "profile_watch", "profile_env",
         "__dict__",
     )  # fmt: skip
 
@@ -72,6 +75,10 @@ class Agent:
         self._atexit_registered = False
         self._finder = None
         self.distributed = None  # ranks.RankInstrument in a torchrun rank
+        # A torch.profiler window (profile.ProfileWindow) and the watch on `torchdoctor
+        # profile`'s requests, built at install from profile_env: (steps, folder) as read.
+        self.profile_env: tuple[str | None, str | None] = (None, None)
+        self.profile_watch = None
         # The parts that exist once torch is imported (built by hooks.install).
         self.counter = None  # steps.StepCounter: step boundaries, waits, samples, evaluations
         self.loader_state = None  # loaders.Loaders: DataLoader records and first batches
@@ -94,6 +101,8 @@ class Agent:
         self.last_volatile = 0
         self.threads_override_pending = False
         self.stopping = False
+        # A window is the process's own: a forked child does not inherit its parent's.
+        self.profile = None
         for part in (self.counter, self.loader_state, self.cuda):
             if part is not None:
                 part.reset()
@@ -117,6 +126,7 @@ class Agent:
         except ValueError as exc:
             self.overrides = {}
             self.event("overrides-invalid", {"error": str(exc)})
+        self.profile_env = (environ.get(ENV_PROFILE_STEPS), environ.get(ENV_PROFILE_DIR))
         stop = environ.get(ENV_STOP_AFTER_STEPS)
         if stop:
             try:
@@ -192,6 +202,7 @@ class Agent:
         """Restore everything torch had before and stop recording (buffers are flushed)."""
         self._remove_finder()
         was_active = self.active
+        self._end_profile_window()
         self.active = False
         self.armed = False
         self._restore_patches()
@@ -210,6 +221,8 @@ class Agent:
         self._remove_finder()
         import contextlib
 
+        with contextlib.suppress(Exception):
+            self._end_profile_window()
         with contextlib.suppress(Exception):
             self._restore_patches()
         try:
@@ -274,6 +287,11 @@ class Agent:
 
     def after_step(self, t: int) -> None:
         """A step was recorded: flush when due, stop when TORCHDOCTOR_STOP_AFTER_STEPS says."""
+        window = self.profile
+        if window is not None:
+            # A step boundary: the compiled and short paths come here when a flush is due,
+            # and flush() makes one due where a pending window starts (see _profile_flush).
+            window.boundary(self.counter.step)
         buffered = len(self.steps) + self.counter.pending_rows  # the compiled path's kept too
         if buffered >= self.flush_max_steps or t - self.last_flush >= FLUSH_INTERVAL_NS:
             self.flush()
@@ -292,6 +310,8 @@ class Agent:
         """Send what is buffered to every sink, in messages of at most ``message_steps`` steps."""
         t = self.last_flush = perf_ns()
         counter = self.counter
+        if self.profile_watch is not None or self.profile is not None:
+            self._profile_flush(counter)
         if self.active and self.settings_done and t - self.last_volatile >= VOLATILE_EVERY_NS:
             self.last_volatile = t
             import contextlib
@@ -346,6 +366,27 @@ class Agent:
             if final:
                 close_sink(sink)
 
+    def _profile_flush(self, counter) -> None:
+        """At a flush: look for a `torchdoctor profile` request, and have the step paths call
+        the agent (after_step) exactly at the boundary where a pending window starts: the
+        steps buffered until then is what makes the next flush due."""
+        watch = self.profile_watch
+        if watch is not None and counter is not None and not self.stopping:
+            try:
+                watch.poll(self)
+            except Exception:  # noqa: BLE001 - a request not read, never the job's problem
+                self.profile_watch = None
+        window = self.profile
+        wanted = FLUSH_MAX_STEPS
+        if window is not None and window.state == "pending" and counter is not None:
+            wanted = max(1, min(FLUSH_MAX_STEPS, window.steps_until_start(counter.step)))
+        self.flush_max_steps = wanted
+
+    def _end_profile_window(self) -> None:
+        window = self.profile
+        if window is not None:
+            window.end_of_process()
+
     def _end_open_evaluation(self) -> None:
         """The process ends after an evaluation (the one after the last step): record it."""
         counter = self.counter
@@ -363,6 +404,8 @@ class Agent:
 
     def _at_exit(self) -> None:
         try:
+            if self.active and self.profile is not None:
+                self._end_profile_window()
             if self.active or self.events:
                 counter = self.counter
                 if counter is not None and counter.held_steps and self.active:

@@ -159,6 +159,27 @@ def install(agent, torch) -> None:
         cuda.on_seen()
     if counter.boundary_kind == "optimizer":
         counter.backward_patch.drop()  # installed again (watch): known before
+    steps_text, folder = agent.profile_env
+    if steps_text or folder:
+        _arm_profile(agent, steps_text, folder)
+
+
+def _arm_profile(agent, steps_text, folder) -> None:
+    """The profiler window TORCHDOCTOR_PROFILE_STEPS asks for, and the watch on `torchdoctor
+    profile`'s requests (loaded only then: most jobs never profile)."""
+    from . import profile
+
+    if agent.role == WORKER:
+        return
+    if folder:
+        agent.profile_watch = profile.RequestWatch(folder)
+    if steps_text and agent.profile is None:
+        agent.profile = profile.from_environment(
+            agent, {profile.ENV_PROFILE_STEPS: steps_text, profile.ENV_PROFILE_DIR: folder}
+        )
+    agent._profile_flush(agent.counter)  # a pending window's start is due as a flush
+
+
 
 
 # -- the wrappers ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .contract import (
     AGENT_STEP_VALUES,
     BACKWARD_STEPS_TO_DECIDE,
     FLUSH_INTERVAL_NS,
+    PROFILED_VALUE,
     WORKER,
     now,
     perf_ns,
@@ -249,6 +250,7 @@ class StepCounter(CounterFields):
             and not agent.threads_override_pending
             and agent.stop_after is None
             and agent.distributed is None
+            and (agent.profile is None or agent.profile.state == "pending")
             and self.cuda_watched
             and not self.cuda_started
             and not agent.cuda.seen
@@ -368,7 +370,12 @@ class StepCounter(CounterFields):
         boundary = self.boundary if self.boundary is not None else self.start_ns
         agent = self.agent
         self.drain_rows(agent.steps)  # rows of the compiled short path come first
-        agent.steps.append(self._step_row(t, boundary))
+        row = self._step_row(t, boundary)
+        window = agent.profile
+        if window is not None and window.marks(self.step):
+            row.extend([None] * (PROFILED_VALUE - len(row)))
+            row.append(True)
+        agent.steps.append(row)
         self.step += 1
         self.boundary = t
         self.prev_step_fed = self.batches > 0
@@ -380,6 +387,8 @@ class StepCounter(CounterFields):
         self.scaler_used = False
         if agent.distributed is not None:
             agent.distributed.step_closed()
+        if window is not None:
+            window.boundary(self.step)
         # Agent.after_step's conditions, checked here first: most steps need neither.
         if (
             len(agent.steps) >= agent.flush_max_steps

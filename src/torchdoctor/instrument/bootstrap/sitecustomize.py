@@ -23,7 +23,12 @@ _BUILD_NOW_IF_SET = (
     "TORCHDOCTOR_STOP_AFTER_STEPS",
 )
 # What an agent built later reads of its start-up: the environment as it was then.
-_START_UP_ENV = ("TORCHDOCTOR_COLLECTOR", "RANK")
+_START_UP_ENV = (
+    "TORCHDOCTOR_COLLECTOR",
+    "RANK",
+    "TORCHDOCTOR_PROFILE_STEPS",
+    "TORCHDOCTOR_PROFILE_DIR",
+)
 
 
 def _torchdoctor_bootstrap():
