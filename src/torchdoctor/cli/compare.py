@@ -14,7 +14,7 @@ from torchdoctor.cli.exit_codes import REGRESSED
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.compare.runs import run_figures
-from torchdoctor.compare.verdict import FASTER, SLOWER, Comparison, compare
+from torchdoctor.compare.verdict import FASTER, SLOWER, Comparison, compare, headline
 from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.units import fmt_bytes, fmt_duration, one_line
@@ -130,22 +130,6 @@ def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | No
 
 def _pct(share: float) -> str:
     return f"{share * 100:.1f} %"
-
-
-def headline(c: Comparison) -> str:
-    """The verdict in one line."""
-    r = c.ratio
-    if not math.isfinite(r.estimate):
-        return f"{c.verdict}: A's step time is zero"
-    ratio = f"B's step takes {r.estimate:.3f}x A's (95 % interval {r.low:.3f} to {r.high:.3f})"
-    if c.verdict == FASTER:
-        return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
-    if c.verdict == SLOWER:
-        return f"slower: {ratio}, {_pct(r.estimate - 1)} slower"
-    return (
-        f"no significant change: {ratio}; a change is called when the whole interval lies "
-        f"beyond 1 -+ {c.band * 100:g} %"
-    )
 
 
 def _ms(seconds: float) -> str:

@@ -291,3 +291,19 @@ def _explain(
 
 def _show(value: Any) -> str:
     return "unset" if value is None else str(value)
+
+
+def headline(c: Comparison) -> str:
+    """The verdict in one line, as `torchdoctor compare` and the report print it."""
+    r = c.ratio
+    if not math.isfinite(r.estimate):
+        return f"{c.verdict}: A's step time is zero"
+    ratio = f"B's step takes {r.estimate:.3f}x A's (95 % interval {r.low:.3f} to {r.high:.3f})"
+    if c.verdict == FASTER:
+        return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
+    if c.verdict == SLOWER:
+        return f"slower: {ratio}, {(r.estimate - 1) * 100:.1f} % slower"
+    return (
+        f"no significant change: {ratio}; a change is called when the whole interval lies "
+        f"beyond 1 -+ {c.band * 100:g} %"
+    )

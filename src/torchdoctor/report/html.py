@@ -69,8 +69,6 @@ def is_report(head: bytes) -> bool:
 
 def render_html(data: ReportData) -> str:
     """The whole page for ``data``."""
-    css = _asset("report.css")
-    script = _asset("report.js")
     body = "".join(
         [
             _header(data),
@@ -88,6 +86,14 @@ def render_html(data: ReportData) -> str:
             f"{escape(fmt_utc(time.time()))} from {escape(data.source)}.</footer>",
         ]
     )
+    return page(data.title, body)
+
+
+def page(title: str, body: str, extra_css: str = "") -> str:
+    """A whole HTML document around ``body``: the report's CSS (and ``extra_css``) and its
+    script inline, titled so that :func:`is_report` knows it."""
+    css = _asset("report.css") + extra_css
+    script = _asset("report.js")
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -95,7 +101,7 @@ def render_html(data: ReportData) -> str:
         # Forbid every fetch: the report must be complete as it is, and stay private.
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
-        f"<title>torchdoctor report: {escape(data.title)}</title>"
+        f"<title>torchdoctor report: {escape(title)}</title>"
         f"<style>{css}</style></head><body>{body}<script>{script}</script></body></html>\n"
     )
 
