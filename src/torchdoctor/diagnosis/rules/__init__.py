@@ -27,6 +27,15 @@ RULE_MODULES: tuple[str, ...] = (
     "gpu_hardware_errors",
     "gpu_idle_cpu_training",
     "gpu_underused",
+    "dataparallel_used",
+    "fp16_without_scaler",
+    # profiled windows (run --profile-steps): silent without one
+    "sync_points",
+    "op_bound",
+    "launch_bound",
+    "python_overhead",
+    "memcpy_bound",
+    "comm_exposed",
     "short_recording",
     # distributed: compare the ranks of a job (SCOPE = "job": run once over every node)
     "rank_straggler",
@@ -36,4 +45,9 @@ RULE_MODULES: tuple[str, ...] = (
     "rank_oversubscribed",
     "ranks_share_gpu",
     "collective_timeout",
+    "data_not_sharded",
+    "sampler_seed_mismatch",
+    "batchnorm_not_synced",
+    "accumulation_without_no_sync",
+    "unused_parameters_search",
 )

@@ -10,6 +10,7 @@
   (:class:`BackwardPatch`);
 - ``autocast.__enter__`` and ``GradScaler.scale`` (was AMP really on in the step);
 - ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
+- ``nn.DataParallel.__init__`` (a ``data-parallel`` event: see :mod:`.pitfalls`);
 - the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
 
 Each wrapper checks ``agent.active`` first, so that a disabled agent costs one attribute read,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from . import compiled, settings
+from . import compiled, pitfalls, settings
 from .contract import FLUSH_INTERVAL_NS, RANK, WORKER, perf_ns
 from .cuda import CudaMemory
 from .loaders import Loaders
@@ -136,6 +137,7 @@ def install(agent, torch) -> None:
     if scaler_cls is not None and "scale" in scaler_cls.__dict__:
         patch(scaler_cls, "scale", _scaler_scale(agent, counter, scaler_cls.scale))
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
+    pitfalls.install_data_parallel(agent, torch, guard)
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(step_hook)
     counter.backward_patch.install()
     counter.watch_cuda_start(torch)

@@ -14,6 +14,8 @@ is imported. It adds:
   ``sampler-set-epoch`` (DistributedSampler), ``rank-epoch`` (batches per epoch of a rank's
   loader), ``rank-error`` and ``rank-terminated`` (with a flight-recorder dump written to
   ``TORCHDOCTOR_FR_DIR``).
+- through :mod:`.pitfalls`: ``ddp-model``, ``ddp-sync-pattern`` and ``data-fingerprint`` (the
+  first batches of each training epoch, hashed), for the distributed-mistake rules.
 
 Every hook body runs under the agent's guard (:func:`.hooks.guard`): a failure switches the
 agent off and says so once, never reaching the user's code. The SIGTERM handler is installed
@@ -29,6 +31,7 @@ from _weakref import ref as _weakref_ref
 
 from .contract import ENV_FR_DIR, FR_PREFIX, RANK_STEP_FIELDS, env_int, perf_ns
 from .hooks import guard
+from .pitfalls import DdpChecks
 from .sidetable import SideTable
 
 _DDP_POLL_FIRST = 12  # DDP samples its runtime stats on iterations 1-10 ...
@@ -73,6 +76,8 @@ class RankInstrument:
         self.sampler_ids = SideTable()  # DistributedSampler -> its id in the events
         self.fr_dir = os.environ.get(ENV_FR_DIR) or None
         self.dumped = False
+        # Counters and events of the distributed-mistake rules (see pitfalls.py).
+        self.checks = DdpChecks(agent, torch)
 
     # -- installation -------------------------------------------------------------------------
 
@@ -174,6 +179,7 @@ class RankInstrument:
     def step_closed(self) -> None:
         self.forward_ns = self.backward_ns = 0
         self.optimizer_start = None
+        self.checks.step_closed()
 
     def _ddp_runtime(self, ddp):
         data = ddp._get_ddp_logging_data()
@@ -197,6 +203,7 @@ class RankInstrument:
         if not self.device_sent:
             self.device_sent = True
             self.agent.event("rank-device", self._device_of(module))
+        self.checks.on_forward(module)
 
     def _device_of(self, module) -> dict:
         detail = {"rank": self.agent.rank, "local_rank": env_int("LOCAL_RANK")}
@@ -256,7 +263,7 @@ class RankInstrument:
             {"sampler_id": self.sampler_id(sampler), "epoch": epoch, "step": self.agent.step},
         )
 
-    def on_loader_iter(self, loader) -> None:
+    def on_loader_iter(self, loader, it) -> None:
         import warnings
 
         info = self.agent.loader_state.info_of.get(loader)
@@ -281,6 +288,10 @@ class RankInstrument:
                 "step": self.agent.step,
             },
         )
+        if info is not None:
+            self.checks.tap_loader(
+                it, info.loader_id, info.epochs - 1, bool(self.torch.is_grad_enabled())
+            )
 
     # -- post-mortem --------------------------------------------------------------------------
 
@@ -414,7 +425,7 @@ def _make_loader_iter(inst: RankInstrument, original):
     def __iter__(self):
         it = original(self)  # the agent's own hook runs inside: loader info and epoch count
         if inst.agent.active:
-            on_loader_iter(self)
+            on_loader_iter(self, it)
         return it
 
     __iter__.__wrapped__ = original

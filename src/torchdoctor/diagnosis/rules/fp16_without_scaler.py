@@ -1,0 +1,56 @@
+"""fp16-without-scaler: steps run under float16 autocast and no GradScaler scales the loss.
+
+float16 holds nothing below about 6e-8: small gradients flush to zero (underflow) and those
+weights stop learning. ``torch.amp.GradScaler`` multiplies the loss before backward and divides
+the gradients before the optimizer step. Read from the steps: their autocast dtype and whether
+``GradScaler.scale`` ran in them (bfloat16 needs no scaler and is not flagged).
+"""
+
+from __future__ import annotations
+
+from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.findings import Evidence, Finding
+
+ID = "fp16-without-scaler"
+MIN_STEPS = 3
+
+
+def check(ctx: DiagnosisContext) -> list[Finding]:
+    steps = ctx.steps
+    fp16 = [s for s in steps if s["autocast_dtype"] == "float16"]
+    if len(fp16) < MIN_STEPS or any(s["grad_scaler"] for s in steps):
+        return []
+    cuda = any(s["cuda_reserved"] for s in fp16)
+    device = "cuda" if cuda else "cpu"
+    return [
+        Finding(
+            id=ID,
+            severity="warning",
+            title=f"float16 autocast without a GradScaler in {len(fp16)} steps",
+            evidence=[
+                Evidence(
+                    "steps under float16 autocast",
+                    len(fp16),
+                    "steps",
+                    fp16[0]["t_start"],
+                    fp16[-1]["t_end"],
+                ),
+                Evidence("steps whose loss a GradScaler scaled", 0, "steps"),
+                Evidence("device", device, ""),
+            ],
+            recommendation=(
+                f'Scale the loss: `scaler = torch.amp.GradScaler("{device}")` once, then '
+                "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()` "
+                "instead of `loss.backward()` and `optimizer.step()`; or autocast to "
+                "torch.bfloat16 where the GPU has it (compute capability 8.0+), which needs no "
+                "scaler."
+            ),
+            expected_effect=(
+                "Gradients below float16's range (about 6e-8) are kept instead of flushed to "
+                "zero: the weights they belong to keep learning; steps with an overflow are "
+                "skipped instead of applied. No change in step time beyond one multiply."
+            ),
+            confidence=0.85,
+            settings={"grad_scaler": True},
+        )
+    ]
