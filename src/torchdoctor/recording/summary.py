@@ -76,6 +76,11 @@ class RunSummary:
     # Processes whose in-job instrumentation switched itself off, and why (one line each):
     # their steps and settings stop there (Recording.instrumentation_off).
     instrumentation_off: list[str] = field(default_factory=list)
+    # Shared memory, per sample summed over the job's processes: the /dev/shm space its files
+    # take (each file once) and RssShmem (a page mapped by two processes counts twice). Both
+    # None where the recording predates their sampling: "not measured".
+    job_dev_shm: Stat = field(default_factory=lambda: Stat(None, None))
+    job_rss_shmem: Stat = field(default_factory=lambda: Stat(None, None))
 
 
 def summarize(rec: Recording) -> RunSummary:
@@ -102,6 +107,7 @@ def summarize(rec: Recording) -> RunSummary:
         " COUNT(pss) AS n_pss, SUM(threads) AS threads, COUNT(*) AS n"
         " FROM process_samples GROUP BY t)"
     )
+    shm = _shared_memory(rec)
     roles: dict[str, int] = {}
     for p in rec.processes():
         roles[p["role"]] = roles.get(p["role"], 0) + 1
@@ -143,7 +149,25 @@ def summarize(rec: Recording) -> RunSummary:
         recording_state=rec.state.kind,
         damage=list(rec.damage),
         instrumentation_off=rec.instrumentation_off(),
+        job_dev_shm=_stat(shm, "dev_shm"),
+        job_rss_shmem=_stat(shm, "shmem"),
     )
+
+
+def _shared_memory(rec: Recording) -> dict[str, Any]:
+    """Mean and peak of the job's shared memory per sample; None in a recording made before
+    it was sampled (its process_samples has no such columns)."""
+    if not {"dev_shm", "shmem"} <= rec.stored_columns("process_samples"):
+        return dict.fromkeys(("dev_shm_mean", "dev_shm_peak", "shmem_mean", "shmem_peak"))
+    # A sample whose processes were not all read counts no sum (as PSS): it would understate.
+    (row,) = rec.query(
+        "SELECT AVG(CASE WHEN n_shm = n THEN dev_shm END) AS dev_shm_mean,"
+        " MAX(CASE WHEN n_shm = n THEN dev_shm END) AS dev_shm_peak,"
+        " AVG(shmem) AS shmem_mean, MAX(shmem) AS shmem_peak"
+        " FROM (SELECT t, SUM(dev_shm) AS dev_shm, COUNT(dev_shm) AS n_shm,"
+        " SUM(shmem) AS shmem, COUNT(*) AS n FROM process_samples GROUP BY t)"
+    )
+    return row
 
 
 def _stat(row: dict[str, Any], prefix: str) -> Stat:

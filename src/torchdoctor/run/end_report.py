@@ -54,6 +54,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         (f"job CPU (100 % = 1 core{cpus})", summary.job_cpu_pct, fmt_pct),
         ("job RSS (sum)", summary.job_rss, fmt_bytes),
         ("job PSS (sum, shared pages split)", summary.job_pss, fmt_bytes),
+        ("job /dev/shm held (its files)", summary.job_dev_shm, fmt_bytes),
+        ("job shared memory (RssShmem sum)", summary.job_rss_shmem, fmt_bytes),
         ("job threads", summary.job_threads, _fmt_count),
         ("job processes", summary.job_processes, _fmt_count),
         ("host CPU busy", summary.host_cpu_busy_pct, fmt_pct),
@@ -69,6 +71,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         if stat.peak is not None:
             table.add_row(label, fmt(stat.mean), fmt(stat.peak))
     console.print(table)
+    if summary.job_dev_shm.peak is None and summary.job_rss_shmem.peak is None:
+        console.print("shared memory: not measured (the recording predates its sampling)")
     if summary.roles:
         roles = ", ".join(f"{n} {role}" for role, n in sorted(summary.roles.items()))
         console.print(f"processes seen: {roles}")

@@ -69,6 +69,8 @@ class _Proc:
         "pss_rss",
         "uss",
         "smaps_error",
+        "shm_files",
+        "shm_error",
         "slow_due",
         "stat",
     )
@@ -237,6 +239,7 @@ class JobReader:
         new_set = {p.pid for p in new}
         # Processes that exec'd are described again (new command line, role, rank).
         reinfo, self._reinfo = self._reinfo, set()
+        shm_seen: set[tuple[int, int]] = set()  # /dev/shm files counted in this sample
         for pid, p in procs.items():
             if pid in gone_now:
                 continue
@@ -246,6 +249,7 @@ class JobReader:
                 continue
             if not self.include_root and self._is_root(p):
                 continue
+            _count_dev_shm(s, p, shm_seen)
             samples.append(s)
             if pid in new_set or pid in reinfo:
                 infos.append(
@@ -353,6 +357,8 @@ class JobReader:
         p.prev_cpu = p.prev_vol = p.prev_invol = p.prev_read = p.prev_write = None
         p.pss = p.uss = None
         p.pss_rss = 0
+        p.shm_files = None
+        p.shm_error = None
         p.smaps_error = None
         p.slow_due = -1.0
         if self._fds_kept + 3 <= self._fd_budget:
@@ -499,6 +505,17 @@ class JobReader:
             except OSError as e:
                 p.pss = p.uss = None
                 p.smaps_error = f"/proc/{p.pid}/smaps_rollup: {e.strerror or e}"
+            # The /dev/shm files it holds: with PSS, on the slow tier (a directory listing and
+            # the maps file, too costly for every sample; shared memory changes with batches).
+            try:
+                p.shm_files = procfs.dev_shm_files(p.pid)
+                p.shm_error = None
+            except ProcessLookupError:
+                gone.append(p.pid)
+                continue
+            except OSError as e:
+                p.shm_files = None
+                p.shm_error = f"/proc/{p.pid}/fd: {e.strerror or e}"
             # exec does not always change the name (python exec'ing python): compare the
             # command line too, now and then.
             with contextlib.suppress(OSError):
@@ -514,9 +531,13 @@ class JobReader:
         st = p.stat
         unavailable: dict[str, str] = {}
         try:
-            swap, vol, invol = procfs.parse_pid_status(self._read(p, p.status_fd, "status", 4096))
+            status = self._read(p, p.status_fd, "status", 4096)
+            swap, vol, invol = procfs.parse_pid_status(status)
         except (OSError, ValueError):
             return None  # gone (or unreadable): no sample rather than a half-made one
+        shmem = procfs.parse_rss_shmem(status)
+        if shmem is None:
+            unavailable["shmem"] = "no RssShmem in /proc/<pid>/status (Linux < 4.5)"
         read_b = write_b = None
         if p.io_error is None:
             try:
@@ -589,7 +610,19 @@ class JobReader:
             read_bytes=read_b,
             write_bytes=write_b,
             unavailable=unavailable,
+            shmem=shmem,
         )
+
+
+def _count_dev_shm(s: ProcessSample, p: _Proc, seen: set[tuple[int, int]]) -> None:
+    """The process's /dev/shm bytes, less the files another process of the job was already
+    counted for in this sample (a worker and its trainer both hold a batch's file)."""
+    if p.shm_files is None:
+        s.unavailable["dev_shm"] = p.shm_error or "not read yet: read on the slower tier"
+        return
+    fresh = p.shm_files.keys() - seen
+    s.dev_shm = sum(p.shm_files[k] for k in fresh)
+    seen |= fresh
 
 
 def _int_or_none(value: str | None) -> int | None:

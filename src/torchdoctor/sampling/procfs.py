@@ -313,6 +313,61 @@ def parse_pid_status(data: bytes) -> tuple[int | None, int | None, int | None]:
     return swap, vol, invol
 
 
+def parse_rss_shmem(data: bytes) -> int | None:
+    """RssShmem bytes from /proc/<pid>/status (Linux >= 4.5): the shared memory pages the
+    process maps (tmpfs files such as /dev/shm, SysV segments, shared anonymous memory)."""
+    kb = _find_int(data, b"\nRssShmem:")
+    return None if kb is None else kb * 1024
+
+
+DEV_SHM = "/dev/shm/"
+_DEV_SHM_B = b" /dev/shm/"
+
+
+def dev_shm_files(pid: int) -> dict[tuple[int, int], int]:
+    """The /dev/shm files process ``pid`` holds: ``(st_dev, inode) -> bytes``.
+
+    Held means open (``/proc/<pid>/fd``) or mapped (``/proc/<pid>/maps``): torch's DataLoader
+    workers pass batches in /dev/shm files they unlink at once (``torch_<n>`` ... "(deleted)"),
+    so the space is found through the descriptors and mappings that keep it, not by listing
+    /dev/shm. An open file counts its allocated blocks (tmpfs allocates what is written); a
+    file only mapped counts the mapped extent. OSError (ProcessLookupError when it is gone,
+    PermissionError for another user's process) is the caller's to handle.
+    """
+    files: dict[tuple[int, int], int] = {}
+    fd_dir = f"/proc/{pid}/fd"
+    for name in os.listdir(fd_dir):
+        link = f"{fd_dir}/{name}"
+        try:
+            if not os.readlink(link).startswith(DEV_SHM):
+                continue
+            st = os.stat(link)  # the open file itself, even once unlinked
+        except OSError:
+            continue  # closed meanwhile
+        files[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    with open(f"/proc/{pid}/maps", "rb") as f:
+        data = f.read()
+    if _DEV_SHM_B not in data:
+        return files
+    extents: dict[tuple[int, int], int] = {}
+    for line in data.splitlines():
+        if _DEV_SHM_B not in line:
+            continue
+        # start-end perms offset major:minor inode path
+        parts = line.split(None, 5)
+        try:
+            start, end = (int(x, 16) for x in parts[0].split(b"-"))
+            major, minor = (int(x, 16) for x in parts[3].split(b":"))
+            key = (os.makedev(major, minor), int(parts[4]))
+            offset = int(parts[2], 16)
+        except (ValueError, IndexError):
+            continue
+        if key not in files:
+            extents[key] = max(extents.get(key, 0), offset + end - start)
+    files.update(extents)
+    return files
+
+
 def parse_pid_io(data: bytes) -> tuple[int | None, int | None]:
     """(read_bytes, write_bytes) from /proc/<pid>/io: bytes that reached the storage layer."""
     rd = wr = None

@@ -128,6 +128,13 @@ class ProcessSample:
     read_bytes: int | None = None  # cumulative /proc/<pid>/io, behind read_bytes_per_s
     write_bytes: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
+    # Shared memory (added later: a recording made before reads None, "not measured").
+    # RssShmem: shared pages this process maps (a page mapped by two processes counts twice).
+    shmem: int | None = None
+    # Bytes of /dev/shm files this process holds open or mapped, each file counted once per
+    # sample (on the first process of the job found holding it): the job's sum is the /dev/shm
+    # space it needs.
+    dev_shm: int | None = None
 
 
 @dataclass(slots=True)

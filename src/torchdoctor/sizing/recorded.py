@@ -118,7 +118,8 @@ def _recorded_job(path, summary: RunSummary, findings, loader, host, env) -> Rec
         gpu_memory_peak=top.job_memory_peak if top else None,
         gpu_name=top.name if top else None,
         gpu_memory_total=top.memory_total if top else None,
-        network_env=dict(env),  # slurm.network picks the network settings
+        network_env=dict(env),  # sizing.network picks the network settings
+        shm_peak=_int(summary.job_dev_shm.peak),
         findings=[f.id for f in findings],
         damage=list(summary.damage),
     )
