@@ -75,6 +75,8 @@ class Outcome:
         assert "Traceback" not in self.stderr, shown
         if self.code == 0:
             return
+        if self.argv[:1] in (["run"], ["launch"]) and "torchdoctor: recording " in self.stderr:
+            return  # the job started: the status is the job's, and the end report follows
         # click's usage errors carry the usage line and its "Try ... -h" hint around the error
         # (and a missing choice, the choices: one a line, indented)
         lines = [

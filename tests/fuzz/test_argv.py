@@ -165,8 +165,9 @@ def _argv(draw) -> list[str]:
     if shape.wraps and draw(st.booleans()):
         argv += ["--", *draw(st.lists(WORDS, min_size=0, max_size=3))]
     if shape.path in SERVES:
-        # Never a success: an unknown option is a usage error before anything starts.
-        argv.append("--no-such-option-for-the-fuzzer")
+        # Never a success: an unknown option is a usage error before anything starts (right
+        # after the command's name: after a `--` it would be the job's).
+        argv.insert(len(shape.path), "--no-such-option-for-the-fuzzer")
     return argv
 
 

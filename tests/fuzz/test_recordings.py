@@ -164,6 +164,11 @@ FOUND: dict[str, object] = {
     # ls and report printed it as a date: OverflowError / OSError EOVERFLOW from localtime
     "started_at in year 2e9": "UPDATE meta SET value = '67767976233532800' WHERE key = 'started_at'",
     "ended_at NaN": "UPDATE meta SET value = 'NaN' WHERE key = 'ended_at'",
+    # report's process table added None + str (TypeError): rows() refuses NULL where the
+    # record's field is never None
+    "NULL processes.role": "UPDATE processes SET role = NULL",
+    # a schema flipped past UTF-8 (flip 6485 ^ 128): every rule failed apart on table_info
+    "schema type not UTF-8": lambda raw: raw.replace(b"INTEGER", b"\xc9NTEGER", 1),
 }
 
 

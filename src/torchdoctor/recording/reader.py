@@ -23,16 +23,25 @@ as far as it can be, and everything above works on what was read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sqlite3
 import stat
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
+from torchdoctor.recording.compaction import (
+    FOLDINGS,
+    META_POLICY,
+    CompactionPolicy,
+    SummarisedSpan,
+    summarised_spans,
+)
 from torchdoctor.recording.frame import SampleFrame, make_frame
 from torchdoctor.recording.records import ProfileSyncSite, ProfileWindow
 from torchdoctor.recording.salvage import is_damage, salvage
@@ -145,9 +154,14 @@ class Recording:
             for c in spec.columns
             if c.kind != "json" and c.name in columns
         }
+        # NULL where the record's field cannot be None (a process's pid and role): a column
+        # this file lacks (added to the schema later) reads as NULL and is no damage
+        required = _required_fields(spec) & set(columns) & self.stored_columns(spec.name)
         for row in rows:
             for name, types in wanted.items():
                 value = row[name]
+                if value is None and name in required:
+                    raise damaged(self.path, f"{spec.name}.{name} is NULL")
                 if value is not None and not isinstance(value, types):
                     raise damaged(self.path, f"{spec.name}.{name} holds {str(value)[:40]!r}")
 
@@ -288,7 +302,10 @@ class Recording:
         written is missing (:meth:`rows` reads it as NULL; raw SQL must too)."""
         stored = self._stored.get(self._check(table))
         if stored is None:
-            stored = self._stored[table] = stored_columns(self._db, table)
+            try:
+                stored = self._stored[table] = stored_columns(self._db, table)
+            except sqlite3.Error as exc:  # e.g. its schema text is not UTF-8
+                raise damaged(self.path, exc) from None
         return stored
 
     # -- convenience -------------------------------------------------------------------
@@ -342,6 +359,33 @@ class Recording:
             (window_id,),
         )
         return [ProfileSyncSite(*row) for row in rows]
+
+    @functools.cached_property
+    def compaction(self) -> CompactionPolicy | None:
+        """How the writer folded older samples (recording.compaction), or None: every sample
+        kept (``--keep full``, or a recording written before compaction). Folded rows are
+        read like any other: one row per process per bucket, its rates and levels the
+        bucket's means; :meth:`summaries` holds the buckets' extremes."""
+        return CompactionPolicy.from_meta(self.meta.get(META_POLICY))
+
+    def summarised_spans(self) -> list[SummarisedSpan]:
+        """The spans of the run whose samples are folded, oldest first (none when kept
+        full)."""
+        policy = self.compaction
+        if policy is None:
+            return []
+        return summarised_spans(self._db, policy.bucket_s)
+
+    def summaries(self, table: str) -> list[dict[str, Any]]:
+        """The summary rows of a folded sample table (``host_samples``, ``process_samples``,
+        ``gpu_samples``): each bucket's span, samples folded (n) and extremes
+        (``rss_max``...); empty when nothing was folded."""
+        folding = next((f for f in FOLDINGS if f.table == table), None)
+        if folding is None:
+            raise UserError(f"table {table!r} has no summaries")
+        if not self._has_table(folding.summary):
+            return []
+        return [dict(r) for r in self._fetch(f"SELECT * FROM {folding.summary} ORDER BY t_from")]
 
     def _has_table(self, name: str) -> bool:
         return bool(
@@ -483,6 +527,17 @@ class Recording:
         if table not in TABLES:
             raise UserError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
         return table
+
+
+@functools.cache
+def _required_fields(spec: Table) -> frozenset[str]:
+    """The scalar columns of ``spec`` whose record field is never None."""
+    hints = typing.get_type_hints(spec.record)
+    return frozenset(
+        c.name
+        for c in spec.columns
+        if c.kind == "scalar" and type(None) not in typing.get_args(hints.get(c.name, object))
+    )
 
 
 def _time_bounds(t_from: float | None, t_to: float | None) -> tuple[list[str], list[Any]]:
