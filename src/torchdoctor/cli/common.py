@@ -54,6 +54,16 @@ out_option = click.option(
     "the folder is $TORCHDOCTOR_RUNS_DIR, runs_dir in the config, or ./torchdoctor-runs).",
 )
 
+keep_option = click.option(
+    "--keep",
+    type=click.Choice(["compact", "full"]),
+    default="compact",
+    show_default=True,
+    help="compact: samples older than 15 minutes are folded into one row per minute "
+    "(means, with min/max beside; the start-up and the minutes around every event kept "
+    "whole), so a week of a node stays a file of about 150 MB; full: keep every sample.",
+)
+
 
 def _thresholds_setting(ctx: click.Context, param: click.Parameter, value: str | None):
     """Checked now (a bad file fails before anything starts), then handed to every diagnosis

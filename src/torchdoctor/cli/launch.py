@@ -7,6 +7,7 @@ import click
 from torchdoctor.cli.common import (
     check_interval,
     interval_option,
+    keep_option,
     python_option,
     stderr_console,
     thresholds_option,
@@ -43,6 +44,7 @@ from torchdoctor.cli.parsing import WrapperCommand
 @click.option("--force", is_flag=True, help="Start even when the preflight finds an error.")
 @click.option("--quiet", is_flag=True, help="Print nothing of our own (errors aside).")
 @interval_option
+@keep_option
 @thresholds_option
 @python_option
 @click.argument(
@@ -61,6 +63,7 @@ def command(
     force: bool,
     quiet: bool,
     interval: float,
+    keep: str,
     thresholds: str | None,
     python: str | None,
     argv: tuple[str, ...],
@@ -94,6 +97,7 @@ def command(
         list(argv),
         out=out,
         interval=interval,
+        keep=keep,
         force=force,
         python=job_python,
         say=None if quiet else console.print,

@@ -13,6 +13,7 @@ from torchdoctor.cli.common import (
     check_interval,
     interval_option,
     job_name,
+    keep_option,
     out_option,
     profile_steps_env,
     stderr_console,
@@ -31,6 +32,7 @@ from torchdoctor.units import shell_line
     cls=WrapperCommand,
 )
 @interval_option
+@keep_option
 @out_option
 @click.option("--quiet", is_flag=True, help="Print nothing of our own (errors aside).")
 @click.option(
@@ -78,6 +80,7 @@ from torchdoctor.units import shell_line
 def command(
     ctx: click.Context,
     interval: float,
+    keep: str,
     out: str | None,
     quiet: bool,
     no_instrument: bool,
@@ -117,6 +120,7 @@ def command(
         instrument=not no_instrument,
         env=env,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
+        keep=keep,
     )
     try:
         if not quiet or as_json:

@@ -14,8 +14,8 @@ from typing import Any
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.diagnosis.ranks import RankJob
 from torchdoctor.diagnosis.series import Span, nearest, sustained_span
+from torchdoctor.recording.compaction import META_THROUGH
 from torchdoctor.recording.frame import SampleFrame
-from torchdoctor.recording.profiles import WindowProfile, read_profiles
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import StepStats, decode_json, measured_steps
 from torchdoctor.sampling import roles
@@ -130,8 +130,19 @@ class DiagnosisContext:
     def host_samples(self) -> SampleFrame:
         """Host samples taken while the job ran (columns read as the rules ask for them)."""
         return self.recording.frame(
-            "host_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=MAX_INSTANTS
+            "host_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=self.max_instants
         )
+
+    @cached_property
+    def max_instants(self) -> int:
+        """The sampling instants a series is read at. Where the writer folded older samples
+        into one row per bucket, every part of the run is read at that one resolution: the
+        rules count shares of samples, and the recent minutes kept whole would otherwise
+        outweigh the folded days."""
+        policy = self.recording.compaction
+        if policy is None or not self.recording.meta.get(META_THROUGH):
+            return MAX_INSTANTS
+        return max(1, min(MAX_INSTANTS, int(self.duration / policy.bucket_s)))
 
     def host_series(self, column: str) -> list[tuple[float, float]]:
         return self.host_samples.series(column)
@@ -144,7 +155,7 @@ class DiagnosisContext:
 
     @cached_property
     def process_samples(self) -> SampleFrame:
-        return self.recording.frame("process_samples", max_instants=MAX_INSTANTS)
+        return self.recording.frame("process_samples", max_instants=self.max_instants)
 
     @cached_property
     def samples_by_pid(self) -> dict[int, SampleFrame]:
@@ -260,12 +271,6 @@ class DiagnosisContext:
         ``MIN_STEADY_STEPS`` steady steps carry it, too few for a verdict on steps."""
         return self.verdict_ready(self.recording.step_stats())
 
-    @cached_property
-    def profiles(self) -> list[WindowProfile]:
-        """The profiled windows whose trace was parsed into steps (rules on profiles read
-        these; [] for a recording without a window)."""
-        return [w for w in read_profiles(self.recording) if w.trace is not None and w.judged]
-
     @staticmethod
     def verdict_ready(stats: StepStats | None) -> StepStats | None:
         """``stats`` when enough steady steps carry a verdict, else None."""
@@ -322,7 +327,7 @@ class DiagnosisContext:
     def gpu_samples(self) -> dict[int, SampleFrame]:
         """Each GPU's samples taken while the job ran, by GPU index."""
         frame = self.recording.frame(
-            "gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=MAX_INSTANTS
+            "gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=self.max_instants
         )
         return frame.group_by("index")
 

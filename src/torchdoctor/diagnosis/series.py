@@ -35,9 +35,11 @@ def sustained_span(
         return None
     series = sorted(series)
     total = series[-1][0] - series[0][0]
-    window = min(thresholds.sustained_s, total)
     gaps = sorted(b[0] - a[0] for a, b in zip(series, series[1:], strict=False))
     slack = gaps[len(gaps) // 2]  # one sampling interval: windows never line up exactly
+    # A series read at a coarse resolution (a week thinned, minutes folded into one row
+    # each) holds fewer than 3 samples in sustained_s: the window then spans 3 of them.
+    window = min(max(thresholds.sustained_s, 2 * slack), total)
     beyond = [(v > limit) if above else (v < limit) for _, v in series]
     spans: list[tuple[int, int]] = []
     j = 0

@@ -42,6 +42,7 @@ def launch_node(
     force: bool = False,
     python: JobPython | None = None,
     say: Callable[[str], None] | None = None,
+    keep: str = "compact",
 ) -> NodeResult:
     """Plan and preflight the launch of ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``),
     then run torchrun recorded into a new file in ``out``; torchrun's status and the file.
@@ -104,6 +105,7 @@ def launch_node(
             env=plan.env,
             mode="launch",
             meta={"launch": launch_meta(plan, report, started)},
+            keep=keep,
         )
     if not any(fr_dir.iterdir()):
         fr_dir.rmdir()  # no rank dumped its flight recorder

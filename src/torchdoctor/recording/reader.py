@@ -35,6 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
+from torchdoctor.recording.compaction import (
+    FOLDINGS,
+    META_POLICY,
+    CompactionPolicy,
+    SummarisedSpan,
+    summarised_spans,
+)
 from torchdoctor.recording.frame import SampleFrame, make_frame
 from torchdoctor.recording.records import ProfileSyncSite, ProfileWindow
 from torchdoctor.recording.salvage import is_damage, salvage
@@ -352,6 +359,33 @@ class Recording:
             (window_id,),
         )
         return [ProfileSyncSite(*row) for row in rows]
+
+    @functools.cached_property
+    def compaction(self) -> CompactionPolicy | None:
+        """How the writer folded older samples (recording.compaction), or None: every sample
+        kept (``--keep full``, or a recording written before compaction). Folded rows are
+        read like any other: one row per process per bucket, its rates and levels the
+        bucket's means; :meth:`summaries` holds the buckets' extremes."""
+        return CompactionPolicy.from_meta(self.meta.get(META_POLICY))
+
+    def summarised_spans(self) -> list[SummarisedSpan]:
+        """The spans of the run whose samples are folded, oldest first (none when kept
+        full)."""
+        policy = self.compaction
+        if policy is None:
+            return []
+        return summarised_spans(self._db, policy.bucket_s)
+
+    def summaries(self, table: str) -> list[dict[str, Any]]:
+        """The summary rows of a folded sample table (``host_samples``, ``process_samples``,
+        ``gpu_samples``): each bucket's span, samples folded (n) and extremes
+        (``rss_max``...); empty when nothing was folded."""
+        folding = next((f for f in FOLDINGS if f.table == table), None)
+        if folding is None:
+            raise UserError(f"table {table!r} has no summaries")
+        if not self._has_table(folding.summary):
+            return []
+        return [dict(r) for r in self._fetch(f"SELECT * FROM {folding.summary} ORDER BY t_from")]
 
     def _has_table(self, name: str) -> bool:
         return bool(

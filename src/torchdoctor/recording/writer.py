@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording.compaction import META_POLICY, CompactionPolicy, compact, create_tables
 from torchdoctor.recording.paths import claim_recording_file
 from torchdoctor.recording.records import (
     DataLoaderRecord,
@@ -88,8 +89,13 @@ class RecordingWriter:
         flush_every_s: float = 1.0,
         checkpoint_every_s: float = CHECKPOINT_EVERY_S,
         on_stop: Callable[[str], None] | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.path = Path(path)
+        # None keeps every sample (--keep full); else older samples are folded as written.
+        self.compaction = compaction
+        self._latest_t: float | None = None  # the newest sample time handed over
+        self._compact_at: float | None = None  # the sample time of the next folding pass
         self.flush_every_s = flush_every_s
         self.checkpoint_every_s = checkpoint_every_s
         self.stopped: str | None = None  # why writing stopped (the line that was said)
@@ -127,14 +133,18 @@ class RecordingWriter:
                     self._db.execute(stmt)
             for stmt in PROFILE_TABLES_SQL:
                 self._db.execute(stmt)
+            if compaction is not None:
+                create_tables(self._db)
             self._set_meta_locked(
                 {
                     "schema_version": SCHEMA_VERSION,
                     "writer": writer_identity(),
                     "checkpoint_every_s": checkpoint_every_s,
+                    **({META_POLICY: compaction.to_meta()} if compaction is not None else {}),
                     **meta,
                 }
             )
+            self._started_at = _number(meta.get("started_at"))
             self._db.execute("COMMIT")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -158,6 +168,8 @@ class RecordingWriter:
                 return
             if snap.host is not None:
                 self._pending["host_samples"].append(to_row(TABLES["host_samples"], snap.host))
+            if isinstance(snap.t, int | float):
+                self._latest_t = snap.t
             for rows, table in (
                 (snap.new_processes, "processes"),
                 (snap.processes, "process_samples"),
@@ -266,6 +278,7 @@ class RecordingWriter:
                 self._write_locked(self._insert_pending_locked)
                 for rows in self._pending.values():
                     rows.clear()
+                self._maybe_compact_locked()
             if (
                 not self.stopped
                 and self._last_flush - self._last_checkpoint >= self.checkpoint_every_s
@@ -276,6 +289,27 @@ class RecordingWriter:
                     self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error as exc:
                     self._stop_locked(exc)
+
+    def _maybe_compact_locked(self) -> None:
+        """Fold the samples that left the recent window, at most once per bucket of sample
+        time, in a transaction of its own (recording.compaction: a copy taken at any moment
+        holds the rows before the pass or after it, never half)."""
+        policy, latest, started = self.compaction, self._latest_t, self._started_at
+        if policy is None or latest is None or started is None or self.stopped:
+            return
+        if self._compact_at is not None and latest < self._compact_at:
+            return
+        self._compact_at = latest + policy.bucket_s
+        try:
+            self._write_locked(lambda: compact(self._db, policy, started, latest))
+        except Exception as exc:  # noqa: BLE001 - a folding bug must not stop the recording
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            self.compaction = None  # every later sample is kept: more bytes, nothing lost
+            self._on_stop(
+                f"torchdoctor: stopped folding older samples ({type(exc).__name__}: {exc});"
+                " the recording keeps every sample from here on"
+            )
 
     def _insert_pending_locked(self) -> None:
         for name, rows in self._pending.items():
@@ -360,6 +394,10 @@ class RecordingWriter:
                 pass  # another reader holds the WAL open, or no space: the data is committed
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _print_stderr(message: str) -> None:

@@ -111,6 +111,7 @@ class RecordingSession:
         sample_gpus: bool = True,
         meta: dict[str, Any] | None = None,
         writer: Callable[[Path, dict], RecordingWriter] = RecordingWriter,
+        keep: str = "compact",
     ) -> None:
         from torchdoctor.sampling.hostinfo import read_host_info
 
@@ -134,7 +135,14 @@ class RecordingSession:
             instrumented=instrumented,
         )
         full.update(meta or {})
-        self.writer = writer(path, full)
+        if writer is RecordingWriter and keep == "compact":
+            # Older samples folded as written (recording.compaction): a week of a node stays
+            # a file one can copy. Other writers (tune's trials) are short and keep all.
+            from torchdoctor.recording.compaction import CompactionPolicy
+
+            self.writer = RecordingWriter(path, full, compaction=CompactionPolicy())
+        else:
+            self.writer = writer(path, full)
         self.recorder: Recorder | None = None
         self.memory: MemoryWatch | None = None
         self.collector = None
@@ -288,6 +296,7 @@ def record_command(
     start_outputs: Callable[[], Any] | None = None,
     meta: dict[str, Any] | None = None,
     memory_cgroup: MemoryCgroup | None = None,
+    keep: str = "compact",
 ) -> int:
     """Start the command, sample it until it exits, close the recording; its exit status.
 
@@ -297,6 +306,8 @@ def record_command(
     :meth:`RecordingSession.start_outputs`'. A failing hook is reported and does not stop the
     recording. ``meta`` is added to the recording's metadata (``launch`` keeps its plan there).
     ``memory_cgroup``: the command is placed in it as soon as it runs (the queue's ``--mem``).
+    ``keep``: "compact" folds older samples as written (recording.compaction), "full" keeps
+    every one.
     """
     held = hold_signals()  # before any thread starts, so no thread swallows a Ctrl-C
     try:
@@ -309,6 +320,7 @@ def record_command(
             env=env,
             instrumented=instrument,
             meta=meta,
+            keep=keep,
         )
         env = session.wire_agent(env)
         if start_outputs is not None:
