@@ -39,7 +39,12 @@ class Scenario:
     nccl_us: float = 0.0  # an all-reduce per step on its own stream
     nccl_overlapped: bool = False  # launched at mid-step (overlaps compute) or at the end
     op_name: str = "aten::mul"
-    kernel_name: str = "void at::native::vectorized_elementwise_kernel<4>(...)"
+    kernel_names: tuple[str, ...] = (
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8_stage3_warpsize2x2x1",
+        "void at::native::vectorized_elementwise_kernel<4>(...)",
+        "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512>(...)",
+        "void at::native::reduce_kernel<512, 1>(...)",
+    )  # cycled with kernel_us
     dtype: str = "float"
     dims: list[Any] = field(default_factory=lambda: [[256, 256], [256, 256]])
 
@@ -182,7 +187,8 @@ class GpuModel:
         for i in range(sc.kernels_per_step):
             if sc.nccl_us and sc.nccl_overlapped and i == sc.kernels_per_step // 2:
                 self.nccl(sc)
-            self.launch(sc, "kernel", sc.kernel_name, sc.kernel_us[i % len(sc.kernel_us)])
+            name = sc.kernel_names[i % len(sc.kernel_names)]
+            self.launch(sc, "kernel", name, sc.kernel_us[i % len(sc.kernel_us)])
         if sc.nccl_us and not sc.nccl_overlapped:
             self.nccl(sc)
         # The optimizer's kernels wait for the reduced gradients.
@@ -223,3 +229,24 @@ def gpu_events(path: Path) -> list[dict[str, Any]]:
     """Every event of a (small) trace, for the brute-force oracle of the tests."""
     with gzip.open(path, "rt") as f:
         return json.load(f)["traceEvents"]
+
+
+def profiled_recording(
+    path: Path, trace: Path, steps: tuple[int, int], sites: list[tuple] = ()
+) -> Path:
+    """A recording holding one profile window over ``trace`` (as part A's recorder writes it:
+    the window row, its sync sites ``(op, file, line, function, count, total_s)``), parsed by
+    ingest_window."""
+    from torchdoctor.recording.profiles import ingest_window
+    from torchdoctor.recording.records import ProfileSyncSite, ProfileWindow
+    from torchdoctor.recording.writer import RecordingWriter
+
+    writer = RecordingWriter(path, {"command": ["python", "train.py"]})
+    first, last = steps
+    window = ProfileWindow(
+        0, 0, 4242, first, last, first - 1, 0.0, 1.0, str(trace), 1, "done", None
+    )
+    window_id = writer.add_profile_window(window, [ProfileSyncSite(0, *s) for s in sites])
+    ingest_window(writer, window_id, str(trace))
+    writer.close()
+    return path

@@ -16,6 +16,7 @@ from torchdoctor.diagnosis.ranks import RankJob
 from torchdoctor.diagnosis.series import Span, nearest, sustained_span
 from torchdoctor.recording.compaction import META_THROUGH
 from torchdoctor.recording.frame import SampleFrame
+from torchdoctor.recording.profiles import WindowProfile, read_profiles
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.steps import StepStats, decode_json, measured_steps
 from torchdoctor.sampling import roles
@@ -270,6 +271,12 @@ class DiagnosisContext:
         """The recording's step summary (the one ``show`` prints); None when fewer than
         ``MIN_STEADY_STEPS`` steady steps carry it, too few for a verdict on steps."""
         return self.verdict_ready(self.recording.step_stats())
+
+    @cached_property
+    def profiles(self) -> list[WindowProfile]:
+        """The profiled windows whose trace was parsed into steps (rules on profiles read
+        these; [] for a recording without a window)."""
+        return [w for w in read_profiles(self.recording) if w.trace is not None and w.judged]
 
     @staticmethod
     def verdict_ready(stats: StepStats | None) -> StepStats | None:

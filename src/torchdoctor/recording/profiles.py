@@ -82,6 +82,7 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 # (AdamW: 20 of 23 item() calls in a 5-step window), and a Dataset's augmentations read CPU
 # scalars in the DataLoader's __next__: inside these annotations an item() is not a sync of
 # the user's training step.
+_DATA = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
 _NOT_USER_SYNC = (
     "Optimizer.step#",
     "Optimizer.zero_grad#",
@@ -101,7 +102,8 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("t_start", "REAL"),  # UNIX seconds (the trace's baseTimeNanoseconds + ts)
     ("dur_s", "REAL"),  # the ProfilerStep span
     ("ops_s", "REAL"),  # self time of CPU ops
-    ("python_s", "REAL"),  # in the step but in no top-level op or runtime call
+    ("python_s", "REAL"),  # in the step but in no top-level op, runtime call or data loading
+    ("data_s", "REAL"),  # in the DataLoader's __next__ (its ops are not counted as ops)
     ("runtime_s", "REAL"),  # CUDA runtime calls (launches, syncs) outside ops' self time
     ("op_count", "INTEGER"),
     ("tiny_op_count", "INTEGER"),  # top-level ops under 20 us
@@ -340,6 +342,7 @@ class _Step:
     ops_us: float = 0.0
     runtime_us: float = 0.0
     covered_us: float = 0.0
+    data_us: float = 0.0
     cover_end: float = 0.0
     op_count: int = 0
     tiny_ops: int = 0
@@ -377,6 +380,7 @@ class _Frame:
     sync: bool = False  # this frame or one around it is a counted sync op
     copy: bool = False
     comm: bool = False
+    data: bool = False  # inside the DataLoader's __next__: the data's time, not the model's
 
 
 @dataclass
@@ -535,6 +539,10 @@ class _Analyzer:
             while notes and notes[-1][0] <= ts:
                 notes.pop()
             notes.append((end, name))
+            step = self.step_at(ts)
+            if step is not None and name.startswith(_DATA):
+                step.data_us += min(end, step.end) - ts
+                self._cover(step, ts, end)
             return
         stack = self.stacks.setdefault(tid, [])
         while stack and stack[-1].end <= ts:
@@ -546,20 +554,24 @@ class _Analyzer:
         if parent is not None:
             parent.child += dur
             frame.sync, frame.copy, frame.comm = parent.sync, parent.copy, parent.comm
-        elif step is not None:
-            # Top level on its thread: it covers time that is not Python between ops.
-            lo, hi = max(ts, step.cover_end, step.start), min(end, step.end)
-            if hi > lo:
-                step.covered_us += hi - lo
-            step.cover_end = max(step.cover_end, min(end, step.end))
-            if kind == 0 and dur < 20.0:
-                step.tiny_ops += 1
+            frame.data = parent.data
+        else:
+            frame.data = self._inside(tid, ts, _DATA)
+            if step is not None:
+                # Top level on its thread: it covers time that is not Python between ops.
+                self._cover(step, ts, end)
+                if kind == 0 and dur < 20.0 and not frame.data:
+                    step.tiny_ops += 1
         if step is not None:
             if kind == 1 and name in SYNC_RUNTIME:
                 step.rt_syncs += 1
                 step.rt_sync_us += dur
             elif kind == 0:
-                if not frame.sync and name in SYNC_OPS and not self._in_optimizer(tid, ts):
+                if (
+                    not frame.sync
+                    and name in SYNC_OPS
+                    and not self._inside(tid, ts, _NOT_USER_SYNC)
+                ):
                     frame.sync = True
                     step.cpu_syncs += 1
                     step.cpu_sync_us += dur
@@ -571,11 +583,17 @@ class _Analyzer:
                     step.comm_us += dur
         stack.append(frame)
 
-    def _in_optimizer(self, tid: Any, ts: float) -> bool:
+    def _inside(self, tid: Any, ts: float, prefixes: tuple[str, ...]) -> bool:
         return any(
-            end > ts and name.startswith(_NOT_USER_SYNC)
-            for end, name in self.annotations.get(tid, ())
+            end > ts and name.startswith(prefixes) for end, name in self.annotations.get(tid, ())
         )
+
+    @staticmethod
+    def _cover(step: _Step, ts: float, end: float) -> None:
+        lo, hi = max(ts, step.cover_end, step.start), min(end, step.end)
+        if hi > lo:
+            step.covered_us += hi - lo
+        step.cover_end = max(step.cover_end, min(end, step.end))
 
     def _close(self, frame: _Frame, stack: list[_Frame]) -> None:
         step = frame.step
@@ -584,6 +602,8 @@ class _Analyzer:
         self_us = max(0.0, frame.dur - frame.child)
         if frame.kind == 1:
             step.runtime_us += self_us
+            return
+        if frame.data:
             return
         step.ops_us += self_us
         step.op_count += 1
@@ -751,6 +771,7 @@ def _step_row(window_id: int, s: _Step, base_s: float, gpu: bool) -> tuple:
         dur * us,
         s.ops_us * us,
         max(0.0, dur - s.covered_us) * us,
+        s.data_us * us,
         s.runtime_us * us,
         s.op_count,
         s.tiny_ops,
