@@ -48,18 +48,6 @@ class Thresholds:
     profile_tiny_ops_per_step: float = 1000.0  # CPU: top-level ops under 20 us per step
     profile_memcpy_alert_pct: float = 15.0  # host-to-device copies above this share of the step
     profile_comm_exposed_alert_pct: float = 10.0  # communication no compute overlaps, of the step
-    # Profiled windows (run --profile-steps): shares of a profiled step, from the anchors of
-    # shared/reference/profiler.md section 6.2.
-    profile_sync_alert_pct: float = 10.0  # syncs' wait above this share of the step: warning
-    profile_hot_op_pct: float = 50.0  # one op (one shape, one dtype) above this share: op-bound
-    profile_ops_cover_pct: float = 80.0  # op-bound names the ops making up this share
-    profile_gpu_idle_alert_pct: float = 20.0  # GPU idle above this share of its span
-    profile_launch_wait_pct: float = 50.0  # kernel wait (or short kernels) above this share
-    profile_gpu_saturated_pct: float = 90.0  # GPU busy above this: a deep queue, never launch-bound
-    profile_python_alert_pct: float = 50.0  # CPU: between ops and in tiny ops above this share
-    profile_tiny_ops_per_step: float = 1000.0  # CPU: top-level ops under 20 us per step
-    profile_memcpy_alert_pct: float = 15.0  # host-to-device copies above this share of the step
-    profile_comm_exposed_alert_pct: float = 10.0  # communication no compute overlaps, of the step
     # Per-rank batch below which plain BatchNorm under DDP is flagged: BN's error "increases
     # rapidly when the batch size becomes smaller" (Wu & He, Group Normalization, ECCV 2018).
     batchnorm_min_batch_per_rank: float = 16.0
@@ -118,7 +106,6 @@ RANGES: dict[str, tuple[float, float, bool, str]] = {
     "swap_alert_bytes_per_s": _NON_NEGATIVE,
     "swap_best_bytes_per_s": _NON_NEGATIVE,
     "leak_min_growth_bytes": _NON_NEGATIVE,
-    "profile_tiny_ops_per_step": _NON_NEGATIVE,
     "profile_tiny_ops_per_step": _NON_NEGATIVE,
     "batchnorm_min_batch_per_rank": _NON_NEGATIVE,
     "sustained_s": (0.0, math.inf, False, "seconds above 0"),
