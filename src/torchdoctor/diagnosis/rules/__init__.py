@@ -36,13 +36,6 @@ RULE_MODULES: tuple[str, ...] = (
     "python_overhead",
     "memcpy_bound",
     "comm_exposed",
-    # profiled windows (run --profile-steps): silent without one
-    "sync_points",
-    "op_bound",
-    "launch_bound",
-    "python_overhead",
-    "memcpy_bound",
-    "comm_exposed",
     "short_recording",
     # distributed: compare the ranks of a job (SCOPE = "job": run once over every node)
     "rank_straggler",
