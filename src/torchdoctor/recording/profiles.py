@@ -983,3 +983,50 @@ def read_profiles(recording: Any) -> list[WindowProfile]:
             )
         )
     return out
+
+
+# What a profiled step is made of, each part apart from the others (their sum is the step):
+# CPU ops' self time, CUDA runtime calls, the DataLoader's __next__, Python between them.
+STEP_PARTS = (
+    ("ops", "ops_s"),
+    ("runtime", "runtime_s"),
+    ("data", "data_s"),
+    ("Python", "python_s"),
+)
+# Parts of the above counted again by what they do (inclusive of nested ops).
+STEP_KINDS = (("syncs", "sync_s"), ("copies", "copy_s"), ("communication", "comm_s"))
+# The GPU's time in the step: busy, and HTA's three kinds of idle.
+GPU_PARTS = (
+    ("busy", "gpu_busy_s"),
+    ("host wait", "idle_host_s"),
+    ("kernel wait", "idle_kernel_s"),
+    ("other idle", "idle_other_s"),
+)
+
+
+def window_summary(w: WindowProfile) -> dict[str, Any]:
+    """One window in plain figures (``show --json``'s ``profiles`` items): where it is, its
+    state, and the mean per judged step of each part of the step."""
+    step_s = w.mean("dur_s")
+    out: dict[str, Any] = {
+        "id": w.id,
+        "rank": w.window.get("rank"),
+        "first_step": w.window.get("first_step"),
+        "last_step": w.window.get("last_step"),
+        "state": w.window.get("state"),
+        "reason": w.window.get("reason"),
+        "trace_path": w.window.get("trace_path"),
+        "steps_parsed": len(w.steps),
+        "steps_judged": len(w.judged),
+        "gpu": w.gpu,
+        "mean_step_s": step_s,
+        "syncs_per_step": w.mean("sync_count"),
+        "ops_per_step": w.mean("op_count"),
+        "parts_s": {name: w.mean(col) for name, col in STEP_PARTS + STEP_KINDS},
+        "gpu_s": {name: w.mean(col) for name, col in GPU_PARTS} if w.gpu else None,
+        "top_ops": [
+            {k: op[k] for k in ("name", "input_dims", "input_types", "count", "self_s")}
+            for op in w.ops[:5]
+        ],
+    }
+    return out
