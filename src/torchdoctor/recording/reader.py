@@ -374,13 +374,12 @@ class Recording:
         policy = self.compaction
         if policy is None:
             return []
-        return summarised_spans(self._db, policy)
+        return summarised_spans(self._db, policy.bucket_s)
 
     def summaries(self, table: str) -> list[dict[str, Any]]:
         """The summary rows of a folded sample table (``host_samples``, ``process_samples``,
-        ``gpu_samples``): per summary period (``summary_s``) and process (GPU), the span
-        folded, the samples folded (n) and the extremes (``rss_max``...); empty when nothing
-        was folded."""
+        ``gpu_samples``): each bucket's span, samples folded (n) and extremes
+        (``rss_max``...); empty when nothing was folded."""
         folding = next((f for f in FOLDINGS if f.table == table), None)
         if folding is None:
             raise UserError(f"table {table!r} has no summaries")

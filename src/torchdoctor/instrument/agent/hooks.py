@@ -10,6 +10,8 @@
   (:class:`BackwardPatch`);
 - ``autocast.__enter__`` and ``GradScaler.scale`` (was AMP really on in the step);
 - ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
+- ``no_grad``/``inference_mode`` ``__enter__``/``__exit__`` (evaluation without a DataLoader:
+  see :mod:`.eval_forward`);
 - ``nn.DataParallel.__init__`` (a ``data-parallel`` event: see :mod:`.pitfalls`);
 - the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import sys
 
-from . import compiled, pitfalls, settings
+from . import compiled, eval_forward, pitfalls, settings
 from .contract import FLUSH_INTERVAL_NS, RANK, WORKER, perf_ns
 from .cuda import CudaMemory
 from .loaders import Loaders
@@ -137,6 +139,7 @@ def install(agent, torch) -> None:
     if scaler_cls is not None and "scale" in scaler_cls.__dict__:
         patch(scaler_cls, "scale", _scaler_scale(agent, counter, scaler_cls.scale))
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
+    eval_forward.install(agent, torch, counter, guard)  # evaluation without a DataLoader
     pitfalls.install_data_parallel(agent, torch, guard)
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(step_hook)
     counter.backward_patch.install()

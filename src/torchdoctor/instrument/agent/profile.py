@@ -397,9 +397,6 @@ class RequestWatch:
         self.folder = folder
         self.seen_mtime: int | None = None
         self.done_ids: set[str] = set()
-        # A request older than this process was for the processes before it (a restarted
-        # rank must not arm a window meant for the steps of its predecessor).
-        self.since = now()
 
     def poll(self, agent) -> None:
         try:
@@ -416,10 +413,9 @@ class RequestWatch:
                 request = json.load(fh)
             request_id = str(request["id"])
             first, last = int(request["first_step"]), int(request["last_step"])
-            asked_at = float(request.get("requested_at") or 0.0)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return  # not a request of ours: the next one replaces it
-        if request_id in self.done_ids or asked_at < self.since:
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # half written (it is renamed into place) or not ours: the next flush
+        if request_id in self.done_ids:
             return
         self.done_ids.add(request_id)
         if agent.profile is not None:
