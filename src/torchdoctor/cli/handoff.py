@@ -328,6 +328,8 @@ def status_command(job: str, address: str | None, wait_s: float | None, as_json:
         console = make_console(soft_wrap=True)
         exit_text = "" if s.driver_exit_code is None else f", driver exit {s.driver_exit_code}"
         console.print(f"ray:{s.submission_id}: {s.status}{exit_text}")
+        if s.failing_rank:
+            console.print(f"failed first: {s.failing_rank}")
         if s.error_type or s.message:
             console.print(f"message: {s.error_type or ''} {(s.message or '').splitlines()[0]}")
         if s.start_time and s.end_time:

@@ -33,6 +33,7 @@ from torchdoctor.units import fmt_bytes
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 EXTRA = "pip install 'torchdoctor[ray]'"
 METADATA_RECORDINGS = "torchdoctor_recordings"
+METADATA_ASKED = "torchdoctor_asked_"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Ray's submission ids become file names in its logs folder: keep them plain.
@@ -52,12 +53,24 @@ class RaySpec:
     recordings: Path
     comments: list[str] = field(default_factory=list)  # each figure and its source
 
+    def metadata(self) -> dict[str, str]:
+        """Ray keeps a job's metadata (text only) but does not report its entrypoint
+        resources back: what was asked is kept here for `handoff status`."""
+        meta = {
+            METADATA_RECORDINGS: str(self.recordings),
+            METADATA_ASKED + "cpus": f"{self.num_cpus:g}",
+            METADATA_ASKED + "gpus": f"{self.num_gpus:g}",
+        }
+        if self.memory is not None:
+            meta[METADATA_ASKED + "memory"] = str(self.memory)
+        return meta
+
     def submit_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "entrypoint": shlex.join(self.entrypoint),
             "submission_id": self.submission_id,
             "runtime_env": {"env_vars": dict(self.env_vars)},
-            "metadata": {METADATA_RECORDINGS: str(self.recordings)},
+            "metadata": self.metadata(),
             "entrypoint_num_cpus": self.num_cpus,
             "entrypoint_num_gpus": self.num_gpus,
         }
@@ -190,7 +203,7 @@ def render_ray(spec: RaySpec, address: str, source: str, notes: list[str]) -> st
         "--runtime-env-json",
         json.dumps({"env_vars": spec.env_vars}, sort_keys=True),
         "--metadata-json",
-        json.dumps({METADATA_RECORDINGS: str(spec.recordings)}),
+        json.dumps(spec.metadata(), sort_keys=True),
         "--",
         shlex.join(spec.entrypoint),
     ]
@@ -235,6 +248,7 @@ class RayJobState:
     entrypoint_num_gpus: float | None
     entrypoint_memory: int | None
     recordings: str | None  # the folder the job's recordings go to
+    failing_rank: str | None = None  # torchrun's root cause, from the job's log, once FAILED
 
 
 def job_state(address: str, submission_id: str) -> RayJobState:
@@ -245,23 +259,59 @@ def job_state(address: str, submission_id: str) -> RayJobState:
     except RuntimeError as exc:
         raise UserError(f"ray:{submission_id}: {str(exc).splitlines()[0]}") from None
     metadata = info.metadata or {}
+    status = str(getattr(info.status, "value", info.status))
+    failing = None
+    if status == "FAILED":
+        try:
+            failing = failing_rank(client.get_job_logs(submission_id))
+        except RuntimeError:
+            failing = None  # the log is gone (the cluster was restarted): the state still says
 
     def seconds(ms: int | None) -> float | None:
         return None if not ms else ms / 1000.0
 
     return RayJobState(
         submission_id=submission_id,
-        status=str(getattr(info.status, "value", info.status)),
+        status=status,
         driver_exit_code=info.driver_exit_code,
         error_type=getattr(info, "error_type", None),
         message=info.message,
         start_time=seconds(info.start_time),
         end_time=seconds(info.end_time),
-        entrypoint_num_cpus=info.entrypoint_num_cpus,
-        entrypoint_num_gpus=info.entrypoint_num_gpus,
-        entrypoint_memory=info.entrypoint_memory,
+        entrypoint_num_cpus=_number(metadata.get(METADATA_ASKED + "cpus")),
+        entrypoint_num_gpus=_number(metadata.get(METADATA_ASKED + "gpus")),
+        entrypoint_memory=_whole(metadata.get(METADATA_ASKED + "memory")),
         recordings=metadata.get(METADATA_RECORDINGS),
+        failing_rank=failing,
     )
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\)"
+    r".*?exitcode\s*:\s*(-?\d+)",
+    re.S,
+)
+
+
+def failing_rank(log: str) -> str | None:
+    """The rank torchrun names as the root cause of a failed job ("rank 1 (local rank 1),
+    exit 1"), from the error summary it prints; None when the log has none."""
+    m = _ROOT_CAUSE.search(log)
+    if not m:
+        return None
+    return f"rank {m[1]} (local rank {m[2]}), exit {m[3]}"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+def _whole(text: str | None) -> int | None:
+    value = _number(text)
+    return None if value is None else int(value)
 
 
 def wait(address: str, submission_id: str, timeout_s: float, poll_s: float = 1.0) -> RayJobState:
