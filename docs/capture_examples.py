@@ -224,6 +224,25 @@ def ex_sbatch() -> str:
     return run(["torchdoctor", "sbatch", "--from", _recording(), "--", *TRAIN])
 
 
+def ex_handoff() -> str:
+    """A TrainJob manifest sized from the example's recording (no cluster is needed to write
+    one; every manifest is checked against the published API models)."""
+    return run(
+        [
+            "torchdoctor",
+            "handoff",
+            "--to",
+            "trainjob",
+            "--from",
+            _recording(),
+            "--image",
+            "registry.example.com/team/train:1.0",
+            "--",
+            *TRAIN,
+        ]
+    )
+
+
 def ex_slurm() -> str | None:
     """`slurm status` reads a job a Slurm cluster ran: none is captured on a machine without
     one (the tests start a one-node cluster of their own; see tests/slurm/)."""
@@ -272,6 +291,7 @@ EXAMPLES: dict[str, Callable[[], str | None]] = {
     "launch": ex_launch,
     "sbatch": ex_sbatch,
     "slurm": ex_slurm,
+    "handoff": ex_handoff,
     "exporter": ex_exporter,
 }
 _done: set[str] = set()
