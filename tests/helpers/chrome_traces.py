@@ -62,13 +62,16 @@ class TraceFile:
         self.f.write(f',\n  "baseTimeNanoseconds": {BASE_NS},\n  "traceEvents": [\n')
         self.first = True
         self.count = 0
+        self.chars = 0  # of JSON text written: the trace's size uncompressed
 
     def event(self, ev: dict[str, Any]) -> None:
+        text = json.dumps(ev, indent=2)
         if not self.first:
-            self.f.write(",\n")
+            text = ",\n" + text
         self.first = False
-        self.f.write(json.dumps(ev, indent=2))
+        self.f.write(text)
         self.count += 1
+        self.chars += len(text)
 
     def close(self) -> None:
         self.f.write('\n  ],\n  "traceName": "synthetic"\n}\n')

@@ -78,6 +78,8 @@ _COMM_KERNEL = re.compile(r"^nccl|ncclKernel|^ncclDevKernel|^hccl|^rccl", re.I)
 _MEMORY_KERNEL = re.compile(r"^(hip)?Memcpy|^(hip)?Memset|^dma", re.I)
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_WANTED = GPU_CATS | {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
+_NUMBER = (int, float)
 # The optimizer's step counter lives on the CPU and is read with .item() on every step
 # (AdamW: 20 of 23 item() calls in a 5-step window), and a Dataset's augmentations read CPU
 # scalars in the DataLoader's __next__: inside these annotations an item() is not a sync of
@@ -440,6 +442,7 @@ class _Analyzer:
         self.ops: dict[Any, list[float]] = {}  # key -> [count, self, total]
         self.kernels: dict[str, list[Any]] = {}  # name -> [kind, count, total, max]
         self.names: dict[str, str] = {}  # interned names: one str per distinct op
+        self.classes: dict[str, tuple[bool, bool, bool]] = {}  # name -> (sync, copy, comm)
         self.seen_steps: dict[int, tuple[float, float]] = {}
         self.events = 0
         self.gpu = False
@@ -460,19 +463,18 @@ class _Analyzer:
 
     # -- reading -----------------------------------------------------------------------
     def feed(self, event: Any) -> None:
+        # Per event, the hot path of a parse: plain lookups, no helper calls where avoidable.
         if type(event) is not dict or event.get("ph") != "X":
             return
         self.events += 1
         cat = event.get("cat")
-        if cat == "python_function" or cat == "Trace":
-            return  # most of a traced-with-stack file (HTA PR #110); nothing we use
-        span = _span(event)
-        if span is None:
+        if cat not in _WANTED:
+            return  # python_function is most of a traced-with-stack file (HTA PR #110)
+        ts, dur, name = event.get("ts"), event.get("dur"), event.get("name")
+        if type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0 or type(name) is not str:
             return
-        ts, end = span
-        name = event.get("name")
-        if not isinstance(name, str):
-            return
+        ts = float(ts)
+        end = ts + dur
         name = self.names.setdefault(name, name) if len(self.names) < 100_000 else name
         args = event.get("args")
         if type(args) is not dict:
@@ -481,7 +483,16 @@ class _Analyzer:
         if cat in GPU_CATS:
             self.gpu = True
             corr = args.get("correlation")
-            entry = (ts, self.seq, end, name, cat, corr if type(corr) is int else None, args)
+            nbytes = args.get("bytes") if cat == "gpu_memcpy" else None
+            entry = (
+                ts,
+                self.seq,
+                end,
+                name,
+                cat,
+                corr if type(corr) is int else None,
+                nbytes if type(nbytes) is int and nbytes >= 0 else 0,
+            )
             heapq.heappush(self.gpu_heap, entry)
             if len(self.gpu_heap) > REORDER_EVENTS:
                 self._gpu_event(*heapq.heappop(self.gpu_heap))
@@ -503,7 +514,12 @@ class _Analyzer:
         key = None
         if kind == 0:
             dims, types = args.get("Input Dims"), args.get("Input type")
-            key = (name, repr(dims) if dims is not None else None, _types_key(types))
+            dims_key = None if dims is None else repr(dims)
+            try:
+                key = (name, dims_key, tuple(types) if type(types) is list else None)
+                hash(key)
+            except TypeError:  # a list among the dtypes: not what a profiler writes
+                key = (name, dims_key, None)
         # Longest first at equal start: a parent before its child.
         heapq.heappush(self.cpu_heap, (ts, -end, self.seq, end, name, kind, event.get("tid"), key))
         if len(self.cpu_heap) > REORDER_EVENTS:
@@ -567,21 +583,26 @@ class _Analyzer:
                 step.rt_syncs += 1
                 step.rt_sync_us += dur
             elif kind == 0:
-                if (
-                    not frame.sync
-                    and name in SYNC_OPS
-                    and not self._inside(tid, ts, _NOT_USER_SYNC)
-                ):
+                is_sync, is_copy, is_comm = self._classes(name)
+                if not frame.sync and is_sync and not self._inside(tid, ts, _NOT_USER_SYNC):
                     frame.sync = True
                     step.cpu_syncs += 1
                     step.cpu_sync_us += dur
-                if not frame.copy and name in COPY_OPS:
+                if not frame.copy and is_copy:
                     frame.copy = True
                     step.copy_us += dur
-                if not frame.comm and _COMM_OP.search(name):
+                if not frame.comm and is_comm:
                     frame.comm = True
                     step.comm_us += dur
         stack.append(frame)
+
+    def _classes(self, name: str) -> tuple[bool, bool, bool]:
+        found = self.classes.get(name)
+        if found is None:
+            found = (name in SYNC_OPS, name in COPY_OPS, bool(_COMM_OP.search(name)))
+            if len(self.classes) < MAX_OP_KEYS:
+                self.classes[name] = found
+        return found
 
     def _inside(self, tid: Any, ts: float, prefixes: tuple[str, ...]) -> bool:
         return any(
@@ -617,7 +638,7 @@ class _Analyzer:
 
     # -- GPU side ----------------------------------------------------------------------
     def _gpu_event(
-        self, ts: float, _seq: int, end: float, name: str, cat: str, corr: int | None, args: dict
+        self, ts: float, _seq: int, end: float, name: str, cat: str, corr: int | None, nbytes: int
     ) -> None:
         launch = self.launches.find(corr) if corr is not None else None
         if launch is None:
@@ -644,7 +665,11 @@ class _Analyzer:
                     step.idle_other += gap
             dur = end - ts
             if cat == "kernel":
-                kind = "communication" if _COMM_KERNEL.search(name) else "compute"
+                known = self.kernels.get(name)
+                if known is not None:
+                    kind = known[0]
+                else:
+                    kind = "communication" if _COMM_KERNEL.search(name) else "compute"
                 step.kernels += 1
                 if launch_end is not None and launch_ts is not None:
                     launch_dur = launch_end - launch_ts
@@ -654,8 +679,6 @@ class _Analyzer:
             else:
                 kind = "memory"
                 step.memcpy_us += dur
-                nbytes = args.get("bytes")
-                nbytes = nbytes if type(nbytes) is int and nbytes >= 0 else 0
                 step.memcpy_bytes += nbytes
                 if "HtoD" in name:
                     step.h2d_us += dur
@@ -692,12 +715,6 @@ class _Analyzer:
                 step.comm_exposed_us += comm - overlap
         if t > lo:
             self.g_prev = t if t != float("inf") else lo
-
-
-def _types_key(types: Any) -> tuple | None:
-    if isinstance(types, list):
-        return tuple(t if isinstance(t, str) else str(t) for t in types)
-    return None
 
 
 def _run(path: Path, steps: list[tuple[int, float, float]], header: dict[str, Any]) -> _Analyzer:
@@ -982,4 +999,51 @@ def read_profiles(recording: Any) -> list[WindowProfile]:
                 trace=traces[0],
             )
         )
+    return out
+
+
+# What a profiled step is made of, each part apart from the others (their sum is the step):
+# CPU ops' self time, CUDA runtime calls, the DataLoader's __next__, Python between them.
+STEP_PARTS = (
+    ("ops", "ops_s"),
+    ("runtime", "runtime_s"),
+    ("data", "data_s"),
+    ("Python", "python_s"),
+)
+# Parts of the above counted again by what they do (inclusive of nested ops).
+STEP_KINDS = (("syncs", "sync_s"), ("copies", "copy_s"), ("communication", "comm_s"))
+# The GPU's time in the step: busy, and HTA's three kinds of idle.
+GPU_PARTS = (
+    ("busy", "gpu_busy_s"),
+    ("host wait", "idle_host_s"),
+    ("kernel wait", "idle_kernel_s"),
+    ("other idle", "idle_other_s"),
+)
+
+
+def window_summary(w: WindowProfile) -> dict[str, Any]:
+    """One window in plain figures (``show --json``'s ``profiles`` items): where it is, its
+    state, and the mean per judged step of each part of the step."""
+    step_s = w.mean("dur_s")
+    out: dict[str, Any] = {
+        "id": w.id,
+        "rank": w.window.get("rank"),
+        "first_step": w.window.get("first_step"),
+        "last_step": w.window.get("last_step"),
+        "state": w.window.get("state"),
+        "reason": w.window.get("reason"),
+        "trace_path": w.window.get("trace_path"),
+        "steps_parsed": len(w.steps),
+        "steps_judged": len(w.judged),
+        "gpu": w.gpu,
+        "mean_step_s": step_s,
+        "syncs_per_step": w.mean("sync_count"),
+        "ops_per_step": w.mean("op_count"),
+        "parts_s": {name: w.mean(col) for name, col in STEP_PARTS + STEP_KINDS},
+        "gpu_s": {name: w.mean(col) for name, col in GPU_PARTS} if w.gpu else None,
+        "top_ops": [
+            {k: op[k] for k in ("name", "input_dims", "input_types", "count", "self_s")}
+            for op in w.ops[:5]
+        ],
+    }
     return out
