@@ -168,6 +168,9 @@ FOUND: dict[str, object] = {
     # record's field is never None
     "NULL processes.role": "UPDATE processes SET role = NULL",
     # a schema flipped past UTF-8 (flip 6485 ^ 128): every rule failed apart on table_info
+    # show formatted AVG(cpu_busy), text, as a number after the file was closed (ValueError)
+    "text in host_samples.cpu_busy": "UPDATE host_samples SET cpu_busy = ''",
+    "blob in host_samples.cpu_busy": "UPDATE host_samples SET cpu_busy = x''",
     "schema type not UTF-8": lambda raw: raw.replace(b"INTEGER", b"\xc9NTEGER", 1),
 }
 

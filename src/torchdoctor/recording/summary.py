@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchdoctor.recording.reader import Recording
+from torchdoctor.recording.reader import Recording, damaged
 from torchdoctor.recording.state import describe_state, missing_wal_hint
 from torchdoctor.recording.steps import evaluation_stats
 from torchdoctor.sampling.roles import TRAINER
@@ -108,6 +108,11 @@ def summarize(rec: Recording) -> RunSummary:
         " FROM process_samples GROUP BY t)"
     )
     shm = _shared_memory(rec)
+    # SQLite's AVG and MAX of a column holding text or a blob (an edited file) give text:
+    # it would fail only where a figure is printed, after the recording is closed.
+    for name, value in [*host.items(), *job.items()]:
+        if value is not None and not isinstance(value, (int, float)):
+            raise damaged(rec.path, f"the samples' {name} is {str(value)[:40]!r}, not a number")
     roles: dict[str, int] = {}
     for p in rec.processes():
         roles[p["role"]] = roles.get(p["role"], 0) + 1
