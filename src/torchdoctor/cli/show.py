@@ -9,7 +9,9 @@ import click
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.recording import open_recording
+from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.summary import summarize
+from torchdoctor.units import fmt_duration
 
 
 @click.command("show")
@@ -21,10 +23,35 @@ def command(file: str, as_json: bool) -> None:
     """Print the summary of the recording FILE: duration, peaks and means, steps, settings."""
     with open_recording(file) as rec:
         summary = summarize(rec)
+        folded = folded_lines(rec)
     if as_json:
         dump_json("show", dataclasses.asdict(summary))
         return
     from torchdoctor.run.end_report import render_summary
     from torchdoctor.terminal import make_console
 
-    render_summary(summary, make_console(soft_wrap=True))
+    console = make_console(soft_wrap=True)
+    render_summary(summary, console)
+    for line in folded:
+        console.print(line)
+
+
+def folded_lines(rec: Recording) -> list[str]:
+    """Which spans of the run hold folded samples (recording.compaction), one line each:
+    a reader of the rows must know that there one row stands for a minute."""
+    policy = rec.compaction
+    spans = rec.summarised_spans()
+    if policy is None or not spans:
+        return []
+    start = rec.started_at or spans[0].t_from
+    lines = [
+        f"samples folded (--keep compact): one row per process per {fmt_duration(policy.bucket_s)}"
+        f" (means; min/max per {fmt_duration(policy.summary_s)} in the *_sample_summaries"
+        " tables) in these spans of the run, every sample kept elsewhere:"
+    ]
+    for span in spans:
+        lines.append(
+            f"  {fmt_duration(span.t_from - start)} to {fmt_duration(span.t_to - start)} after"
+            f" the start ({span.samples:,} samples)"
+        )
+    return lines

@@ -7,6 +7,7 @@ recording without GPUs or without steps costs nothing for the rules that stay si
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from functools import cached_property
 from typing import Any
@@ -130,20 +131,21 @@ class DiagnosisContext:
     @cached_property
     def host_samples(self) -> SampleFrame:
         """Host samples taken while the job ran (columns read as the rules ask for them)."""
-        return self.recording.frame(
-            "host_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=self.max_instants
-        )
+        return self._frame("host_samples", self.t_start - 1e-6, self.t_end + 1e-6)
 
-    @cached_property
-    def max_instants(self) -> int:
-        """The sampling instants a series is read at. Where the writer folded older samples
-        into one row per bucket, every part of the run is read at that one resolution: the
-        rules count shares of samples, and the recent minutes kept whole would otherwise
-        outweigh the folded days."""
-        policy = self.recording.compaction
-        if policy is None or not self.recording.meta.get(META_THROUGH):
-            return MAX_INSTANTS
-        return max(1, min(MAX_INSTANTS, int(self.duration / policy.bucket_s)))
+    def _frame(self, table: str, t_from: float | None = None, t_to: float | None = None):
+        """A sample table read at a bounded resolution. Where the writer folded older
+        samples into one row per bucket, every part of the run is read at that one
+        resolution, at the instants the folded rows stand at: the rules count shares of
+        samples, and the recent minutes kept whole would otherwise outweigh the folded days."""
+        rec = self.recording
+        policy = rec.compaction
+        if policy is None or not rec.meta.get(META_THROUGH):
+            return rec.frame(table, t_from, t_to, max_instants=MAX_INSTANTS)
+        # whole buckets per slice, so that a month still reads at most MAX_INSTANTS
+        every = policy.bucket_s * max(1, math.ceil(self.duration / policy.bucket_s / MAX_INSTANTS))
+        instants = rec.bucket_instants(table, self.t_start, every)
+        return rec.frame(table, t_from, t_to, instants=instants)
 
     def host_series(self, column: str) -> list[tuple[float, float]]:
         return self.host_samples.series(column)
@@ -156,7 +158,7 @@ class DiagnosisContext:
 
     @cached_property
     def process_samples(self) -> SampleFrame:
-        return self.recording.frame("process_samples", max_instants=self.max_instants)
+        return self._frame("process_samples")
 
     @cached_property
     def samples_by_pid(self) -> dict[int, SampleFrame]:
@@ -333,9 +335,7 @@ class DiagnosisContext:
     @cached_property
     def gpu_samples(self) -> dict[int, SampleFrame]:
         """Each GPU's samples taken while the job ran, by GPU index."""
-        frame = self.recording.frame(
-            "gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6, max_instants=self.max_instants
-        )
+        frame = self._frame("gpu_samples", self.t_start - 1e-6, self.t_end + 1e-6)
         return frame.group_by("index")
 
     @cached_property

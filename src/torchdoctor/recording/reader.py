@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import sqlite3
 import stat
@@ -191,6 +192,7 @@ class Recording:
         t_to: float | None = None,
         where: dict[str, Any] | None = None,
         max_instants: int | None = None,
+        instants: Instants | None = None,
     ) -> SampleFrame:
         """The rows of ``table`` (``t`` between ``t_from`` and ``t_to`` when given, optionally
         filtered by equality), in the order of :meth:`rows`, as a
@@ -200,7 +202,8 @@ class Recording:
 
         ``max_instants``: read at most about that many sampling instants, evenly spread
         (:meth:`instants`), so that a week costs what a day does; the frame's ``every_s``
-        says when that thinned it."""
+        says when that thinned it. ``instants``: the instants to read, chosen by the caller
+        (:meth:`bucket_instants`), in place of ``max_instants``."""
         spec = TABLES[self._check(table)]
         timed = t_from is not None or t_to is not None or max_instants is not None
         if timed and "t" not in spec.column_names:
@@ -212,9 +215,10 @@ class Recording:
         for key, value in (where or {}).items():
             conds.append(f"{quote(key)} = ?")
             params.append(value)
-        instants = EVERY_INSTANT
-        if max_instants is not None:
-            instants = self.instants(table, max_instants, t_from, t_to)
+        if instants is None:
+            instants = EVERY_INSTANT
+            if max_instants is not None:
+                instants = self.instants(table, max_instants, t_from, t_to)
         if instants.condition:
             conds.append(instants.condition)
             params.extend(instants.params)
@@ -282,6 +286,28 @@ class Recording:
             " FROM slice UNION SELECT ?)"
         )
         return Instants(every, condition, (lo, every, every, hi, every, hi))
+
+    def bucket_instants(self, table: str, origin: float, every_s: float) -> Instants:
+        """The last instant of each slice ``[origin + k * every_s, origin + (k + 1) *
+        every_s)`` of ``table``: on a recording the writer folded (recording.compaction) with
+        buckets of ``every_s`` (or a divisor of it) aligned on ``origin``, exactly the
+        instants its folded rows stand at, and the same instants where it kept every
+        sample, so a series reads at one resolution throughout. Index seeks, one a slice."""
+        if not (every_s > 0 and math.isfinite(every_s) and math.isfinite(origin)):
+            raise UserError(f"bucket_instants needs a finite every_s above 0, not {every_s}")
+        table = self._check(table)
+        lo, hi = self._fetch(f"SELECT (SELECT MIN(t) FROM {table}), (SELECT MAX(t) FROM {table})")[
+            0
+        ]
+        if lo is None:
+            return EVERY_INSTANT
+        first = origin + math.floor((lo - origin) / every_s) * every_s
+        condition = (
+            "t IN (WITH RECURSIVE slice(s) AS (SELECT ? UNION ALL SELECT s + ? FROM slice"
+            f" WHERE s + ? <= ?) SELECT (SELECT MAX(t) FROM {table} WHERE t >= s AND t < s + ?)"
+            " FROM slice)"
+        )
+        return Instants(every_s, condition, (first, every_s, every_s, hi, every_s))
 
     def query(self, sql: str, params: tuple | list = ()) -> list[dict[str, Any]]:
         """Run a read-only SQL query (for aggregates the helpers above do not cover)."""
@@ -374,12 +400,13 @@ class Recording:
         policy = self.compaction
         if policy is None:
             return []
-        return summarised_spans(self._db, policy.bucket_s)
+        return summarised_spans(self._db, policy)
 
     def summaries(self, table: str) -> list[dict[str, Any]]:
         """The summary rows of a folded sample table (``host_samples``, ``process_samples``,
-        ``gpu_samples``): each bucket's span, samples folded (n) and extremes
-        (``rss_max``...); empty when nothing was folded."""
+        ``gpu_samples``): per summary period (``summary_s``) and process (GPU), the span
+        folded, the samples folded (n) and the extremes (``rss_max``...); empty when nothing
+        was folded."""
         folding = next((f for f in FOLDINGS if f.table == table), None)
         if folding is None:
             raise UserError(f"table {table!r} has no summaries")
