@@ -42,6 +42,7 @@ ORDER = [
     "top_overhead.py",
     "attach_overhead.py",
     "soak.py",
+    "node_week.py",
     "queue_contention.py",
     "scrape_cost.py",
     "allreduce_two_nodes.py",

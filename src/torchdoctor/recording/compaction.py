@@ -4,15 +4,17 @@ A week of a 72-process node at the default 0.5 s is 87 million process rows (abo
 The rules read at most one instant per slice of a long run (``diagnosis.context``), so most
 of those rows are never read. The recorder's writer therefore folds, in the recording itself,
 every ``bucket_s`` of samples older than ``recent_s`` into one row per process (per host, per
-GPU) and keeps beside it a summary row with the bucket's extremes:
+GPU) and keeps beside it summary rows with the extremes:
 
 - the folded row is the bucket's last sample (its time, its cumulative counters: CPU seconds,
   I/O bytes, PSI totals, so rates computed from them stay exact) with every rate and level
   (``cpu_percent``, ``rss``, ``*_per_s``...) replaced by its mean over the bucket: the means
   and trends the rules compute are those of the full rows;
-- the summary row (``*_summaries`` tables) holds the number of samples folded, the bucket's
-  span and the min/max of the columns whose extremes matter (peak RSS, lowest available
-  memory, hottest GPU), which a mean would hide.
+- a summary row (``*_summaries`` tables) per ``summary_s`` (10 minutes) per process holds the
+  number of samples folded, the span they cover and the min/max of the columns whose extremes
+  matter (peak RSS, lowest available memory, hottest GPU), which a mean would hide; coarser
+  than the folded rows because it is as wide as one and read only for peaks (a row per minute
+  of both would cost a week of a node 260 MB, over the 200 MB it must fit in).
 
 Full resolution stays where it matters: the start-up (``startup_s``), the recent past
 (``recent_s``, never folded while it is recent), ``margin_s`` around every job event (an OOM
@@ -42,22 +44,26 @@ META_POLICY = "compaction"
 META_THROUGH = "compacted_through"
 
 
+_FIELDS = ("bucket_s", "summary_s", "recent_s", "startup_s", "margin_s")
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionPolicy:
     """What a writer folds. The defaults bound a week of a 72-process node to about 150 MB."""
 
     bucket_s: float = 60.0  # one folded row per process per this many seconds
+    summary_s: float = 600.0  # one summary row (the extremes) per process per this many
     recent_s: float = 900.0  # the last 15 minutes are never folded
     startup_s: float = 600.0  # nor the first 10 minutes (imports, warm-up, the first epoch)
     margin_s: float = 120.0  # nor this long either side of a job event or profiler window
 
     def __post_init__(self) -> None:
-        for name in ("bucket_s", "recent_s", "startup_s", "margin_s"):
+        for name in _FIELDS:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"compaction {name} must be a finite number >= 0, not {value!r}")
-        if self.bucket_s <= 0:
-            raise ValueError("compaction bucket_s must be above 0")
+        if self.bucket_s <= 0 or self.summary_s <= 0:
+            raise ValueError("compaction bucket_s and summary_s must be above 0")
 
     def to_meta(self) -> dict[str, float]:
         return asdict(self)
@@ -68,9 +74,7 @@ class CompactionPolicy:
         if not isinstance(value, dict):
             return None
         try:
-            return cls(
-                **{k: float(value[k]) for k in ("bucket_s", "recent_s", "startup_s", "margin_s")}
-            )
+            return cls(**{k: float(value[k]) for k in _FIELDS})
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -103,10 +107,30 @@ class Folding:
     def create_sql(self) -> str:
         keys = "".join(f", {quote(k)}" for k in self.keys)
         ext = "".join(f", {quote(f'{c}_{how}')} REAL" for c, how in self.extremes)
+        # period: the summary period's number since the start (the upsert's key with keys)
         return (
-            f"CREATE TABLE IF NOT EXISTS {self.summary} (t_from REAL, t_to REAL{keys}, "
-            f"n INTEGER{ext})"
+            f"CREATE TABLE IF NOT EXISTS {self.summary} (period INTEGER, t_from REAL, "
+            f"t_to REAL{keys}, n INTEGER{ext})"
         )
+
+    def upsert_sql(self) -> str:
+        """Add one bucket's figures to its period's row (a pass folds one bucket at a time)."""
+        names = ["period", "t_from", "t_to", *self.keys, "n", *self.extreme_names()]
+        merge = ["t_from = MIN(t_from, excluded.t_from)", "t_to = MAX(t_to, excluded.t_to)"]
+        merge.append("n = n + excluded.n")
+        for (_, how), name in zip(self.extremes, self.extreme_names(), strict=True):
+            q = quote(name)
+            # SQLite's two-argument MIN/MAX is NULL when either is: keep the known one
+            merge.append(f"{q} = COALESCE({how.upper()}({q}, excluded.{q}), {q}, excluded.{q})")
+        conflict = ", ".join(["period", *(quote(k) for k in self.keys)])
+        return (
+            f"INSERT INTO {self.summary} ({', '.join(quote(n) for n in names)}) VALUES "
+            f"({', '.join('?' for _ in names)}) ON CONFLICT ({conflict}) DO UPDATE SET "
+            + ", ".join(merge)
+        )
+
+    def extreme_names(self) -> list[str]:
+        return [f"{c}_{how}" for c, how in self.extremes]
 
 
 # Cumulative counters (a rate from two of them stays exact when the last is kept), text and
@@ -181,7 +205,10 @@ SUMMARY_TABLES = tuple(f.summary for f in FOLDINGS)
 def create_tables(db: sqlite3.Connection) -> None:
     for folding in FOLDINGS:
         db.execute(folding.create_sql())
-        db.execute(f"CREATE INDEX IF NOT EXISTS {folding.summary}_t ON {folding.summary} (t_from)")
+        keys = ", ".join(["period", *(quote(k) for k in folding.keys)])
+        db.execute(
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {folding.summary}_k ON {folding.summary} ({keys})"
+        )
 
 
 def _protected(db: sqlite3.Connection, policy: CompactionPolicy, lo: float, hi: float) -> list:
@@ -223,7 +250,7 @@ def compact(
     spans = _protected(db, policy, first, last)
     removed = 0
     for folding in FOLDINGS:
-        removed += _fold_table(db, folding, started_at, b, first, last, spans)
+        removed += _fold_table(db, folding, policy, started_at, first, last, spans)
     db.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (META_THROUGH, json.dumps(last))
     )
@@ -233,8 +260,8 @@ def compact(
 def _fold_table(
     db: sqlite3.Connection,
     folding: Folding,
+    policy: CompactionPolicy,
     started_at: float,
-    b: float,
     first: float,
     last: float,
     spans: list[tuple[float, float]],
@@ -255,7 +282,7 @@ def _fold_table(
         t = r[1]
         if any(lo <= t < hi for lo, hi in spans):
             continue
-        bucket = int((t - started_at) // b)
+        bucket = int((t - started_at) // policy.bucket_s)
         groups.setdefault((bucket, *r[2 : 2 + len(keys)]), []).append(r)
     integer = {c.name for c in spec.columns if c.sql_type == "INTEGER"}
     at = {c: i + 1 for i, c in enumerate(cols)}
@@ -281,13 +308,13 @@ def _fold_table(
         for c, how in folding.extremes:
             seen = [r[at[c]] for r in rows if c in at and isinstance(r[at[c]], int | float)]
             extremes.append((min if how == "min" else max)(seen) if seen else None)
-        summaries.append((rows[0][1], rows[-1][1], *key[1:], len(rows), *extremes))
+        period = int((rows[0][1] - started_at) // policy.summary_s)
+        summaries.append((period, rows[0][1], rows[-1][1], *key[1:], len(rows), *extremes))
         if len(rows) > 1:
             updates.append((*values, rows[-1][0]))
             deletes.extend((r[0],) for r in rows[:-1])
     if summaries:
-        marks = ", ".join("?" for _ in summaries[0])
-        db.executemany(f"INSERT INTO {folding.summary} VALUES ({marks})", summaries)
+        db.executemany(folding.upsert_sql(), summaries)
     if updates and (means or unions):
         sets = ", ".join(f"{quote(c)} = ?" for c in (*means, *unions))
         db.executemany(f"UPDATE {folding.table} SET {sets} WHERE rowid = ?", updates)
@@ -314,13 +341,14 @@ def _gpu_trouble(rows: list[tuple], at: dict[str, int]) -> bool:
 class SummarisedSpan:
     t_from: float
     t_to: float
-    buckets: int
+    periods: int  # summary periods (summary_s) it holds
     samples: int  # host samples folded into them
 
 
-def summarised_spans(db: sqlite3.Connection, bucket_s: float) -> list[SummarisedSpan]:
-    """The spans whose samples are folded (from the host summaries; consecutive buckets
+def summarised_spans(db: sqlite3.Connection, policy: CompactionPolicy) -> list[SummarisedSpan]:
+    """The spans whose samples are folded (from the host summaries; consecutive periods
     merged), oldest first. Empty for a recording kept full or written before compaction."""
+    gap_s = max(policy.bucket_s, policy.summary_s)
     if not db.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'host_sample_summaries'"
     ).fetchone():
@@ -330,7 +358,7 @@ def summarised_spans(db: sqlite3.Connection, bucket_s: float) -> list[Summarised
     for t_from, t_to, n in db.execute(
         "SELECT t_from, t_to, n FROM host_sample_summaries ORDER BY t_from"
     ):
-        if cur is not None and t_from - cur[1] <= bucket_s * 1.5:
+        if cur is not None and t_from - cur[1] <= gap_s * 1.5:
             cur[1], cur[2], cur[3] = t_to, cur[2] + 1, cur[3] + (n or 0)
             continue
         if cur is not None:

@@ -1,0 +1,271 @@
+"""A week of a 72-process node (8 ranks x 8 DataLoader workers): bytes, `diagnose`, `report`.
+
+Built the way soak.py builds its 20-process week, from real snapshots of a real process tree:
+a launcher, 8 ranks, 8 workers under each rank (72 job processes and the launcher: 73 rows a
+sample), read 20 times by the sampler and replayed through the recording writer at the
+default 0.5 s with a commit per second of run time, as the recorder commits:
+
+  full     --hours of that job kept full (``--keep full``); its bytes per hour give the
+           full week's size (linear: every sample is one row per process; soak's 20-process
+           week grew linearly, 3 GB). The full 72-process week itself (about 11 GB) is not
+           built here; its `diagnose` cost is soak's 20-process week row (the reader thins a
+           long run to a bounded number of instants).
+  compact  the same --hours written with compaction (the default: recording.compaction folds
+           every 60 s older than 15 min, its passes run by the writer as it commits), then made
+           a week by SQLite: the folded rows between the start-up and the recent window
+           repeated, shifted in time, and the start-up and the recent window kept whole at the
+           week's two ends: the file a writer holds after a week. Its bytes, and `diagnose` and
+           `report` on it (peak RSS, wall time), are measured.
+
+Targets (issue 46): the week <= 200 MB; `diagnose` and `report` on it <= 256 MiB and <= 60 s.
+
+    python benchmarks/node_week.py [--hours 1] [--days 7] [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scorecard import Scorecard
+from soak import load, peak_rss_of
+from torchdoctor.recording import RecordingWriter, open_recording
+from torchdoctor.recording.compaction import (
+    FOLDINGS,
+    META_THROUGH,
+    CompactionPolicy,
+)
+from torchdoctor.sampling.host import HostReader
+from torchdoctor.sampling.job import JobReader
+from torchdoctor.sampling.sampler import Sampler
+
+MB = 1_000_000
+MIB = 1 << 20
+INTERVAL_S = 0.5
+RANKS = 8
+WORKERS = 8
+BYTES_TARGET_MB = 200
+RSS_TARGET_MIB = 256
+TIME_TARGET_S = 60
+# The launcher starts 8 ranks; each rank starts 8 workers that wake now and then (loading).
+WORKER = "import time\nwhile True: time.sleep(0.2); sum(range(2000))"
+RANK = (
+    "import subprocess, sys, time\n"
+    f"kids = [subprocess.Popen([sys.executable, '-c', {WORKER!r}]) for _ in range({WORKERS})]\n"
+    "print('up', flush=True)\n"
+    "while True: time.sleep(0.1); sum(range(20000))\n"
+)
+LAUNCHER = (
+    "import subprocess, sys, os, signal\n"
+    f"ranks = [subprocess.Popen([sys.executable, '-c', {RANK!r}], stdout=subprocess.PIPE,"
+    " start_new_session=False) for _ in range(8)]\n"
+    "for r in ranks: r.stdout.readline()\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.read()\n"
+    "os.killpg(0, signal.SIGKILL)\n"
+)
+
+
+def node_snapshots(n: int) -> tuple[list, list]:
+    """``n`` snapshots of a real 73-process tree (the launcher and its 72 processes)."""
+    job = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: the launcher kills the whole tree at the end
+    )
+    try:
+        assert job.stdout.readline() == "ready\n"
+        sampler = Sampler(HostReader(pid=job.pid), JobReader(job.pid), None)
+        snaps = []
+        for _ in range(n + 3):
+            snaps.append(sampler.snapshot())
+            time.sleep(0.1)
+        sampler.close()
+    finally:
+        job.stdin.close()
+        job.wait(60)
+    infos = [p for s in snaps for p in s.new_processes]
+    return snaps[3:], infos
+
+
+def replay(path: Path, hours: float, snaps: list, infos: list, policy: CompactionPolicy | None):
+    t0 = time.time() - hours * 3600
+    writer = RecordingWriter(
+        path,
+        {"command": ["node_week"], "started_at": t0, "interval_s": INTERVAL_S},
+        flush_every_s=3600.0,  # flushed below: once per 2 samples (1 s of run time)
+        compaction=policy,
+    )
+    n = int(hours * 3600 / INTERVAL_S)
+    started = time.monotonic()
+    for i in range(n):
+        snap = snaps[i % len(snaps)]
+        t = t0 + (i + 1) * INTERVAL_S
+        snap.t = t
+        if snap.host is not None:
+            snap.host.t = t
+        for p in snap.processes:
+            p.t = t
+        snap.new_processes = [] if i else infos
+        writer.write_snapshot(snap)
+        if i % 2 == 1:
+            writer.flush()
+    writer.close({"ended_at": t0 + n * INTERVAL_S + INTERVAL_S, "exit_status": 0})
+    return n, time.monotonic() - started
+
+
+def extend_compacted(src: Path, out: Path, days: float) -> None:
+    """The compacted recording ``src`` made ``days`` long as its writer would leave it: the
+    folded block of whole summary periods after the start-up repeated after itself, and
+    everything after that block (the rest of the folded part, the recent window kept whole)
+    moved to the end."""
+    shutil.copyfile(src, out)
+    db = sqlite3.connect(out, isolation_level=None)
+    try:
+        meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+        policy = CompactionPolicy.from_meta(meta["compaction"])
+        assert policy is not None
+        start = meta["started_at"]
+        lo = start + policy.startup_s
+        # whole summary periods, so the copies' periods line up with the originals'
+        block = (meta[META_THROUGH] - lo) // policy.summary_s * policy.summary_s
+        assert block > 0, "replay longer: nothing folded in whole summary periods"
+        copies = int((days * 86400 - (meta["ended_at"] - start)) // block)
+        extra = copies * block
+        periods = int(round(block / policy.summary_s))
+        db.execute("BEGIN")
+        for table in ("host_samples", "process_samples", "gpu_samples", "gpu_process_samples"):
+            cols = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            names = ", ".join(f'"{c}"' for c in cols)
+            db.execute(f"UPDATE {table} SET t = t + ? WHERE t >= ?", (extra, lo + block))
+            shifted = ", ".join("t + ?" if c == "t" else f'"{c}"' for c in cols)
+            for k in range(1, copies + 1):
+                db.execute(
+                    f"INSERT INTO {table} ({names}) SELECT {shifted} FROM {table}"
+                    " WHERE t >= ? AND t < ?",
+                    (k * block, lo, lo + block),
+                )
+        for folding in FOLDINGS:
+            table = folding.summary
+            cols = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            names = ", ".join(f'"{c}"' for c in cols)
+            db.execute(
+                f"UPDATE {table} SET t_from = t_from + ?, t_to = t_to + ?, period = period + ?"
+                " WHERE t_from >= ?",
+                (extra, extra, copies * periods, lo + block),
+            )
+            shifted = ", ".join(
+                "period + ?" if c == "period" else f'"{c}" + ?' if c in ("t_from", "t_to")
+                else f'"{c}"'
+                for c in cols
+            )  # fmt: skip
+            for k in range(1, copies + 1):
+                db.execute(
+                    f"INSERT INTO {table} ({names}) SELECT {shifted} FROM {table}"
+                    " WHERE t_from >= ? AND t_from < ?",
+                    (k * periods, k * block, k * block, lo, lo + block),
+                )
+        for key, value in (
+            ("ended_at", meta["ended_at"] + extra),
+            (META_THROUGH, meta[META_THROUGH] + extra),
+        ):
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value))
+            )
+        db.execute("COMMIT")  # no VACUUM: the pages the replay's passes freed stay, as in a run
+    finally:
+        db.close()
+
+
+def best_of(runs: int, *args: str) -> tuple[int, float]:
+    got = [peak_rss_of(*args) for _ in range(runs)]
+    return max(p for p, _ in got), min(s for _, s in got)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, default=1.0, help="replayed run time (>= 0.5)")
+    parser.add_argument("--days", type=float, default=7.0, help="the week's length")
+    parser.add_argument("--runs", type=int, default=2, help="diagnose/report runs each")
+    args = parser.parse_args()
+    card = Scorecard("node_week")
+    policy = CompactionPolicy()
+    print(f"load before: {load()}")
+    snaps, infos = node_snapshots(20)
+    procs = len(snaps[0].processes)
+    print(f"a real node tree: {procs} processes a sample")
+    with tempfile.TemporaryDirectory(prefix="td-node-") as tmp:
+        folder = Path(tmp)
+        sizes = {}
+        for name, pol in (("full", None), ("compact", policy)):
+            path = folder / f"{name}.sqlite"
+            n, wall = replay(path, args.hours, snaps, infos, pol)
+            sizes[name] = path.stat().st_size
+            with open_recording(path) as rec:
+                rows = rec.count("process_samples")
+            print(
+                f"{name}: {args.hours:g} h = {n:,} samples, {rows:,} process rows,"
+                f" {sizes[name] / MB:.1f} MB, written in {wall:.0f} s"
+            )
+        week_s = args.days * 86400
+        full_week = sizes["full"] / (args.hours * 3600) * week_s
+        week = folder / "week.sqlite"
+        extend_compacted(folder / "compact.sqlite", week, args.days)
+        with open_recording(week) as rec:
+            rows = rec.count("process_samples")
+            spans = rec.summarised_spans()
+        size = week.stat().st_size
+        print(
+            f"compacted week: {rows:,} process rows, {size / MB:.1f} MB,"
+            f" {len(spans)} folded span(s); full week (extrapolated) {full_week / MB:,.0f} MB"
+        )
+        card.check(
+            f"bytes of {args.days:g} days of the 72-process node job ({procs} processes a sample)",
+            size / MB,
+            f"{size / MB:.0f} MB compacted (kept full: {full_week / MB:,.0f} MB, from"
+            f" {args.hours:g} h x {week_s / (args.hours * 3600):.0f}; x{full_week / size:.0f})",
+            at_most=BYTES_TARGET_MB,
+            target=f"<= {BYTES_TARGET_MB} MB",
+        )
+        for command in ("diagnose", "report"):
+            extra = ["-o", str(folder / "week.html")] if command == "report" else []
+            peak, seconds = best_of(args.runs, command, str(week), *extra)
+            fpeak, fseconds = best_of(
+                1,
+                command,
+                str(folder / "full.sqlite"),
+                *(["-o", str(folder / "f.html")] if extra else []),
+            )
+            print(
+                f"`torchdoctor {command}`: compacted week {seconds:.1f} s, {peak / MIB:.0f} MiB;"
+                f" the {args.hours:g} h kept full {fseconds:.1f} s, {fpeak / MIB:.0f} MiB"
+            )
+            card.check(
+                f"`torchdoctor {command}` on {args.days:g} days of the 72-process node job, peak RSS",
+                peak / MIB,
+                f"{peak / MIB:.0f} MiB compacted ({args.hours:g} h kept full: {fpeak / MIB:.0f} MiB)",
+                at_most=RSS_TARGET_MIB,
+                target=f"<= {RSS_TARGET_MIB} MiB",
+            )
+            card.check(
+                f"`torchdoctor {command}` on {args.days:g} days of the 72-process node job, wall time",
+                seconds,
+                f"{seconds:.1f} s compacted ({args.hours:g} h kept full: {fseconds:.1f} s; load {load()})",
+                at_most=TIME_TARGET_S,
+                target=f"<= {TIME_TARGET_S} s",
+            )
+    print(f"load after: {load()}")
+    return card.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
