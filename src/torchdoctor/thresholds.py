@@ -51,6 +51,9 @@ class Thresholds:
     # Per-rank batch below which plain BatchNorm under DDP is flagged: BN's error "increases
     # rapidly when the batch size becomes smaller" (Wu & He, Group Normalization, ECCV 2018).
     batchnorm_min_batch_per_rank: float = 16.0
+    # GradScaler steps skipped (inf/NaN gradients) after its warm-up, above this share: its
+    # scale keeps falling. At equilibrium it skips one step per growth_interval (2000): 0.05 %.
+    scaler_skip_alert_pct: float = 1.0
 
     def level(self, metric: str, value: float | None) -> str:
         """'alert', 'warn' (between best range and alert) or 'ok' for one reading."""

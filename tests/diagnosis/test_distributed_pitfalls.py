@@ -23,6 +23,7 @@ PITFALLS = {
     "accumulation-without-no-sync",
     "unused-parameters-search",
     "fp16-without-scaler",
+    "grad-scale-falling",
 }
 
 

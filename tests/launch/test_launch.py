@@ -25,6 +25,15 @@ DISTRIBUTED_RULES = {
     "rank-oversubscribed",
     "ranks-share-gpu",
     "collective-timeout",
+    # issue 44's distributed mistakes: silent on a correct DDP job
+    "data-not-sharded",
+    "sampler-seed-mismatch",
+    "batchnorm-not-synced",
+    "accumulation-without-no-sync",
+    "unused-parameters-search",
+    "dataparallel-used",
+    "fp16-without-scaler",
+    "grad-scale-falling",
 }
 
 

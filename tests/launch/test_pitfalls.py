@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_td
+from tests.conftest import REPO, TORCHDOCTOR, run_td
 from torchdoctor import open_recording
+from torchdoctor.thresholds import Thresholds
+from torchdoctor.top.recordings import RecordingWatcher
 
 JOB = str(Path(__file__).resolve().parent / "jobs" / "pitfalls_job.py")
 PITFALL_RULES = {
@@ -23,6 +28,7 @@ PITFALL_RULES = {
     "accumulation-without-no-sync",
     "unused-parameters-search",
     "fp16-without-scaler",
+    "grad-scale-falling",
 }
 
 
@@ -81,6 +87,37 @@ def test_unsharded_data_named_with_the_distributed_sampler_line(tmp_path: Path) 
     assert evidence["epoch compared"] == 0  # named in the first epoch
 
 
+def test_top_names_unsharded_data_while_the_job_runs(tmp_path: Path) -> None:
+    """top's recording watcher, on the live recording of a job still in its epochs."""
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    job = subprocess.Popen(
+        [*TORCHDOCTOR, "launch", "--nproc-per-node", "2", "--out-dir", str(tmp_path), "--",
+         JOB, "--no-sampler", "--epochs", "400", "--samples", "256"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        ids: set[str] = set()
+        while "data-not-sharded" not in ids:
+            assert job.poll() is None, "the job ended before top named it"
+            assert time.monotonic() < deadline, ids
+            time.sleep(1.0)
+            recordings = sorted(tmp_path.glob("*.sqlite"))
+            if not recordings:
+                continue
+            watcher = RecordingWatcher(Thresholds())  # a fresh look: diagnoses at once
+            try:
+                status = watcher.status(recordings[0])
+            finally:
+                watcher.close()
+            ids = {f.id for f in status.findings}
+        assert job.poll() is None  # named while the job still runs
+    finally:
+        job.terminate()
+        job.wait(60)
+
+
 def test_unsplit_iterable_dataset_named_and_the_split_removes_it(tmp_path: Path) -> None:
     f = pitfalls(launch(tmp_path / "as-written", "--iterable"))["data-not-sharded"]
     assert "index % world == rank" in f["recommendation"]
@@ -137,3 +174,24 @@ def test_find_unused_parameters_with_none_unused(tmp_path: Path) -> None:
 def test_fp16_autocast_without_scaler(tmp_path: Path) -> None:
     f = pitfalls(launch(tmp_path, "--fp16"))["fp16-without-scaler"]
     assert "scaler.scale(loss).backward()" in f["recommendation"]
+
+
+def test_grad_scaler_skipping_every_step_is_named(tmp_path: Path) -> None:
+    f = pitfalls(launch(tmp_path, "--fp16", "--scaler", "--overflow", "--samples", "4096"))[
+        "grad-scale-falling"
+    ]
+    evidence = {e["label"]: e["value"] for e in f["evidence"]}
+    assert evidence["skip rate"] == 100.0
+    assert evidence["scale change per skip"] == "x 0.5"
+    assert "scaler.unscale_(optimizer)" in f["recommendation"]
+
+
+def test_single_process_demo_gets_none_of_the_pitfalls(tmp_path: Path) -> None:
+    out = tmp_path / "demo.sqlite"
+    res = run_td(
+        "run", "--quiet", "--out", str(out), "--",
+        sys.executable, str(REPO / "examples" / "train.py"), "--steps", "8", "--threads", "1",
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert pitfalls(out) == {}

@@ -11,6 +11,8 @@
 --find-unused          find_unused_parameters=True on a model that uses every parameter
 --fp16                 CPU autocast with float16, no GradScaler
 --scaler               (with --fp16) scale the loss with a GradScaler
+--overflow             (with --scaler) a loss so large its scaled gradients are inf: every
+                       step skipped, the scale halving each time
 """
 
 import argparse
@@ -48,6 +50,7 @@ def main():
     p.add_argument("--find-unused", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--scaler", action="store_true")
+    p.add_argument("--overflow", action="store_true")
     p.add_argument("--hidden", type=int, default=64)
     a = p.parse_args()
     dist.init_process_group("gloo")
@@ -90,6 +93,8 @@ def main():
                 else:
                     loss = torch.nn.functional.mse_loss(net(xb), yb)
                 loss = loss / a.accumulate
+                if a.overflow:
+                    loss = loss * 1e36
                 if scaler is not None:
                     scaler.scale(loss).backward()
                 else:

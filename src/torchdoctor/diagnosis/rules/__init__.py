@@ -29,6 +29,7 @@ RULE_MODULES: tuple[str, ...] = (
     "gpu_underused",
     "dataparallel_used",
     "fp16_without_scaler",
+    "grad_scale_falling",
     # profiled windows (run --profile-steps): silent without one
     "sync_points",
     "op_bound",

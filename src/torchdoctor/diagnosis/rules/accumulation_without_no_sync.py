@@ -45,11 +45,13 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         Evidence("optimizer steps that accumulated", steps, "steps"),
     ]
     settings: dict[str, object] = {"no_sync": True}
-    if comm:
-        per_allreduce = statistics.median(comm)
+    if comm and min(comm) > 0:
+        # The rank that waits least: the others' figures include waiting for it, which
+        # no_sync() does not remove (communication-bound reads DDP's figures the same way).
+        per_allreduce = min(comm)
         saving = skipped * per_allreduce
         evidence.append(
-            Evidence("all-reduce time per micro-step (DDP's median)", ms(per_allreduce), "ms")
+            Evidence("synchronisation per micro-step (rank waiting least)", ms(per_allreduce), "ms")
         )
         effect = (
             f"{skipped:g} all-reduce(s) fewer per optimizer step: about {ms(saving)} ms saved "
@@ -64,9 +66,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         settings["saving_s_per_step"] = round(saving, 6)
     else:
         effect = (
-            f"{skipped:g} all-reduce(s) of every gradient fewer per optimizer step; this "
-            "recording holds no all-reduce timing of DDP's to put a figure on it (the "
-            "benchmark distributed_pitfalls.py measures the saving on 2 gloo ranks)."
+            f"{skipped:g} all-reduce(s) fewer per optimizer step, each of every gradient; "
+            "the recording's DDP timing does not put a figure on it (no sampled step past "
+            "DDP's warm-up, or no synchronisation time above its backward compute). The "
+            "benchmark distributed_pitfalls.py measures the saving on 2 gloo ranks."
         )
     k = round(micro)
     return [
@@ -91,11 +94,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
 
 
 def _allreduce_times(job, micro: float) -> list[float]:
-    """What synchronising one micro-step cost: the agent's backward time of one micro-step
-    (a steady step's backward over its micro-steps, all synchronised) less DDP's backward
-    compute time of one (its sampled steps' median). That is the all-reduce, the wait for it
-    and the reducer's copies: what no_sync() leaves out (DDP's comm_s alone misses the copies).
-    One figure per rank; DDP's comm_s where a rank lacks either.
+    """What synchronising one micro-step cost, per rank: on each step DDP sampled, the agent's
+    backward time of one micro-step (the step's backward over its micro-steps, all
+    synchronised) less DDP's backward compute time of one; the rank's median. That is the
+    all-reduce, the wait for it and the reducer's copies: what no_sync() leaves out (DDP's
+    comm_s alone misses the copies). DDP's median comm_s where a rank lacks the pair.
 
     DDP samples by its own iteration count, one per forward: with K micro-steps per optimizer
     step its sampled iterations (1-10) fall in the first few steps, so where that leaves none
@@ -103,11 +106,14 @@ def _allreduce_times(job, micro: float) -> list[float]:
     out = []
     for r in job.ranks.values():
         sampled = r.ddp_steps() or [s for s in r.steps if s.get("comm_s")][1:]
-        computes = [s["backward_compute_s"] for s in sampled if s.get("backward_compute_s")]
-        backwards = [s["backward_s"] for s in r.steady if s.get("backward_s")]
-        if computes and backwards and micro >= 1:
-            per_micro = statistics.median(backwards) / micro
-            out.append(max(per_micro - statistics.median(computes), 0.0))
-        else:
-            out += [s["comm_s"] for s in sampled if s.get("comm_s")]
+        pairs = [
+            s["backward_s"] / micro - s["backward_compute_s"]
+            for s in sampled
+            if s.get("backward_s") and s.get("backward_compute_s") is not None and micro >= 1
+        ]
+        comm = [s["comm_s"] for s in sampled if s.get("comm_s")]
+        if pairs:
+            out.append(max(statistics.median(pairs), 0.0))
+        elif comm:
+            out.append(statistics.median(comm))
     return out

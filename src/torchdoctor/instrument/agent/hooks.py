@@ -12,7 +12,8 @@
 - ``torch.set_num_threads`` (records changes; enforces tune's thread override in the trainer);
 - ``no_grad``/``inference_mode`` ``__enter__``/``__exit__`` (evaluation without a DataLoader:
   see :mod:`.eval_forward`);
-- ``nn.DataParallel.__init__`` (a ``data-parallel`` event: see :mod:`.pitfalls`);
+- ``nn.DataParallel.__init__`` and ``GradScaler._maybe_opt_step`` (events for the rules
+  dataparallel-used and grad-scale-falling: see :mod:`.pitfalls`);
 - the CUDA allocator's out-of-memory observer and ``sys.excepthook`` (OOM with its step).
 
 Each wrapper checks ``agent.active`` first, so that a disabled agent costs one attribute read,
@@ -141,6 +142,7 @@ def install(agent, torch) -> None:
     patch(sys, "excepthook", _excepthook(agent, cuda, sys.excepthook))
     eval_forward.install(agent, torch, counter, guard)  # evaluation without a DataLoader
     pitfalls.install_data_parallel(agent, torch, guard)
+    pitfalls.install_grad_scaler(agent, torch, guard)
     agent._hook_handle = optimizer_mod.register_optimizer_step_post_hook(step_hook)
     counter.backward_patch.install()
     counter.watch_cuda_start(torch)

@@ -12,6 +12,8 @@ rare by construction.
   DDP's ``_post_forward`` (the graph search) took;
 - ``data-fingerprint`` (once per epoch of a training loader): see :mod:`.fingerprints`;
 - ``data-parallel`` (each ``nn.DataParallel`` built, in any process): its devices.
+- ``grad-scaler-skip`` (a GradScaler skipped ``optimizer.step()`` on inf/NaN gradients, any
+  process): the scaler's calls and skips so far, and its factors.
 
 Counting costs a few integer operations per forward and per step; the only wrapper added per
 forward (``_post_forward`` timing) is set on the DDP instance, and only when its search is on.
@@ -192,3 +194,53 @@ def install_data_parallel(agent, torch, guard) -> None:
 
     __init__.__wrapped__ = original
     agent.patch(dp_cls, "__init__", __init__)
+
+
+# -- GradScaler's skipped steps, in every process ----------------------------------------------
+
+_SKIP_WARMUP = 20  # the first scaler steps calibrate the scale down from 65536: skips expected
+_SKIPS_SENT_EACH = 16  # an event for each of the first skips, then at powers of 2
+
+
+def install_grad_scaler(agent, torch, guard) -> None:
+    """Patch ``GradScaler._maybe_opt_step``, where the scaler (having read ``found_inf`` with
+    its own ``.item()``) runs or skips ``optimizer.step()``: a skip leaves the agent's step
+    count where it was. No tensor is read here, so no device sync is added. A
+    ``grad-scaler-skip`` event goes out for the first skips, then at powers of 2."""
+    scaler_mod = getattr(getattr(torch, "amp", None), "grad_scaler", None)
+    scaler_cls = getattr(scaler_mod, "GradScaler", None)
+    if scaler_cls is None or "_maybe_opt_step" not in scaler_cls.__dict__:
+        return
+    original = scaler_cls._maybe_opt_step
+    counts = {"calls": 0, "skipped": 0, "late": 0}
+
+    def skipped(scaler) -> None:
+        counts["skipped"] += 1
+        if counts["calls"] > _SKIP_WARMUP:
+            counts["late"] += 1
+        n = counts["skipped"]
+        if n <= _SKIPS_SENT_EACH or n & (n - 1) == 0:
+            agent.event(
+                "grad-scaler-skip",
+                {"calls": counts["calls"], "skipped": n, "skipped_after_warmup": counts["late"],
+                 "warmup_calls": _SKIP_WARMUP, "step": agent.step, "rank": agent.rank,
+                 "init_scale": getattr(scaler, "_init_scale", None),
+                 "backoff_factor": getattr(scaler, "_backoff_factor", None),
+                 "growth_factor": getattr(scaler, "_growth_factor", None),
+                 "growth_interval": getattr(scaler, "_growth_interval", None)},
+            )  # fmt: skip
+
+    skipped = guard(agent, "grad-scaler-skip", skipped)
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        if not agent.active:
+            return original(self, optimizer, optimizer_state, *args, **kwargs)
+        before = agent.step
+        result = original(self, optimizer, optimizer_state, *args, **kwargs)
+        counts["calls"] += 1
+        if agent.active and agent.step == before:
+            skipped(self)
+        return result
+
+    _maybe_opt_step.__wrapped__ = original
+    agent.patch(scaler_cls, "_maybe_opt_step", _maybe_opt_step)
