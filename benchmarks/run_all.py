@@ -46,6 +46,7 @@ ORDER = [
     "queue_contention.py",
     "scrape_cost.py",
     "allreduce_two_nodes.py",
+    "handoff_overhead.py",
 ]
 
 
