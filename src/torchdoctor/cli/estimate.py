@@ -54,8 +54,9 @@ LOOP is the training loop whose memory is estimated:
   hand-written   out = model(x); loss = loss_fn(out, y): the output lives through backward
                  and optimizer.step until the next forward returns (the default)
   frees-output   loss_fn(model(x), y).backward(), or del out before backward
-  hf-trainer     transformers.Trainer (the default for hf: specs)
-  lightning      Lightning's automatic optimization (training_step of a LightningModule)
+  hf-trainer     transformers.Trainer (the default for hf: specs, and for a file that uses it)
+  lightning      Lightning's automatic optimization (training_step of a LightningModule; the
+                 default for a file that uses Lightning)
 \b
 GPUs: """
     + ", ".join(PROFILES)
@@ -116,7 +117,10 @@ Examples:
 @click.option(
     "--loop",
     type=click.Choice(list(LOOPS)),
-    help="The training loop whose memory to estimate (below) [hand-written; hf-trainer for hf:].",
+    help=(
+        "The training loop whose memory to estimate (below) "
+        "[the one the spec's file uses, else hand-written]."
+    ),
 )
 @click.option(
     "--device",
@@ -497,6 +501,8 @@ def render_loop(result: Any) -> list[str]:
         return []
     loop = LOOPS[result.setup.loop]
     lines = ["", f"  loop: {loop.name}, which {loop.summary}"]
+    if result.loop_reason:
+        lines.append(f"    ({result.loop_reason})")
     base = result.headline_bytes or 1
     shown = [o for o in result.other_loops if abs(o.change) > SHOWN_LOOP_CHANGE * base]
     for other in shown:

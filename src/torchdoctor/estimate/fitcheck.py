@@ -148,7 +148,14 @@ def estimate_workload(
         fits=fits if capacity is not None else None,
         notes=notes,
         model_kind=trace.model_kind,
+        loop_reason=_loop_reason(workload, setup),
     )
+
+
+def _loop_reason(workload: Workload, setup: TrainingSetup) -> str:
+    """Why the estimate's loop, where it is the one assumed for the spec (not asked for)."""
+    default = workload.default_loop
+    return default[1] if default is not None and default[0] == setup.loop else ""
 
 
 def _trace(workload: Workload, setup: TrainingSetup, target: Target, fallback: bool) -> tuple:

@@ -64,6 +64,7 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     model_kind: str = ""  # "hf", "lightning" or "" (see Trace.model_kind)
     other_loops: list[LoopPeak] = field(default_factory=list)  # when asked for
+    loop_reason: str = ""  # why this loop, when it was not asked for (api._default_loop)
 
     @property
     def headline_bytes(self) -> int:
@@ -77,6 +78,7 @@ class Estimate:
             "model": self.model,
             "setup": asdict(self.setup),
             "loop": self.setup.loop,
+            "loop_reason": self.loop_reason or None,
             "other_loops": [other.to_dict() for other in self.other_loops],
             "target": {
                 "device": self.target.device,

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from torchdoctor.errors import ParameterError, UserError, literal
@@ -42,6 +43,7 @@ def load_workload(
     tokens: int | None = None,
 ) -> Workload:
     """The workload ``spec`` names, fed by ``--input``, ``--tokens`` or the factory's batch maker."""
+    module: ModuleType | None = None  # the user's module of file.py:factory, pkg.mod:factory
     if callable(spec):
         name = getattr(spec, "__qualname__", repr(spec))
         factory, default_input = spec, None
@@ -50,8 +52,50 @@ def load_workload(
     elif spec.startswith("hf:"):
         name, factory, default_input = spec, _hf_factory(spec[3:]), None
     else:
-        name, factory, default_input = spec, _import_factory(spec), None
-    return _workload(name, factory, input_shape or (None if tokens else default_input), tokens)
+        factory, module = _import_factory(spec)
+        name, default_input = spec, None
+    workload = _workload(name, factory, input_shape or (None if tokens else default_input), tokens)
+    if module is not None:
+        workload.trains_with = trains_with(module)
+    return workload
+
+
+def trains_with(module: ModuleType) -> tuple[str, str] | None:
+    """The training loop the user's module shows it trains with, and why we say so: a
+    LightningModule or Lightning's Trainer -> ``lightning``; transformers' ``Trainer`` (or a
+    subclass: TRL's SFTTrainer) -> ``hf-trainer``; None when it shows neither.
+
+    Read from the module's globals (what it defined or imported), and only from frameworks it
+    imported itself: ``sys.modules`` is looked up, never imported into (importing
+    transformers.trainer would take seconds and pull in accelerate)."""
+    file = Path(getattr(module, "__file__", None) or module.__name__).name
+    values = [v for v in vars(module).values() if isinstance(v, type)]
+    lightning = [
+        getattr(sys.modules.get(name), attr, None)
+        for name, attr in (
+            ("lightning.pytorch", "LightningModule"),
+            ("lightning.pytorch", "Trainer"),
+            ("pytorch_lightning", "LightningModule"),
+            ("pytorch_lightning", "Trainer"),
+        )
+    ]
+    for base in filter(None, lightning):
+        found = _most_derived(values, base)
+        if found is not None:
+            return "lightning", f"{file} uses Lightning ({found.__name__})"
+    hf_trainer = getattr(sys.modules.get("transformers.trainer"), "Trainer", None)
+    if hf_trainer is not None:
+        found = _most_derived(values, hf_trainer)
+        if found is not None:
+            return "hf-trainer", f"{file} uses transformers' {found.__name__}"
+    return None
+
+
+def _most_derived(classes: list[type], base: type) -> type | None:
+    """A subclass of ``base`` among ``classes`` (the user's own, e.g. ``MyTrainer(Trainer)``,
+    names it better than the imported base), else ``base`` if it is among them."""
+    found = [c for c in classes if issubclass(c, base)]
+    return next((c for c in found if c is not base), found[0] if found else None)
 
 
 def _workload(
@@ -181,7 +225,8 @@ def _exit_message(what: str, code: object, stderr: str) -> str:
     return message
 
 
-def _import_factory(spec: str) -> Callable[[], Any]:
+def _import_factory(spec: str) -> tuple[Callable[[], Any], ModuleType]:
+    """The factory ``spec`` names, and the module it was found in."""
     target, sep, attr = spec.partition(":")
     form = "use file.py:factory, package.module:factory, torchvision:NAME or hf:MODEL_TYPE"
     if not sep or not target or not attr:
@@ -232,7 +277,7 @@ def _import_factory(spec: str) -> Callable[[], Any]:
         raise UserError(f"{target}:{attr} is a {type(factory).__name__}, not a callable factory")
     if inspect.isclass(factory) and not _is_module_class(factory):
         raise UserError(f"{target}:{attr} is a class that is not a torch.nn.Module")
-    return factory
+    return factory, module
 
 
 def _is_module_class(cls: type) -> bool:

@@ -19,6 +19,10 @@ class Workload:
     loss_fn: Callable[[Any, Any], Any]
     # The parameter and value the batches come from (("tokens", 64)); None: the batch maker.
     batch_option: tuple[str, object] | None = None
+    # The loop the spec's module shows it trains with, and why (spec.trains_with); None: unknown.
+    trains_with: tuple[str, str] | None = None
+    # The loop an estimate assumes when none is asked for, and why it was chosen (api.prepare).
+    default_loop: tuple[str, str] | None = None
 
 
 def call_model(model: Any, inputs: Any) -> Any:
