@@ -20,6 +20,7 @@ from torchdoctor.recording import RecordingWriter
 from torchdoctor.recording.compaction import META_THROUGH, CompactionPolicy, compact_file
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.recording.records import JobEvent, SettingRecord
+from torchdoctor.recording.summary import summarize
 
 DURATION = 600.0
 # The default policy scaled down 12x, so a 10-minute job folds as a 2-hour one does.
@@ -224,3 +225,17 @@ def test_bad_policy_values_are_refused_in_one_line() -> None:
         CompactionPolicy(bucket_s=float("nan"))
     assert CompactionPolicy.from_meta({"bucket_s": "x"}) is None
     assert CompactionPolicy.from_meta(None) is None
+
+
+def test_show_counts_folded_samples_and_their_peak(tmp_path: Path) -> None:
+    """The summary (show, the hand-off's sizing) counts every sample taken and takes the RSS
+    peak a folded minute hid from its summary."""
+    spike = Proc(1000, cpu=const(100.0), rss=lambda t: 3 * GiB if 200 <= t < 200.5 else 1 * GiB)
+    job = Job(duration=DURATION, procs=[spike])
+    full = write(job, tmp_path / "full.sqlite", None)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    with open_recording(full) as a, open_recording(folded) as b:
+        whole, small = summarize(a), summarize(b)
+    assert small.samples == whole.samples
+    assert small.job_rss.peak == whole.job_rss.peak == 3 * GiB
+    assert small.job_rss.mean == pytest.approx(whole.job_rss.mean, rel=0.05)

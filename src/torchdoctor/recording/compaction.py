@@ -110,14 +110,15 @@ class Folding:
         # period: the summary period's number since the start (the upsert's key with keys)
         return (
             f"CREATE TABLE IF NOT EXISTS {self.summary} (period INTEGER, t_from REAL, "
-            f"t_to REAL{keys}, n INTEGER{ext})"
+            f"t_to REAL{keys}, n INTEGER, kept INTEGER{ext})"
         )
 
     def upsert_sql(self) -> str:
         """Add one bucket's figures to its period's row (a pass folds one bucket at a time)."""
-        names = ["period", "t_from", "t_to", *self.keys, "n", *self.extreme_names()]
+        names = ["period", "t_from", "t_to", *self.keys, "n", "kept", *self.extreme_names()]
         merge = ["t_from = MIN(t_from, excluded.t_from)", "t_to = MAX(t_to, excluded.t_to)"]
         merge.append("n = n + excluded.n")
+        merge.append("kept = kept + excluded.kept")  # rows left: one a bucket
         for (_, how), name in zip(self.extremes, self.extreme_names(), strict=True):
             q = quote(name)
             # SQLite's two-argument MIN/MAX is NULL when either is: keep the known one
@@ -309,7 +310,7 @@ def _fold_table(
             seen = [r[at[c]] for r in rows if c in at and isinstance(r[at[c]], int | float)]
             extremes.append((min if how == "min" else max)(seen) if seen else None)
         period = int((rows[0][1] - started_at) // policy.summary_s)
-        summaries.append((period, rows[0][1], rows[-1][1], *key[1:], len(rows), *extremes))
+        summaries.append((period, rows[0][1], rows[-1][1], *key[1:], len(rows), 1, *extremes))
         if len(rows) > 1:
             updates.append((*values, rows[-1][0]))
             deletes.extend((r[0],) for r in rows[:-1])

@@ -127,14 +127,14 @@ def summarize(rec: Recording) -> RunSummary:
         duration_s=(ended - started) if started is not None and ended is not None else None,
         exit_status=meta.get("exit_status"),
         complete=rec.complete,
-        samples=host["n"] or job["n"],
+        samples=(host["n"] or job["n"]) + _folded_samples(rec),
         usable_cpus=usable_cpus_of(host_info),
         host_cpu_busy_pct=_stat(host, "cpu"),
         host_iowait_pct=_stat(host, "io"),
         host_mem_used=_stat(host, "mem"),
         host_swap_traffic=_stat(host, "swap"),
         job_cpu_pct=_stat(job, "cpu"),
-        job_rss=_stat(job, "rss"),
+        job_rss=_with_folded_peak(rec, _stat(job, "rss")),
         job_pss=_stat(job, "pss"),
         job_threads=_stat(job, "threads"),
         job_processes=_stat(job, "n"),
@@ -173,6 +173,31 @@ def _shared_memory(rec: Recording) -> dict[str, Any]:
         " SUM(shmem) AS shmem, COUNT(*) AS n FROM process_samples GROUP BY t)"
     )
     return row
+
+
+def _folded_samples(rec: Recording) -> int:
+    """Samples the writer folded away (recording.compaction): counted as taken, not as the
+    rows they left (one a minute)."""
+    if rec.compaction is None:
+        return 0
+    (row,) = rec.query("SELECT COALESCE(SUM(n) - SUM(kept), 0) AS extra FROM host_sample_summaries")
+    return int(row["extra"] or 0)
+
+
+def _with_folded_peak(rec: Recording, stat: Stat) -> Stat:
+    """The job's RSS peak, the folded minutes included: their rows hold means, their
+    summaries each process's peak per period; the sum of those is never below the job's true
+    peak in the period (the sizing of a hand-off must not come out short)."""
+    if rec.compaction is None:
+        return stat
+    (row,) = rec.query(
+        "SELECT MAX(s) AS peak FROM (SELECT SUM(rss_max) AS s FROM process_sample_summaries"
+        " GROUP BY period)"
+    )
+    peak = row["peak"]
+    if peak is None or (stat.peak is not None and stat.peak >= peak):
+        return stat
+    return Stat(stat.mean, peak)
 
 
 def _stat(row: dict[str, Any], prefix: str) -> Stat:
