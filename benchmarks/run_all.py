@@ -39,6 +39,7 @@ ORDER = [
     "estimate_speed.py",
     "advice_works.py",
     "tune_vs_grid.py",
+    "compare_power.py",
     "top_overhead.py",
     "attach_overhead.py",
     "soak.py",
