@@ -29,7 +29,11 @@ _TENSORS_PER_BATCH = 4
 def tap(iterator, emit, fail, active) -> bool:
     """Start fingerprinting ``iterator``'s epoch; ``emit(kind, digest, batches, samples,
     first)`` is called once when it is done, ``fail(exc)`` on an error, and ``active()`` says
-    whether the agent still runs. False when the iterator has neither place to look at."""
+    whether the agent still runs. False when the iterator has neither place to look at, or
+    is not one of torch's own: a subclass elsewhere (torchdata's StatefulDataLoader) may read
+    or save its ``_sampler_iter`` itself, and must find its own object there."""
+    if type(iterator).__module__ != "torch.utils.data.dataloader":
+        return False
     if getattr(iterator, "_dataset_kind", None) == 1:  # _DatasetKind.Iterable
         DataTap(iterator, emit, fail, active)
         return True

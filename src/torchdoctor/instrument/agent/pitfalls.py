@@ -21,7 +21,6 @@ forward (``_post_forward`` timing) is set on the DDP instance, and only when its
 
 from __future__ import annotations
 
-from . import fingerprints
 from .contract import perf_ns
 
 # ddp-sync-pattern after this many steps, then each time the count doubles: the last event
@@ -160,6 +159,8 @@ class DdpChecks:
 
         def fail(exc: Exception) -> None:
             agent.disable("data-fingerprint", exc)
+
+        from . import fingerprints  # ranks only: not loaded into every process with torch
 
         fingerprints.tap(it, emit, fail, lambda: agent.active)
 
