@@ -6,12 +6,15 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_td
+from tests.conftest import TORCHDOCTOR, run_td
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.paths import profile_folder
 
@@ -32,9 +35,9 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def record(tmp_path: Path, *job_args: str, options=(), env=None):
-    out = tmp_path / "run.sqlite"
-    proc = run_td(
+def td_run(out: Path, *job_args: str, options=()) -> list[str]:
+    """`torchdoctor run` of the job into ``out`` (without `torchdoctor` itself)."""
+    return [
         "run",
         "--quiet",
         "--out",
@@ -44,9 +47,12 @@ def record(tmp_path: Path, *job_args: str, options=(), env=None):
         sys.executable,
         str(JOB),
         *job_args,
-        env=job_env(env),
-        timeout=180,
-    )
+    ]
+
+
+def record(tmp_path: Path, *job_args: str, options=(), env=None):
+    out = tmp_path / "run.sqlite"
+    proc = run_td(*td_run(out, *job_args, options=options), env=job_env(env), timeout=180)
     return proc, out
 
 
@@ -149,3 +155,75 @@ def test_bad_window_is_refused_before_the_job_starts(tmp_path):
     assert proc.returncode == 2
     assert "--profile-steps" in proc.stderr
     assert not out.exists()
+
+
+def wait_for_steps(path: Path, n: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open_recording(path) as rec:
+                if rec.count("steps") >= n:
+                    return
+        except Exception:  # noqa: BLE001 - not created yet, or just starting
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{path} has no {n} steps after {timeout} s")
+
+
+def test_profile_asks_a_running_job_for_a_window(tmp_path):
+    out = tmp_path / "live.sqlite"
+    job = subprocess.Popen(
+        [*TORCHDOCTOR, *td_run(out, "100000", "--sleep", "0.005")],
+        env=job_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_steps(out, 3)
+        asked = run_td("profile", str(out), "--steps", "2", "--timeout", "150", timeout=240)
+        assert asked.returncode == 0, asked.stderr
+        first, last = map(int, re.search(r"steps (\d+)-(\d+)", asked.stderr).groups())
+        assert last == first + 1
+        with open_recording(out) as rec:
+            (window,) = rec.profile_windows()
+            profiled = [r["step"] for r in rec.steps() if r["profiled"]]
+            sites = rec.profile_sync_sites(window.id)
+        assert (window.state, window.first_step, window.last_step) == ("done", first, last)
+        assert window.trace_path in asked.stderr
+        assert profiled[:4] == [first - 1, first, first + 1, first + 2]
+        with gzip.open(window.trace_path, "rt") as fh:
+            names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
+        assert {f"ProfilerStep#{first}", f"ProfilerStep#{last}"} <= names
+        assert [(s.op, s.line, s.count) for s in sites] == [("item", line_of("ITEM-LINE"), 2)]
+    finally:
+        job.terminate()
+        job.wait(60)
+
+
+def test_profile_refuses_a_recording_that_is_not_running(tmp_path):
+    proc, out = record(tmp_path, "3")
+    assert proc.returncode == 0
+    asked = run_td("profile", str(out), "--steps", "2")
+    assert asked.returncode != 0
+    assert "not the recording of a running job" in asked.stderr
+
+
+def test_the_size_cap_cuts_the_window(tmp_path):
+    # A cap below one step's estimate: the window keeps its first step and says why.
+    proc, out = record(
+        tmp_path,
+        "14",
+        options=("--profile-steps", "5-8"),
+        env={"TORCHDOCTOR_PROFILE_MAX_BYTES": "1000"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    with open_recording(out) as rec:
+        (window,) = rec.profile_windows()
+        profiled = [r["step"] for r in rec.steps() if r["profiled"]]
+    assert (window.state, window.first_step, window.last_step) == ("cut", 5, 5)
+    assert window.reason.startswith("window cut to steps 5-5")
+    assert Path(window.trace_path).name == "rank0-steps5-5.pt.trace.json.gz"
+    assert profiled == [4, 5, 6]
+    with gzip.open(window.trace_path, "rt") as fh:
+        names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
+    assert "ProfilerStep#5" in names and "ProfilerStep#6" not in names

@@ -72,7 +72,7 @@ from torchdoctor.units import shell_line
     metavar="A-B",
     default=None,
     help="Profile steps A to B with torch.profiler (one warm-up step before, at most 50 steps; "
-    "A >= 2): the trace goes next to the recording (<recording>.profile/rank<R>-steps<A>-<B>"
+    "A >= 3): the trace goes next to the recording (<recording>.profile/rank<R>-steps<A>-<B>"
     ".pt.trace.json.gz) and those steps leave the step figures.",
 )
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")

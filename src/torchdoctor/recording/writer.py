@@ -209,6 +209,9 @@ class RecordingWriter:
                 )
 
             def write() -> None:
+                # What came before the window's end (its steps) is committed with it: a
+                # reader never sees a window whose steps are not there yet.
+                self._insert_pending_locked()
                 self._db.execute(
                     "INSERT INTO profile_windows (id, rank, pid, first_step, last_step, "
                     "warmup_step, started_at, ended_at, trace_path, trace_bytes, state, reason) "
@@ -222,6 +225,8 @@ class RecordingWriter:
                 )
 
             self._write_locked(write)
+            for pending in self._pending.values():
+                pending.clear()
             return 0 if self.stopped else window.id
 
     def write_in_transaction(self, work: Callable[[sqlite3.Connection], None]) -> bool:

@@ -181,9 +181,11 @@ def _arm_profile(agent, steps_text, folder) -> None:
     if folder:
         agent.profile_watch = profile.RequestWatch(folder)
     if steps_text and agent.profile is None:
-        agent.profile = profile.from_environment(
-            agent, {profile.ENV_PROFILE_STEPS: steps_text, profile.ENV_PROFILE_DIR: folder}
-        )
+        import os
+
+        environ = {**os.environ, profile.ENV_PROFILE_STEPS: steps_text}
+        environ[profile.ENV_PROFILE_DIR] = folder or ""  # as read at start-up
+        agent.profile = profile.from_environment(agent, environ)
     agent._profile_flush(agent.counter)  # a pending window's start is due as a flush
 
 

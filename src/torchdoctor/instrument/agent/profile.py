@@ -46,15 +46,18 @@ import sys
 
 from .contract import ENV_PROFILE_DIR, ENV_PROFILE_STEPS, now, perf_ns
 
+# Overrides TRACE_CAP_BYTES (bytes of JSON a window may write per process).
+ENV_PROFILE_MAX_BYTES = "TORCHDOCTOR_PROFILE_MAX_BYTES"
 REQUEST_FILE = "request.json"  # `torchdoctor profile JOB` writes it into ENV_PROFILE_DIR
 MAX_ACTIVE_STEPS = 50
 # Estimated uncompressed JSON a window may write per rank (a 1 GB trace is too much to read).
 TRACE_CAP_BYTES = 200 * 2**20
-# Chrome-trace JSON per recorded event: ~1.3 KB per CPU op, 2.2 KB with shapes (measured on
-# torch 2.13 CPU, shared/reference/profiler.md 4.3); a GPU trace's kernels and runtime calls
-# weigh less, so the CPU figure bounds it.
-BYTES_PER_EVENT = 2200
+# Chrome-trace JSON per event the warm-up recorded: 360 B with shapes on a CPU MLP (66 KB for
+# 182 events a step, shared/reference/profiler.md 4.3), 250-450 B on real GPU traces; the
+# export adds flow and metadata events, so a margin over the largest.
+BYTES_PER_EVENT = 600
 EVENT = "profile-window"
+WAITING = ("pending", "armed")  # a window's states before its warm-up step begins
 
 # The sync points wrapped during a window: (owner, attribute) on torch.Tensor, and torch.cuda.
 TENSOR_SYNC_OPS = ("item", "cpu", "tolist", "nonzero", "__repr__", "__format__")
@@ -68,10 +71,10 @@ def parse_steps(text: str) -> tuple[int, int]:
         last = int(tail) if sep else first
     except ValueError:
         raise ValueError(f"profile steps {text!r}: expected A-B, two step numbers") from None
-    if first < 2:
-        # Step A-1 is the warm-up and the window starts at the boundary where it begins: the
-        # first boundary of a process is the end of its step 0.
-        raise ValueError(f"profile steps {text!r}: the first step must be 2 or more")
+    if first < 3:
+        # Step A-1 is the warm-up, and the agent wraps the optimizer at the boundary before
+        # it (see ProfileWindow.boundary): the first boundary of a process ends its step 0.
+        raise ValueError(f"profile steps {text!r}: the first step must be 3 or more")
     if last < first:
         raise ValueError(f"profile steps {text!r}: the last step comes before the first")
     if last - first + 1 > MAX_ACTIVE_STEPS:
@@ -104,6 +107,11 @@ class ProfileWindow:
         self.sync_patches: list[tuple[object, str, object, bool]] = []
         self.sync_depth = 0
         self.torch_dir = ""
+        self.cap_bytes = TRACE_CAP_BYTES
+        # Optimizers whose step() runs the window's transitions once it returns:
+        # (optimizer, its own instance attribute "step" or None, our wrapper).
+        self.wrapped: list[tuple[object, object, object]] = []
+        self.due: int | None = None  # a boundary waiting for the optimizer's step() to return
 
     @property
     def warmup(self) -> int:
@@ -111,11 +119,12 @@ class ProfileWindow:
 
     def marks(self, step: int) -> bool:
         """Whether step ``step`` is one the window touched (warm-up through the closing step)."""
-        return self.state != "pending" and self.warmup <= step <= self.last + 1
+        return self.state not in WAITING and self.warmup <= step <= self.last + 1
 
     def steps_until_start(self, step: int) -> int:
-        """Boundaries until the warm-up begins, from ``step`` (the step under way)."""
-        return self.warmup - step
+        """Boundaries until the agent must see one, from ``step`` (the step under way): the
+        one before the warm-up's, where the optimizer is wrapped (see boundary)."""
+        return self.warmup - 1 - step
 
     # -- the step boundary ------------------------------------------------------------------
 
@@ -125,13 +134,81 @@ class ProfileWindow:
             return  # the full path and a flush both report the same boundary
         self.handled_step = step
         try:
-            self._boundary(step)
+            counter = self.agent.counter
+            if counter is not None and counter.boundary_kind == "optimizer":
+                self._at_optimizer_boundary(step, counter)
+            else:
+                self._boundary(step)
         except Exception as exc:  # never the job's problem: the window ends here
             self.fail(f"{type(exc).__name__}: {exc}")
 
+    def _at_optimizer_boundary(self, step: int, counter) -> None:
+        """A boundary seen in the optimizer's step post-hook, i.e. inside torch's
+        ``record_function("Optimizer.step#...")``: starting or stopping torch.profiler there
+        crashes torch 2.13 now and then (a segfault in ``_disable_profiler``, measured), so the
+        transition waits until the optimizer's ``step()`` returns (:meth:`_wrap_optimizer`),
+        which is installed one boundary before the warm-up's."""
+        if self.state == "pending" and step < self.warmup - 1:
+            return
+        if self.state == "pending" and step >= self.warmup:
+            self._boundary(step)  # too late: fails without touching the profiler
+            return
+        optimizer = counter.last_optimizer() if counter.last_optimizer is not None else None
+        if optimizer is None:
+            raise RuntimeError("no optimizer to profile the steps of")
+        if self.due is not None:
+            raise RuntimeError(
+                f"step {self.due} began inside an optimizer step() called around torchdoctor's "
+                "wrapper: the window cannot start or stop safely there"
+            )
+        self._wrap_optimizer(optimizer)
+        if self.state == "pending":
+            self.state = "armed"  # every step takes the full path from here (steps.py)
+            counter.fast = False
+            return
+        self.due = step
+
+    def _wrap_optimizer(self, optimizer) -> None:
+        for wrapped, _, _ in self.wrapped:
+            if wrapped is optimizer:
+                return
+        own = optimizer.__dict__.get("step")  # an LR scheduler's wrapper, or None
+        bound = optimizer.step
+        window = self
+
+        def step(*args, **kwargs):
+            result = bound(*args, **kwargs)
+            window.after_optimizer_step()
+            return result
+
+        step.__wrapped__ = bound
+        optimizer.step = step
+        self.wrapped.append((optimizer, own, step))
+
+    def after_optimizer_step(self) -> None:
+        """The optimizer's step() returned: run the boundary it saw (outside torch's
+        record_function)."""
+        due, self.due = self.due, None
+        if due is None:
+            return
+        try:
+            self._boundary(due)
+        except Exception as exc:  # never the job's problem: the window ends here
+            self.fail(f"{type(exc).__name__}: {exc}")
+
+    def _unwrap_optimizers(self) -> None:
+        wrapped, self.wrapped = self.wrapped, []
+        for optimizer, own, ours in wrapped:
+            if optimizer.__dict__.get("step") is not ours:
+                continue  # wrapped over since: ours stays, and passes the call on
+            if own is None:
+                del optimizer.step
+            else:
+                optimizer.step = own
+
     def _boundary(self, step: int) -> None:
         state = self.state
-        if state == "pending":
+        if state in WAITING:
             if step == self.warmup:
                 self._start()
             elif step > self.warmup:
@@ -225,14 +302,14 @@ class ProfileWindow:
         events = len(results.events()) if results is not None else 0
         per_step = max(1, events) * BYTES_PER_EVENT
         self.estimate_bytes = per_step
-        fit = max(1, TRACE_CAP_BYTES // per_step)
+        fit = max(1, self.cap_bytes // per_step)
         if self.last - self.first + 1 > fit:
             self.last = self.first + fit - 1
             self.result = "cut"
             self.reason = (
                 f"window cut to steps {self.first}-{self.last}: the warm-up step recorded "
-                f"{events} events, ~{per_step / 2**20:.1f} MiB of trace a step, and a window "
-                f"writes at most {TRACE_CAP_BYTES // 2**20} MiB"
+                f"{events} events, ~{_size(per_step)} of trace a step, and a window writes "
+                f"at most {_size(self.cap_bytes)}"
             )
 
     def _stop(self) -> None:
@@ -254,6 +331,7 @@ class ProfileWindow:
 
         self.result = "failed"
         self.reason = reason[:500]
+        self.due = None
         with contextlib.suppress(Exception):
             self._unwrap_sync_points()
         with contextlib.suppress(Exception):
@@ -283,6 +361,10 @@ class ProfileWindow:
             self._finish()
 
     def _finish(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            self._unwrap_optimizers()
         self.ended_at = now()
         agent = self.agent
         if agent.profile is self:
@@ -385,7 +467,14 @@ def from_environment(agent, environ) -> ProfileWindow | None:
     except ValueError as exc:
         agent.event(EVENT, {"source": "run", "state": "failed", "reason": str(exc)})
         return None
-    return ProfileWindow(agent, first, last, folder, "run")
+    window = ProfileWindow(agent, first, last, folder, "run")
+    cap = environ.get(ENV_PROFILE_MAX_BYTES)
+    if cap:
+        import contextlib
+
+        with contextlib.suppress(ValueError):  # not a number: the default cap
+            window.cap_bytes = max(1, int(cap))
+    return window
 
 
 class RequestWatch:
@@ -397,6 +486,9 @@ class RequestWatch:
         self.folder = folder
         self.seen_mtime: int | None = None
         self.done_ids: set[str] = set()
+        # A request older than this process was for the processes before it (a restarted
+        # rank must not arm a window meant for the steps of its predecessor).
+        self.since = now()
 
     def poll(self, agent) -> None:
         try:
@@ -413,9 +505,10 @@ class RequestWatch:
                 request = json.load(fh)
             request_id = str(request["id"])
             first, last = int(request["first_step"]), int(request["last_step"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return  # half written (it is renamed into place) or not ours: the next flush
-        if request_id in self.done_ids:
+            asked_at = float(request.get("requested_at") or 0.0)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # not a request of ours: the next one replaces it
+        if request_id in self.done_ids or asked_at < self.since:
             return
         self.done_ids.add(request_id)
         if agent.profile is not None:
@@ -426,7 +519,7 @@ class RequestWatch:
             return
         last = min(last, first + MAX_ACTIVE_STEPS - 1)
         window = ProfileWindow(agent, first, last, self.folder, "request")
-        if agent.step > window.warmup:
+        if agent.step >= window.warmup:
             window.fail(f"step {window.warmup} had begun when the request arrived")
             return
         agent.profile = window
@@ -436,3 +529,7 @@ def _save_action():
     from torch.profiler import ProfilerAction
 
     return ProfilerAction.RECORD_AND_SAVE
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
