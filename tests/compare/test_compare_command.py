@@ -149,3 +149,26 @@ def test_a_cut_recording_is_compared_on_what_it_holds_and_says_so(runs, tmp_path
     assert "note: B: recording damaged" in done.stdout
     # what the cut lost is not reported as changed
     assert "Settings that differ" not in done.stdout
+
+
+def test_more_than_two_runs_are_each_compared_with_the_first(runs):
+    require("jsonschema")
+    three = (p(runs, "base"), p(runs, "workers"), p(runs, "slowed"))
+    done = runs.compare(*three, "--fail-if-slower", "5")
+    assert done.returncode == 4, done.stdout + done.stderr
+    sections = done.stdout.split("== C vs A ")
+    assert sections[0].startswith("== B vs A ") and len(sections) == 2
+    assert "faster: B's step takes 0." in sections[0]
+    assert "slower: C's step takes 1." in sections[1]
+    assert f"C: {three[2]}" in sections[1]
+    # The gate names the run that passed it, and only that one.
+    assert done.stderr.splitlines() == [
+        line for line in done.stderr.splitlines() if line.startswith("torchdoctor: C is slower")
+    ]
+    doc = assert_valid("compare", runs.compare(*three, "--json").stdout)
+    assert doc["a"] == three[0] and doc["runs"] == list(three[1:])
+    assert [c["verdict"] for c in doc["comparisons"]] == ["faster", "slower"]
+    assert [c["b"] for c in doc["comparisons"]] == list(three[1:])
+    # Any run that is not the same workload refuses the whole comparison, in one line.
+    done = runs.compare(*three, p(runs, "batch2"))
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1

@@ -14,7 +14,7 @@ from torchdoctor.cli.exit_codes import REGRESSED
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.recordings import RECORDING
 from torchdoctor.compare.runs import run_figures
-from torchdoctor.compare.verdict import FASTER, SLOWER, Comparison, compare, headline
+from torchdoctor.compare.verdict import FASTER, LETTERS, SLOWER, Comparison, compare, headline
 from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.units import fmt_bytes, fmt_duration, one_line
@@ -28,7 +28,7 @@ def _percentage(ctx: click.Context, param: click.Parameter, value: float | None)
 
 @click.command("compare")
 @click.argument("a", type=RECORDING)
-@click.argument("b", type=RECORDING)
+@click.argument("others", nargs=-1, required=True, type=RECORDING, metavar="B [C ...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option(
     "--force",
@@ -42,8 +42,8 @@ def _percentage(ctx: click.Context, param: click.Parameter, value: float | None)
     type=click.FloatRange(min=0),
     callback=_percentage,
     metavar="PCT",
-    help="Exit 4 when B's step is slower than A's by more than PCT percent with 95 % "
-    "confidence (the interval's low end above it), for CI.",
+    help="Exit 4 when B's (or any later run's) step is slower than A's by more than PCT "
+    "percent with 95 % confidence (the interval's low end above it), for CI.",
 )
 @click.option(
     "--fail-if-more-memory",
@@ -57,7 +57,7 @@ def _percentage(ctx: click.Context, param: click.Parameter, value: float | None)
 def command(
     ctx: click.Context,
     a: str,
-    b: str,
+    others: tuple[str, ...],
     as_json: bool,
     force: bool,
     fail_slower: float | None,
@@ -71,27 +71,60 @@ def command(
     A and B are recordings, or `last`, `last~1` (the one before it), ... Steps of each
     process's warm-up are left out, as in `show`. Runs that are not the same workload are
     refused unless --force. Exits 4 when a --fail-if-... limit is passed, 2 on bad input.
+
+    With more runs (`compare A B C ...`) each is compared with A, one section each, and the
+    limits apply to every one of them.
     """
     from torchdoctor.thresholds import load_thresholds
 
     thresholds = load_thresholds(None)
+    if len(others) + 1 > len(LETTERS):
+        raise UserError(f"compare takes at most {len(LETTERS)} recordings")
     figures = []
     findings: list[list[str]] = []
     complaints: list[str] = []
-    for path in (a, b):
+    for path in (a, *others):
         with open_recording(path) as rec:
             figures.append(run_figures(rec))
             findings.append(_finding_ids(rec, thresholds, complaints.append))
-    comparison = compare(figures[0], figures[1], findings[0], findings[1], force=force)
-    regressions = _regressions(comparison, fail_slower, fail_memory)
+    # Every comparison is made (and a refusal raised) before anything is printed.
+    comparisons = [
+        compare(figures[0], fig, findings[0], found, force=force)
+        for fig, found in zip(figures[1:], findings[1:], strict=True)
+    ]
+    letters = LETTERS[1 : len(comparisons) + 1]
+    per_run = [
+        _regressions(c, fail_slower, fail_memory, b)
+        for b, c in zip(letters, comparisons, strict=True)
+    ]
+    regressions = [line for lines in per_run for line in lines]
     for line in complaints:
         click.echo(f"torchdoctor: {line}", err=True)
     if as_json:
-        document = comparison.to_dict()
-        document["regressions"] = regressions
-        dump_json("compare", document)
+        documents = []
+        for c, lines in zip(comparisons, per_run, strict=True):
+            document = c.to_dict()
+            document["regressions"] = lines
+            documents.append(document)
+        if len(documents) == 1:
+            dump_json("compare", documents[0])
+        else:
+            dump_json(
+                "compare",
+                {
+                    "a": a,
+                    "runs": list(others),
+                    "comparisons": documents,
+                    "regressions": regressions,
+                },
+            )
     else:
-        render(comparison)
+        for i, (b, c) in enumerate(zip(letters, comparisons, strict=True)):
+            if len(comparisons) > 1:
+                if i:
+                    click.echo()
+                click.echo(f"== {b} vs A " + "=" * 60)
+            render(c, b)
     if regressions:
         for line in regressions:
             click.echo(f"torchdoctor: {line}", err=True)
@@ -106,14 +139,16 @@ def _finding_ids(rec: Any, thresholds: Any, complain: Any) -> list[str]:
     return []
 
 
-def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | None) -> list[str]:
+def _regressions(
+    c: Comparison, slower_pct: float | None, memory_pct: float | None, b: str = "B"
+) -> list[str]:
     """What passed a --fail-if-... limit, one line each."""
     out = []
     if slower_pct is not None:
         low = c.slowdown.low
         if math.isfinite(low) and low * 100 > slower_pct:
             out.append(
-                f"B is slower than A by {_pct(c.slowdown.estimate)} (at least {_pct(low)} with "
+                f"{b} is slower than A by {_pct(c.slowdown.estimate)} (at least {_pct(low)} with "
                 f"95 % confidence), beyond --fail-if-slower {slower_pct:g}"
             )
     if memory_pct is not None:
@@ -122,7 +157,7 @@ def _regressions(c: Comparison, slower_pct: float | None, memory_pct: float | No
         grew = c.b_peak_rss / c.a_peak_rss - 1
         if grew * 100 > memory_pct:
             out.append(
-                f"B's peak RSS {fmt_bytes(c.b_peak_rss)} is {_pct(grew)} above A's "
+                f"{b}'s peak RSS {fmt_bytes(c.b_peak_rss)} is {_pct(grew)} above A's "
                 f"{fmt_bytes(c.a_peak_rss)}, beyond --fail-if-more-memory {memory_pct:g}"
             )
     return out
@@ -140,30 +175,32 @@ def _signed(seconds: float) -> str:
     return ("+" if seconds > 0 else "-" if seconds < 0 else "") + fmt_duration(abs(seconds))
 
 
-def render(c: Comparison) -> None:
-    """Print the comparison for a person."""
+def render(c: Comparison, b: str = "B") -> None:
+    """Print the comparison for a person; ``b`` names the run compared with A."""
     from torchdoctor.terminal import make_console
 
     console = make_console(soft_wrap=True)
     style = {FASTER: "bold green", SLOWER: "bold red"}.get(c.verdict, "bold")
-    console.print(Text(headline(c), style=style))
+    console.print(Text(headline(c, "A", b), style=style))
     console.print(
         Text(
-            f"compared: {c.a_steps} steady steps of A's {c.a_step_count}, {c.b_steps} of B's "
+            f"compared: {c.a_steps} steady steps of A's {c.a_step_count}, {c.b_steps} of {b}'s "
             f"{c.b_step_count} ({c.warmup_rule}); a run's figure is the median of the means "
             "of its blocks of consecutive steps",
             style="dim",
         )
     )
     console.print(Text(f"A: {c.a}"))
-    console.print(Text(f"B: {c.b}"))
+    console.print(Text(f"{b}: {c.b}"))
+    if b != "B":  # the reasons below are worded for a pair
+        console.print(Text(f"(in the lines below, B is {b})", style="dim"))
     for note in c.notes:
         console.print(Text(f"note: {note}", style="yellow"))
     if c.mismatch:
         console.print(Text("not the same workload (--force): " + "; ".join(c.mismatch), "yellow"))
 
     table = Table(box=None, pad_edge=False, title_justify="left")
-    for name in ("per step", "A", "B", "B - A", "95 % interval"):
+    for name in ("per step", "A", b, f"{b} - A", "95 % interval"):
         table.add_column(name, justify="left" if name == "per step" else "right")
     for p in c.phases:
         table.add_row(
@@ -189,7 +226,7 @@ def render(c: Comparison) -> None:
         grid = Table(box=None, pad_edge=False, show_header=True)
         grid.add_column("")
         grid.add_column("A")
-        grid.add_column("B")
+        grid.add_column(b)
         for d in diffs:
             grid.add_row(d.key, _value(d.a), _value(d.b))
         console.print(grid)
@@ -197,30 +234,30 @@ def render(c: Comparison) -> None:
         console.print()
         console.print(Text("Command lines differ", style="bold"))
         console.print(Text(f"  A: {one_line(c.command.a)}"))
-        console.print(Text(f"  B: {one_line(c.command.b)}"))
+        console.print(Text(f"  {b}: {one_line(c.command.b)}"))
     console.print()
     console.print(Text("Memory and machine", style="bold"))
-    console.print(Text(f"  peak RSS  A {fmt_bytes(c.a_peak_rss)}, B {fmt_bytes(c.b_peak_rss)}"))
-    console.print(Text(f"  peak PSS  A {fmt_bytes(c.a_peak_pss)}, B {fmt_bytes(c.b_peak_pss)}"))
+    console.print(Text(f"  peak RSS  A {fmt_bytes(c.a_peak_rss)}, {b} {fmt_bytes(c.b_peak_rss)}"))
+    console.print(Text(f"  peak PSS  A {fmt_bytes(c.a_peak_pss)}, {b} {fmt_bytes(c.b_peak_pss)}"))
     if c.a_peak_vram is not None or c.b_peak_vram is not None:
         console.print(
-            Text(f"  peak VRAM  A {fmt_bytes(c.a_peak_vram)}, B {fmt_bytes(c.b_peak_vram)}")
+            Text(f"  peak VRAM  A {fmt_bytes(c.a_peak_vram)}, {b} {fmt_bytes(c.b_peak_vram)}")
         )
     if c.a_other_cpus is not None and c.b_other_cpus is not None:
         console.print(
             Text(
                 f"  other programs' CPU use  A {c.a_other_cpus:.1f} CPUs, "
-                f"B {c.b_other_cpus:.1f} CPUs on average"
-                + (" (B's machine was busier)" if c.busier else ""),
+                f"{b} {c.b_other_cpus:.1f} CPUs on average"
+                + (f" ({b}'s machine was busier)" if c.busier else ""),
             )
         )
     if c.findings_appeared or c.findings_disappeared:
         console.print()
         console.print(Text("Findings", style="bold"))
         if c.findings_appeared:
-            console.print(Text("  new in B: " + ", ".join(c.findings_appeared)))
+            console.print(Text(f"  new in {b}: " + ", ".join(c.findings_appeared)))
         if c.findings_disappeared:
-            console.print(Text("  gone in B: " + ", ".join(c.findings_disappeared)))
+            console.print(Text(f"  gone in {b}: " + ", ".join(c.findings_disappeared)))
 
 
 def _value(value: Any) -> str:

@@ -10,6 +10,9 @@ from torchdoctor.compare.runs import COMPUTE, DATA_WAIT, PHASE_LABELS, STEP, Run
 from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap, typical_step
 from torchdoctor.errors import UserError
 
+# The names of the runs of a comparison: A is the baseline, B, C... are compared with it.
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
 FASTER = "faster"
 SLOWER = "slower"
 NO_CHANGE = "no significant change"
@@ -293,12 +296,13 @@ def _show(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
-def headline(c: Comparison) -> str:
-    """The verdict in one line, as `torchdoctor compare` and the report print it."""
+def headline(c: Comparison, a: str = "A", b: str = "B") -> str:
+    """The verdict in one line, as `torchdoctor compare` and the report print it; ``a`` and
+    ``b`` name the two runs (C, D... when more than two are compared with A)."""
     r = c.ratio
     if not math.isfinite(r.estimate):
-        return f"{c.verdict}: A's step time is zero"
-    ratio = f"B's step takes {r.estimate:.3f}x A's (95 % interval {r.low:.3f} to {r.high:.3f})"
+        return f"{c.verdict}: {a}'s step time is zero"
+    ratio = f"{b}'s step takes {r.estimate:.3f}x {a}'s (95 % interval {r.low:.3f} to {r.high:.3f})"
     if c.verdict == FASTER:
         return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
     if c.verdict == SLOWER:

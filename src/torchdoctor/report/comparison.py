@@ -19,7 +19,7 @@ from typing import Any
 
 import torchdoctor
 from torchdoctor.compare.runs import RunFigures, run_figures
-from torchdoctor.compare.verdict import FASTER, SLOWER, Comparison, compare, headline
+from torchdoctor.compare.verdict import FASTER, LETTERS, SLOWER, Comparison, compare, headline
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.reader import open_recording
@@ -30,8 +30,6 @@ from torchdoctor.report.scales import fmt_utc, fmt_value
 from torchdoctor.report.svg import PALETTE_SIZE
 from torchdoctor.thresholds import Thresholds
 
-# Letters that name the runs on the page, as compare names A and B.
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_RUNS = len(LETTERS)
 
 
@@ -138,7 +136,7 @@ def _verdicts(runs: list[Run], comparisons: list[Comparison]) -> str:
     parts = ['<section id="verdict"><h2>Verdict</h2>']
     for run, c in zip(runs[1:], comparisons, strict=True):
         level = {FASTER: "ok", SLOWER: "alert"}.get(c.verdict, "none")
-        text = headline(c).replace("B's", f"{run.letter}'s").replace("A's", f"{runs[0].letter}'s")
+        text = headline(c, runs[0].letter, run.letter)
         parts.append(
             f'<div class="verdict level-{level}" data-run="{run.letter}">'
             f"{run.letter} vs {runs[0].letter}: {escape(text)}"
