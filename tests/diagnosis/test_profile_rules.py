@@ -4,6 +4,7 @@ in the test), and GPU-shaped generated traces with known idle splits."""
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -233,3 +234,57 @@ def test_sync_cost_is_its_wait(tmp_path: Path) -> None:
     assert evidence(finding, "synchronisations per step") == 1
     assert "/job/train.py:42 (item)" in finding.recommendation
     assert finding.severity == "warning"  # the wait is most of the step
+
+
+# -- show, --json, the report -----------------------------------------------------------------
+def test_show_json_and_report(tmp_path: Path) -> None:
+    import dataclasses
+    import io
+
+    from tests.helpers.schemas import assert_valid
+    from torchdoctor.cli.json_output import versioned
+    from torchdoctor.recording.summary import summarize
+    from torchdoctor.report.html import write_report
+    from torchdoctor.run.end_report import render_summary
+    from torchdoctor.terminal import make_console
+
+    trace = write_gpu_trace(tmp_path / "t.pt.trace.json.gz", GPU["sync"][0])
+    path = profiled_recording(
+        tmp_path / "r.sqlite", trace, (10, 13), [("item", "/job/train.py", 42, "main", 3, 0.004)]
+    )
+    with open_recording(path) as rec:
+        summary = summarize(rec)
+    assert_valid("show", json.loads(json.dumps(versioned("show", dataclasses.asdict(summary)))))
+    (window,) = summary.profiles
+    assert window["steps_judged"] == 3 and window["syncs_per_step"] == 1 and window["gpu"]
+    out = io.StringIO()
+    render_summary(summary, make_console(file=out, width=400))
+    (line,) = [x for x in out.getvalue().splitlines() if x.startswith("profile (")]
+    assert line.startswith("profile (rank 0, steps 10-13): 3 steps judged")
+    assert "syncs 1/step" in line and "GPU busy" in line and "host wait" in line
+    html, data = write_report(path)
+    page = html.read_text()
+    assert '<section id="profiles">' in page and 'href="#profiles"' in page
+    assert "aten::mul" in page and "[256, 256]" in page and "profile-bars" in page
+    assert any(f.id == "sync-points" for f in data.findings)
+
+
+def test_failed_window_is_one_line_everywhere(tmp_path: Path) -> None:
+    import io
+
+    from torchdoctor.recording.summary import summarize
+    from torchdoctor.report.html import write_report
+    from torchdoctor.run.end_report import render_summary
+    from torchdoctor.terminal import make_console
+
+    trace = tmp_path / "cut.pt.trace.json.gz"
+    trace.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    path = profiled_recording(tmp_path / "r.sqlite", trace, (10, 13))
+    with open_recording(path) as rec:
+        summary = summarize(rec)
+        assert [f for f in diagnose(rec) if f.id in PROFILE_RULES] == []
+    out = io.StringIO()
+    render_summary(summary, make_console(file=out, width=400))
+    (line,) = [x for x in out.getvalue().splitlines() if x.startswith("profile (")]
+    assert line.startswith(f"profile (rank 0, steps 10-13): no figures ({trace}: ")
+    assert "No figures" in write_report(path)[0].read_text()

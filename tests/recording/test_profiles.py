@@ -126,7 +126,7 @@ def test_ingest_and_read_back(tmp_path: Path) -> None:
     assert window.gpu and window.label == "rank 0, steps 10-13"
     assert [s["step"] for s in window.steps] == [10, 11, 12, 13]
     assert [s["step"] for s in window.judged] == [10, 11, 12]
-    assert window.mean("idle_host_s") == pytest.approx(50 * 52e-6, rel=0.02)
+    assert window.typical("idle_host_s") == pytest.approx(50 * 52e-6, rel=0.02)
     assert window.ops[0]["name"] == "aten::mul"
     assert json.loads(window.ops[0]["input_dims"]) == [[256, 256], [256, 256]]
     assert window.kernels[0]["kind"] == "compute"

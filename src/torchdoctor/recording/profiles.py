@@ -137,6 +137,7 @@ OP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("count", "INTEGER"),
     ("self_s", "REAL"),
     ("total_s", "REAL"),
+    ("max_s", "REAL"),  # the longest call (inclusive): one preempted call shows here
 )
 KERNEL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("window_id", "INTEGER"),
@@ -390,7 +391,7 @@ class TraceAnalysis:
     """What one trace holds, reduced to the rows :func:`ingest_window` writes."""
 
     steps: list[_Step]
-    ops: list[tuple[str, str | None, str | None, int, float, float]]
+    ops: list[tuple[str, str | None, str | None, int, float, float, float]]
     kernels: list[tuple[str, str, int, float, float]]
     events: int
     gpu: bool
@@ -631,10 +632,12 @@ class _Analyzer:
         stats = self.ops.get(frame.key)
         if stats is None:
             key = frame.key if len(self.ops) < MAX_OP_KEYS else (frame.name, None, None)
-            stats = self.ops.setdefault(key, [0, 0.0, 0.0])
+            stats = self.ops.setdefault(key, [0, 0.0, 0.0, 0.0])
         stats[0] += 1
         stats[1] += self_us
         stats[2] += frame.dur
+        if frame.dur > stats[3]:
+            stats[3] = frame.dur
 
     # -- GPU side ----------------------------------------------------------------------
     def _gpu_event(
@@ -762,6 +765,7 @@ def analyse_trace(path: str | Path) -> TraceAnalysis:
                 int(s[0]),
                 s[1] / 1e6,
                 s[2] / 1e6,
+                s[3] / 1e6,
             )
             for (name, dims, types), s in ops
         ],
@@ -932,10 +936,23 @@ class WindowProfile:
         HTA judges steps 1..N-1 the same way)."""
         return self.steps[:-1] if len(self.steps) >= 3 else list(self.steps)
 
-    def mean(self, column: str) -> float | None:
-        """The mean per judged step of ``column``; None when no step has it."""
-        values = [s[column] for s in self.judged if s.get(column) is not None]
-        return sum(values) / len(values) if values else None
+    def median_step(self) -> dict[str, Any] | None:
+        """The judged step of median length, whole: its parts add up to it (medians of each
+        part taken apart do not)."""
+        steps = sorted(
+            (s for s in self.judged if s.get("dur_s") is not None), key=lambda s: s["dur_s"]
+        )
+        return steps[(len(steps) - 1) // 2] if steps else None
+
+    def typical(self, column: str) -> float | None:
+        """The median over the judged steps of ``column``; None when no step has it. The
+        median, not the mean: one step of a window preempted on a busy machine (a 24 ms
+        aten::expand among 4 us ones, seen on a shared 2-core VM) must not speak for all."""
+        values = sorted(s[column] for s in self.judged if s.get(column) is not None)
+        if not values:
+            return None
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def read_profiles(recording: Any) -> list[WindowProfile]:
@@ -1023,8 +1040,9 @@ GPU_PARTS = (
 
 def window_summary(w: WindowProfile) -> dict[str, Any]:
     """One window in plain figures (``show --json``'s ``profiles`` items): where it is, its
-    state, and the mean per judged step of each part of the step."""
-    step_s = w.mean("dur_s")
+    state, and its step of median length (``step``) split into its parts."""
+    step = w.median_step() or {}
+    step_s = step.get("dur_s")
     out: dict[str, Any] = {
         "id": w.id,
         "rank": w.window.get("rank"),
@@ -1036,13 +1054,14 @@ def window_summary(w: WindowProfile) -> dict[str, Any]:
         "steps_parsed": len(w.steps),
         "steps_judged": len(w.judged),
         "gpu": w.gpu,
-        "mean_step_s": step_s,
-        "syncs_per_step": w.mean("sync_count"),
-        "ops_per_step": w.mean("op_count"),
-        "parts_s": {name: w.mean(col) for name, col in STEP_PARTS + STEP_KINDS},
-        "gpu_s": {name: w.mean(col) for name, col in GPU_PARTS} if w.gpu else None,
+        "median_step_s": step_s,
+        "syncs_per_step": w.typical("sync_count"),
+        "ops_per_step": w.typical("op_count"),
+        "step": step.get("step"),
+        "parts_s": {name: step.get(col) for name, col in STEP_PARTS + STEP_KINDS},
+        "gpu_s": {name: step.get(col) for name, col in GPU_PARTS} if w.gpu else None,
         "top_ops": [
-            {k: op[k] for k in ("name", "input_dims", "input_types", "count", "self_s")}
+            {k: op[k] for k in ("name", "input_dims", "input_types", "count", "self_s", "max_s")}
             for op in w.ops[:5]
         ],
     }

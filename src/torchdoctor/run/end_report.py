@@ -109,7 +109,46 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         if evaluation.get("samples") is not None:
             line += f", {evaluation['samples']} samples"
         console.print(line + ", left out of step figures")
+    for window in summary.profiles:
+        console.print(profile_line(window), soft_wrap=True)
     console.print(f"recording: {summary.path}")
+
+
+def profile_line(window: dict) -> str:
+    """One line per profiler window: where, how many steps, what the mean step is made of."""
+    where = f"rank {window['rank']}, " if window.get("rank") is not None else ""
+    first, last = window.get("first_step"), window.get("last_step")
+    where += f"steps {first}-{last}" if first is not None else f"window {window['id']}"
+    head = f"profile ({where})"
+    if window.get("state") == "failed" or not window.get("steps_parsed"):
+        why = window.get("reason") or "its trace was not parsed"
+        return f"{head}: no figures ({why})"
+    step = window.get("median_step_s") or 0.0
+    parts = window["parts_s"]
+
+    def share(seconds: float | None) -> str:
+        return fmt_pct(100.0 * (seconds or 0.0) / step) if step > 0 else "n/a"
+
+    body = ", ".join(
+        f"{name} {share(parts.get(name))}" for name in ("ops", "Python", "data", "runtime")
+    )
+    line = (
+        f"{head}: {window['steps_judged']} steps judged, median {fmt_duration(step)}: {body};"
+        f" syncs {_fmt_count(window.get('syncs_per_step'))}/step ({share(parts.get('syncs'))}),"
+        f" copies {share(parts.get('copies'))}, communication {share(parts.get('communication'))}"
+    )
+    gpu = window.get("gpu_s")
+    if gpu:
+        span = sum(v or 0.0 for v in gpu.values())
+        idle = ", ".join(
+            f"{name} {fmt_pct(100.0 * (gpu.get(name) or 0.0) / span) if span else 'n/a'}"
+            for name in ("host wait", "kernel wait", "other idle")
+        )
+        busy = fmt_pct(100.0 * (gpu.get("busy") or 0.0) / span) if span else "n/a"
+        line += f"; GPU busy {busy} ({idle})"
+    if window.get("state") == "cut" and window.get("reason"):
+        line += f" (cut: {window['reason']})"
+    return line
 
 
 def _signal_name(signum: int) -> str:

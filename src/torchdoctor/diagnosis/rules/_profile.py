@@ -22,7 +22,7 @@ def windows(ctx: DiagnosisContext, gpu: bool | None = None) -> list[WindowProfil
 
 
 def per_step(w: WindowProfile, column: str) -> float:
-    return w.mean(column) or 0.0
+    return w.typical(column) or 0.0
 
 
 def pct(part: float, whole: float) -> float:
@@ -34,13 +34,16 @@ def gpu_span(w: WindowProfile) -> float:
 
 
 def step_time(w: WindowProfile) -> float:
-    """The mean profiled step: its CPU span, or the GPU's work for it where that is longer (a
+    """The median profiled step: its CPU span, or the GPU's work for it where that is longer (a
     host that runs ahead of a deep queue ends its steps before their kernels do)."""
-    times = [
+    times = sorted(
         max(s["dur_s"] or 0.0, (s.get("gpu_busy_s") or 0.0) + (s.get("gpu_idle_s") or 0.0))
         for s in w.judged
-    ]
-    return sum(times) / len(times) if times else 0.0
+    )
+    if not times:
+        return 0.0
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
 
 
 def window_evidence(w: WindowProfile) -> list[Evidence]:
@@ -50,7 +53,7 @@ def window_evidence(w: WindowProfile) -> list[Evidence]:
     return [
         Evidence("profiled window", w.label, ""),
         Evidence("steps judged", len(w.judged), "steps", t0, t1),
-        Evidence("mean profiled step", round(step_time(w), 6), "s", t0, t1),
+        Evidence("median profiled step", round(step_time(w), 6), "s", t0, t1),
     ]
 
 

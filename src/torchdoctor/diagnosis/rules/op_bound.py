@@ -5,7 +5,9 @@ step is not mostly Python, below `profile_python_alert_pct`), with the ops that 
 `profile_ops_cover_pct` of the op time, their shapes and dtypes. The fix follows the op's class:
 an fp32 matmul or convolution on a tensor-core GPU (compute capability 7 and later) -> AMP
 (bf16) or TF32; a chain of elementwise ops -> torch.compile. The time outside the DataLoader's
-`__next__` only: a data-bound step is dataloader-bound's."""
+`__next__` only: a data-bound step is dataloader-bound's. Not for an op whose time is one call
+(preempted, or a one-off) nor for thousands of calls under 20 us each (python-overhead's).
+Per-step figures are medians over the judged steps."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torchdoctor.diagnosis.rules import _profile as wp
 from torchdoctor.recording.profiles import WindowProfile
 
 ID = "op-bound"
+TINY_CALL_S = 20e-6  # as the parser's tiny top-level ops
 MATMUL_OPS = re.compile(
     r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?convolution|conv\dd|mkldnn_convolution|cudnn_convolution|_scaled_dot_product)"
 )
@@ -56,13 +59,22 @@ def _label(op: dict[str, Any]) -> str:
     return f"{op['name']} {shape}" if shape else op["name"]
 
 
+def _one_off(op: dict[str, Any]) -> bool:
+    calls, longest, own = op["count"] or 0, op.get("max_s"), op["self_s"] or 0.0
+    return calls > 1 and longest is not None and longest > 0.5 * own
+
+
 def _cpu(ctx: DiagnosisContext, w: WindowProfile) -> tuple[float, Finding] | None:
     t = ctx.thresholds
     n = len(w.steps)
     step_s = wp.per_step(w, "dur_s")
     if not w.ops or not n or step_s <= 0:
         return None
-    top = w.ops[0]
+    # An op whose time is mostly one call (preempted, or a one-off) is not the step's cost.
+    steady = [op for op in w.ops if not _one_off(op)]
+    if not steady:
+        return None
+    top = steady[0]
     top_s = (top["self_s"] or 0.0) / n
     share = wp.pct(top_s, step_s)
     # A step spent in Python between ops is python-overhead's (or a sync's: printing a
@@ -70,9 +82,13 @@ def _cpu(ctx: DiagnosisContext, w: WindowProfile) -> tuple[float, Finding] | Non
     python_share = wp.pct(wp.per_step(w, "python_s"), step_s)
     if share < t.profile_hot_op_pct or python_share >= t.profile_python_alert_pct:
         return None
-    ops_total = sum((o["self_s"] or 0.0) for o in w.ops) / n
+    # Thousands of calls of a few microseconds each are dispatch, not arithmetic: that step
+    # is python-overhead's, and making the op itself faster would not help.
+    if (top["self_s"] or 0.0) / max(top["count"] or 1, 1) < TINY_CALL_S:
+        return None
+    ops_total = sum((o["self_s"] or 0.0) for o in steady) / n
     covering, acc = [], 0.0
-    for op in w.ops:
+    for op in steady:
         if acc >= ops_total * t.profile_ops_cover_pct / 100 or len(covering) >= 10:
             break
         acc += (op["self_s"] or 0.0) / n

@@ -8,12 +8,17 @@ the agent caught calling them (profile_sync_sites). Warning on a GPU when their 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import torchdoctor
 from torchdoctor.diagnosis.context import DiagnosisContext
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules import _profile as wp
 from torchdoctor.units import fmt_duration
 
 ID = "sync-points"
+_OWN = str(Path(torchdoctor.__file__).resolve().parent) + os.sep
 MAX_SITES = 5  # source lines named in the finding
 
 
@@ -33,7 +38,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         Evidence("time in them per step", round(wait, 6), "s"),
         Evidence("share of the step", share, "%"),
     ]
-    sites = w.sync_sites[:MAX_SITES]
+    # A frame of torchdoctor's own agent is never the line the user is to change.
+    sites = [x for x in w.sync_sites if not str(x["file"]).startswith(_OWN)][:MAX_SITES]
     for site in sites:
         evidence.append(
             Evidence(
