@@ -19,6 +19,10 @@ from torchdoctor.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("torchdoctor.cli.run", "Run a command and record everything it uses."),
     "attach": ("torchdoctor.cli.attach", "Record a running process tree until it exits."),
+    "profile": (
+        "torchdoctor.cli.profile",
+        "Profile a few steps of a recorded running job with torch.profiler.",
+    ),
     "ls": ("torchdoctor.cli.ls", "List the recordings, newest first."),
     "show": ("torchdoctor.cli.show", "Summarize a recording."),
     "export": ("torchdoctor.cli.export", "Export a recording to CSV, Parquet or JSON Lines."),
