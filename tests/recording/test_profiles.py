@@ -162,6 +162,24 @@ def test_damaged_trace_marks_the_window_failed(tmp_path: Path, kind: str) -> Non
     assert window.steps == [] and window.trace is None
 
 
+def test_odd_events_are_skipped(tmp_path: Path) -> None:
+    """Elements no profiler writes (numbers, strings, text times, negative durations, lists in
+    args, ids past int64, bytes that are not UTF-8) are left out, not fatal."""
+    trace = tmp_path / "odd.json"
+    trace.write_bytes(
+        b'{"traceEvents": [1, "x", [], {"ph": "X", "ts": "a", "dur": 1, "name": "n"},'
+        b' {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": -5},'
+        b' {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 50},'
+        b' {"ph": "X", "cat": "cpu_op", "name": "aten::\xff", "ts": 2, "dur": 5,'
+        b' "args": {"Input type": [["x"]], "Input Dims": {"a": 1}}},'
+        b' {"ph": "X", "cat": "kernel", "name": "k", "ts": 3, "dur": 1,'
+        b' "args": {"correlation": 99999999999999999999999, "stream": 7}}]}'
+    )
+    analysis = analyse_trace(trace)
+    assert [s.number for s in analysis.steps] == [3] and analysis.steps[0].op_count == 1
+    assert analysis.ops[0][0] == "aten::\ufffd"
+
+
 def test_events_split_across_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Reads of 7 characters: every event and the step names straddle reads.
     import torchdoctor.recording.profiles as profiles

@@ -838,6 +838,11 @@ def ingest_window(writer: _Writer, window_id: int, trace_path: str) -> None:
         analysis, reason = None, str(exc)
     except MemoryError:
         analysis, reason = None, f"{trace_path}: out of memory while parsing"
+    except Exception as exc:  # noqa: BLE001
+        # A trace this parser does not understand must cost the window, never the recorder
+        # (the recorder calls this on its own thread while the job runs): one line, as for a
+        # damaged file.
+        analysis, reason = None, f"{trace_path}: cannot be analysed ({type(exc).__name__}: {exc})"
     parse_s = time.perf_counter() - started
 
     def work(db: sqlite3.Connection) -> None:
