@@ -1,10 +1,15 @@
-"""Real screenshots for the README and the manual: docs/images/top.png and docs/images/report.png.
+"""Real screenshots for the README and the manual: docs/images/top.png, report.png and compare.png.
 
 - top.png: `torchdoctor top` in a 100x30 tmux window while the bundled example job trains; the
   pane (with its colours, `capture-pane -e`) is drawn by rich as SVG and photographed by
   headless Chromium, the same browser the report tests drive (tests/report/cdp_browser.py).
-- report.png: the HTML report of a recording of the example job, as headless Chromium shows
-  it in a 1280x900 window.
+- report.png: the HTML report of a recording of the example job as written (its default 300
+  steps: data-bound), as headless Chromium shows it in a 1280x900 window.
+- compare.png: `torchdoctor report A B` of that recording and one with the settings the
+  diagnosis prints on 2 CPUs (`--num-workers 2 --threads 1`), the same window.
+
+Take them on a quiet machine: top shows the machine's load and every process on it, and a
+busy machine's steps are not the example's.
 
     python docs/screenshots.py      # needs tmux and chromium (`make system` installs both)
 """
@@ -104,6 +109,24 @@ def top_pane(work: Path) -> str:
         job.wait()
 
 
+def record_example(work: Path, name: str, *args: str) -> Path:
+    """A recording of the bundled example run as a user runs it, `python train.py ...` from
+    examples/, so that the report's header shows that command and not this machine's paths."""
+    out = work / f"{name}.sqlite"
+    env = _env()
+    # `python` found on PATH is this interpreter: the command line reads as the user's.
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--out", str(out)]
+        + ["--", "python", "train.py", *args],
+        cwd=ROOT / "examples",
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return out
+
+
 def main() -> int:
     chromium = find_chromium()
     if chromium is None or shutil.which("tmux") is None:
@@ -117,40 +140,22 @@ def main() -> int:
         console.print(Text.from_ansi(pane.rstrip("\n")))
         svg = work / "top.svg"
         svg.write_text(console.export_svg(title="torchdoctor top"), encoding="utf-8")
-        recording = work / "train.sqlite"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torchdoctor",
-                "run",
-                "--quiet",
-                "--out",
-                str(recording),
-                "--",
-                sys.executable,
-                str(ROOT / "examples" / "train.py"),
-                "--steps",
-                "6",
-                "--batch-size",
-                "4",
-            ],
-            cwd=work,
-            env=_env(),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        recording = record_example(work, "as-written")
+        advised = record_example(work, "advised", "--num-workers", "2", "--threads", "1")
         report = work / "report.html"
-        subprocess.run(
-            [sys.executable, "-m", "torchdoctor", "report", str(recording), "-o", str(report)],
-            env=_env(),
-            check=True,
-        )
+        compared = work / "compare.html"
+        for args in ([recording, "-o", report], [recording, advised, "-o", compared]):
+            subprocess.run(
+                [sys.executable, "-m", "torchdoctor", "report", *map(str, args)],
+                env=_env(),
+                check=True,
+            )
         browser = Chromium(chromium)
         try:
             browser.open_page()
             _photograph(browser, svg.as_uri(), IMAGES / "top.png", 1040, 720)
             _photograph(browser, report.as_uri(), IMAGES / "report.png", 1280, 900)
+            _photograph(browser, compared.as_uri(), IMAGES / "compare.png", 1280, 900)
         finally:
             browser.close()
     return 0
