@@ -161,3 +161,57 @@ def test_a_folder_given_as_the_model_file_is_said_to_be_a_folder(tmp_path):
     # was "model file ... does not exist"
     res = run_td("estimate", f"{tmp_path}:make", "--input", "8")
     _one_error_line(res, f"model file {tmp_path} is a folder, not a Python file")
+
+
+SLOW_FACTORY = "import time\n\n\ndef make():\n    time.sleep(120)\n"
+SLOW_IMPORT = "import time\n\ntime.sleep(120)\n\n\ndef make():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "what"),
+    [(SLOW_FACTORY, "the factory of slow.py:make"), (SLOW_IMPORT, "importing slow.py")],
+    ids=["factory", "import"],
+)
+def test_a_factory_that_never_returns_is_one_line_after_timeout(tmp_path, source, what):
+    # probe M2: it hung silently. --timeout 2s: the line comes about 2 s after torch imported.
+    (tmp_path / "slow.py").write_text(source)
+    res = run_td("estimate", "slow.py:make", "--input", "8", "--timeout", "2s", cwd=tmp_path)
+    _one_error_line(res, f"{what} did not return within 2 s", "raise --timeout")
+
+
+@pytest.mark.parametrize("value", ["nan", "-5", "soon"])
+def test_a_timeout_that_is_no_duration_is_refused(value):
+    res = run_td("estimate", f"{MODELS_FILE}:mlp_dropout", "--input", "8", "--timeout", value)
+    _one_error_line(res, "--timeout")
+
+
+def test_the_wait_is_said_on_a_terminal_and_the_bound_ends_it(tmp_path, monkeypatch):
+    """In process: a terminal stderr gets 'still waiting' lines while the factory runs, the
+    SIGALRM bound ends it with the error naming factory_timeout, and the process's own SIGALRM
+    handler is back afterwards."""
+    import io
+    import signal
+    import time
+
+    from torchdoctor.errors import ParameterError
+    from torchdoctor.estimate import spec as spec_mod
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    (tmp_path / "slow.py").write_text(SLOW_FACTORY)
+    terminal = Terminal()
+    monkeypatch.setattr(spec_mod, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    before = signal.getsignal(signal.SIGALRM)
+    workload = spec_mod.load_workload(f"{tmp_path / 'slow.py'}:make", (8,), timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(ParameterError) as caught:
+        workload.build_model()
+    assert time.monotonic() - started < 10
+    assert "did not return within 1 s" in str(caught.value)
+    assert "still waiting for the factory of" in terminal.getvalue()
+    assert "s of at most 1 s" in terminal.getvalue()
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

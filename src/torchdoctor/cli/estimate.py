@@ -36,8 +36,19 @@ FLAGS = {
     "margin": "--margin",
     "fallback": "--no-fallback",
     "memory_snapshot": "--memory-snapshot",
+    "factory_timeout": "--timeout",
     "max_batch()": "--max-batch",
 }
+
+
+def _factory_timeout(text: str) -> float | None:
+    """--timeout's seconds (None for 0: a factory that may take as long as it takes)."""
+    from torchdoctor.units import parse_duration
+
+    seconds = parse_duration(text, "--timeout", examples="600, 600s, 10m or 0 (no bound)")
+    return None if seconds == 0 else seconds
+
+
 # A loop differing by more than this fraction of the peak is shown next to the estimate.
 SHOWN_LOOP_CHANGE = 0.01
 
@@ -167,6 +178,16 @@ Examples:
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the result as JSON (schema in the README)."
+)
+@click.option(
+    "--timeout",
+    "factory_timeout",
+    metavar="TIME",
+    default="600s",
+    show_default=True,
+    callback=lambda ctx, param, value: _factory_timeout(value),
+    help="How long importing SPEC's file, and each call of its factory, may take before one "
+    "line says it did not return (0: no bound). A line on a terminal says it is waited for.",
 )
 @python_option
 @click.option("--quiet", is_flag=True, help="No progress line on stderr (--max-batch).")

@@ -53,7 +53,13 @@ _ARGS: dict[str, str] = {
         '``"hand-written"`` keeps the model\'s output through backward and optimizer.step,\n'
         '``"frees-output"`` drops it before backward, ``"hf-trainer"`` and\n'
         '``"lightning"`` do what those trainers do. None: ``"hf-trainer"`` for ``hf:``\n'
-        'specs, else ``"hand-written"``.'
+        "specs, for a file.py:factory the loop its file uses (the Estimate's loop_reason\n"
+        'says which and why), else ``"hand-written"``.'
+    ),
+    "factory_timeout": (
+        "Seconds that importing the spec's module, and each call of its factory, may take\n"
+        "before a UserError says it did not return (None: no bound). Enforced with SIGALRM\n"
+        "when called from the main thread; a progress line on a terminal stderr meanwhile."
     ),
     "device": '``"cpu"`` or ``"cuda"``; None: cuda when ``gpu`` or ``gpu_memory`` is given.',
     "gpu": (
@@ -113,6 +119,7 @@ def estimate(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    factory_timeout: float | None = None,
     compare_loops: bool = True,
     memory_snapshot: str | Path | None = None,
 ) -> Estimate:
@@ -158,6 +165,7 @@ def max_batch(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    factory_timeout: float | None = None,
     on_probe: Callable[[int, int, bool], None] | None = None,
 ) -> MaxBatch:
     """The largest batch whose step fits the target with ``margin`` of its memory kept free.
@@ -204,6 +212,7 @@ def prepare(
     gpu_memory: str | int | None = None,
     margin: float = DEFAULT_MARGIN,
     fallback: bool = True,
+    factory_timeout: float | None = None,
 ) -> tuple[FitCheck, TrainingSetup]:
     """Check the arguments and load the model spec, for set-up after set-up to be estimated
     (``check.estimate(setup.with_(batch_size=64))``).
@@ -266,7 +275,13 @@ def prepare(
         capacity = target.gpu.memory_bytes
     else:
         capacity = _size(gpu_memory) if gpu_memory is not None else None
-    workload = load_workload(spec, shape, tokens)
+    if factory_timeout is not None and not 0 < factory_timeout <= _LONGEST_TIMEOUT_S:
+        # NaN and inf too (SIGALRM's timer takes neither)
+        raise ParameterError(
+            f"{{}} must be above 0 and at most a year of seconds, not {factory_timeout}",
+            "factory_timeout",
+        )
+    workload = load_workload(spec, shape, tokens, factory_timeout)
     if asked_loop is None and isinstance(model, str):
         workload.default_loop = _default_loop(model, workload, setup.loop)
         setup = setup.with_(loop=workload.default_loop[0])
@@ -292,6 +307,8 @@ def _default_loop(spec: str, workload: Workload, provisional: str) -> tuple[str,
         "(--loop hf-trainer or lightning if it is trained by one)"
     )
 
+
+_LONGEST_TIMEOUT_S = 365 * 86400
 
 _PREPARE_KEYWORDS = list(inspect.signature(prepare).parameters)[1:]
 

@@ -41,8 +41,12 @@ def load_workload(
     spec: str | Callable[[], Any],
     input_shape: tuple[int, ...] | None = None,
     tokens: int | None = None,
+    timeout: float | None = None,
 ) -> Workload:
-    """The workload ``spec`` names, fed by ``--input``, ``--tokens`` or the factory's batch maker."""
+    """The workload ``spec`` names, fed by ``--input``, ``--tokens`` or the factory's batch maker.
+
+    ``timeout``: seconds that importing the user's module, and each call of its factory, may
+    take (None: no bound); past it a :class:`ParameterError` naming ``factory_timeout``."""
     module: ModuleType | None = None  # the user's module of file.py:factory, pkg.mod:factory
     if callable(spec):
         name = getattr(spec, "__qualname__", repr(spec))
@@ -52,9 +56,10 @@ def load_workload(
     elif spec.startswith("hf:"):
         name, factory, default_input = spec, _hf_factory(spec[3:]), None
     else:
-        factory, module = _import_factory(spec)
+        factory, module = _import_factory(spec, timeout)
         name, default_input = spec, None
-    workload = _workload(name, factory, input_shape or (None if tokens else default_input), tokens)
+    shape = input_shape or (None if tokens else default_input)
+    workload = _workload(name, factory, shape, tokens, timeout)
     if module is not None:
         workload.trains_with = trains_with(module)
     return workload
@@ -103,11 +108,12 @@ def _workload(
     factory: Callable[[], Any],
     input_shape: tuple[int, ...] | None,
     tokens: int | None,
+    timeout: float | None = None,
 ) -> Workload:
     parts: dict[str, Any] = {}
 
     def build_model() -> Any:
-        with _user_code(f"the factory of {name}", _script_of(name)):
+        with _user_code(f"the factory of {name}", _script_of(name), timeout):
             made = factory()
         model, batch_maker, loss = _unpack(name, made)
         parts["batch_maker"], parts["loss"] = batch_maker, loss
@@ -184,7 +190,7 @@ def _script_of(spec_name: str) -> str:
 
 
 @contextlib.contextmanager
-def _user_code(what: str, argv0: str) -> Iterator[None]:
+def _user_code(what: str, argv0: str, timeout: float | None = None) -> Iterator[None]:
     """Around importing the user's module and calling its factory, inside torchdoctor's process.
 
     ``sys.argv`` is ``[argv0]``, as if the file ran with no arguments: a module-level
@@ -192,13 +198,20 @@ def _user_code(what: str, argv0: str) -> Iterator[None]:
     like torchdoctor's. What the code writes on stderr is held back, so that an exit or an
     exception is one line (the code's last line of stderr goes into it), and passed on when
     the code returns normally (its warnings are the user's to see). ``sys.exit()`` and any
-    exception become a :class:`UserError` naming ``what``."""
+    exception become a :class:`UserError` naming ``what``; so does running past ``timeout``
+    seconds (:func:`_bounded`)."""
     saved_argv = sys.argv
     held = io.StringIO()
     sys.argv = [argv0]
     try:
-        with contextlib.redirect_stderr(held):
+        with _bounded(what, timeout), contextlib.redirect_stderr(held):
             yield
+    except _NoReturn:
+        raise ParameterError(
+            literal(f"{what} did not return within {_seconds(timeout)}: ")
+            + "it may wait for something that never comes (raise {} if it is only slow)",
+            "factory_timeout",
+        ) from None
     except SystemExit as exc:
         raise UserError(_exit_message(what, exc.code, held.getvalue())) from None
     except (UserError, KeyboardInterrupt):
@@ -209,6 +222,76 @@ def _user_code(what: str, argv0: str) -> Iterator[None]:
         sys.stderr.write(held.getvalue())
     finally:
         sys.argv = saved_argv
+
+
+class _NoReturn(BaseException):
+    """Raised into the user's code when it ran past its bound: a BaseException, so that the
+    code's own ``except Exception`` does not swallow it."""
+
+
+# A progress line on a terminal after this long, then again each time this long went by.
+PROGRESS_EVERY_S = 10.0
+
+
+@contextlib.contextmanager
+def _bounded(what: str, timeout: float | None) -> Iterator[None]:
+    """Bound the user's code to ``timeout`` seconds (None: unbounded, silent), and say it is
+    still waited for.
+
+    A factory that never returns (a download that hangs, a lock, ``input()``) hung estimate
+    silently (probe M2). SIGALRM raises :class:`_NoReturn` in the main thread, where the code
+    runs: Python code and the blocking calls signals interrupt (sleep, socket reads, lock
+    waits) end there. Elsewhere (the API from another thread) signals cannot reach it and only
+    the progress line is given. The line goes to the terminal the user watches, captured
+    before the code's stderr is held back, and only when it is a terminal."""
+    import signal
+    import threading
+
+    if timeout is None:
+        yield
+        return
+    stderr = sys.stderr
+    tty = bool(getattr(stderr, "isatty", None)) and stderr.isatty()
+    armed = threading.current_thread() is threading.main_thread()
+    done = threading.Event()
+    watcher = None
+    if tty:
+        watcher = threading.Thread(
+            target=_progress, args=(what, timeout, stderr, done), daemon=True
+        )
+        watcher.start()
+    if armed:
+
+        def alarm(signum: int, frame: Any) -> None:
+            raise _NoReturn
+
+        previous = signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        if armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        done.set()
+        if watcher is not None:
+            watcher.join(1.0)
+
+
+def _progress(what: str, timeout: float, stderr: Any, done: Any) -> None:
+    from torchdoctor.terminal import make_console
+
+    console = make_console(file=stderr, soft_wrap=True)  # one line each, never cut
+    waited = 0.0
+    while not done.wait(PROGRESS_EVERY_S):
+        waited += PROGRESS_EVERY_S
+        console.print(
+            f"torchdoctor: still waiting for {what}: {waited:.0f} s of at most {_seconds(timeout)}"
+        )
+
+
+def _seconds(timeout: float | None) -> str:
+    return f"{timeout:g} s"
 
 
 def _exit_message(what: str, code: object, stderr: str) -> str:
@@ -225,7 +308,9 @@ def _exit_message(what: str, code: object, stderr: str) -> str:
     return message
 
 
-def _import_factory(spec: str) -> tuple[Callable[[], Any], ModuleType]:
+def _import_factory(
+    spec: str, timeout: float | None = None
+) -> tuple[Callable[[], Any], ModuleType]:
     """The factory ``spec`` names, and the module it was found in."""
     target, sep, attr = spec.partition(":")
     form = "use file.py:factory, package.module:factory, torchvision:NAME or hf:MODEL_TYPE"
@@ -250,13 +335,13 @@ def _import_factory(spec: str) -> tuple[Callable[[], Any], ModuleType]:
         sys.path.insert(0, str(path.resolve().parent))
         try:
             sys.modules[module_name] = module
-            with _user_code(f"importing {target}", target):
+            with _user_code(f"importing {target}", target, timeout):
                 module_spec.loader.exec_module(module)
         finally:
             sys.path.remove(str(path.resolve().parent))
     else:
         try:
-            with _user_code(f"importing {target}", target):
+            with _user_code(f"importing {target}", target, timeout):
                 module = importlib.import_module(target)
         except UserError as exc:
             if isinstance(exc.__cause__, ImportError):
