@@ -550,7 +550,8 @@ class _Analyzer:
     ) -> None:
         if ts < self.cpu_clock:
             self.late += 1  # further out of order than the heap holds: placed, not nested
-        self.cpu_clock = max(self.cpu_clock, ts)
+        else:
+            self.cpu_clock = ts
         if kind == 2:
             notes = self.annotations.setdefault(tid, [])
             while notes and notes[-1][0] <= ts:
@@ -612,16 +613,23 @@ class _Analyzer:
 
     @staticmethod
     def _cover(step: _Step, ts: float, end: float) -> None:
-        lo, hi = max(ts, step.cover_end, step.start), min(end, step.end)
+        # Plain comparisons: this runs once per top-level op (max/min calls cost more).
+        hi = end if end < step.end else step.end
+        lo = ts if ts > step.cover_end else step.cover_end
+        if step.start > lo:
+            lo = step.start
         if hi > lo:
             step.covered_us += hi - lo
-        step.cover_end = max(step.cover_end, min(end, step.end))
+        if hi > step.cover_end:
+            step.cover_end = hi
 
     def _close(self, frame: _Frame, stack: list[_Frame]) -> None:
         step = frame.step
         if step is None:
             return
-        self_us = max(0.0, frame.dur - frame.child)
+        self_us = frame.dur - frame.child
+        if self_us < 0.0:
+            self_us = 0.0
         if frame.kind == 1:
             step.runtime_us += self_us
             return
@@ -694,13 +702,15 @@ class _Analyzer:
             if stats is not None:
                 stats[1] += 1
                 stats[2] += dur
-                stats[3] = max(stats[3], dur)
+                if dur > stats[3]:
+                    stats[3] = dur
             if kind == "communication":
                 self.g_comm = max(self.g_comm, end)
             elif kind == "compute":
                 self.g_compute = max(self.g_compute, end)
             self.g_step = step
-        self.g_any = max(self.g_any, end)
+        if end > self.g_any:
+            self.g_any = end
 
     def _sweep_to(self, t: float) -> None:
         """Account [g_prev, t) to the step the GPU works on: every interval that started
