@@ -239,3 +239,17 @@ def test_show_counts_folded_samples_and_their_peak(tmp_path: Path) -> None:
     assert small.samples == whole.samples
     assert small.job_rss.peak == whole.job_rss.peak == 3 * GiB
     assert small.job_rss.mean == pytest.approx(whole.job_rss.mean, rel=0.05)
+
+
+def test_show_means_of_a_folded_recording_are_the_full_ones(tmp_path: Path) -> None:
+    """Means over rows would weigh the minutes kept whole (start-up, recent past) far above
+    the folded ones; the summary takes one instant a bucket throughout."""
+    ramp = Proc(1000, cpu=lambda t: 50.0 if t < 300 else 150.0)
+    job = Job(duration=DURATION, procs=[ramp])
+    full = write(job, tmp_path / "full.sqlite", None)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    with open_recording(full) as a, open_recording(folded) as b:
+        whole, small = summarize(a), summarize(b)
+    assert small.job_cpu_pct.mean == pytest.approx(whole.job_cpu_pct.mean, rel=0.02)
+    assert small.host_cpu_busy_pct.mean == pytest.approx(whole.host_cpu_busy_pct.mean, rel=0.02)
+    assert small.job_cpu_pct.peak == whole.job_cpu_pct.peak

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchdoctor.recording.compaction import META_THROUGH
 from torchdoctor.recording.reader import Recording, damaged
 from torchdoctor.recording.state import describe_state, missing_wal_hint
 from torchdoctor.recording.steps import evaluation_stats
@@ -87,16 +88,17 @@ def summarize(rec: Recording) -> RunSummary:
     """The figures of a whole recording, aggregated by SQLite: memory stays flat however long
     the run (a week at 0.5 s is 1.2 million samples), nothing per sample is held here."""
     meta = rec.meta
-    (host,) = rec.query(
+    host_sql = (
         "SELECT COUNT(*) AS n, AVG(cpu_busy) AS cpu_mean, MAX(cpu_busy) AS cpu_peak,"
         " AVG(cpu_iowait) AS io_mean, MAX(cpu_iowait) AS io_peak,"
         " AVG(mem_used) AS mem_mean, MAX(mem_used) AS mem_peak,"
         " AVG(swap_in_per_s + swap_out_per_s) AS swap_mean,"
         " MAX(swap_in_per_s + swap_out_per_s) AS swap_peak FROM host_samples"
     )
+    host = _uniform_means(rec, "host_samples", host_sql)
     # Per sample time, the job's sums over its processes; then mean and peak of those sums.
     # A PSS sum over a partial set of processes would understate the job: such samples skip.
-    (job,) = rec.query(
+    job_sql = (
         "SELECT COUNT(*) AS n, AVG(cpu) AS cpu_mean, MAX(cpu) AS cpu_peak,"
         " AVG(rss) AS rss_mean, MAX(rss) AS rss_peak,"
         " AVG(CASE WHEN n_pss = n THEN pss END) AS pss_mean,"
@@ -107,6 +109,7 @@ def summarize(rec: Recording) -> RunSummary:
         " COUNT(pss) AS n_pss, SUM(threads) AS threads, COUNT(*) AS n"
         " FROM process_samples GROUP BY t)"
     )
+    job = _uniform_means(rec, "process_samples", job_sql)
     shm = _shared_memory(rec)
     # SQLite's AVG and MAX of a column holding text or a blob (an edited file) give text:
     # it would fail only where a figure is printed, after the recording is closed.
@@ -173,6 +176,23 @@ def _shared_memory(rec: Recording) -> dict[str, Any]:
         " SUM(shmem) AS shmem, COUNT(*) AS n FROM process_samples GROUP BY t)"
     )
     return row
+
+
+def _uniform_means(rec: Recording, table: str, sql: str) -> dict[str, Any]:
+    """The row of ``sql`` over ``table``; where the writer folded older samples
+    (recording.compaction) its means are taken at one instant a bucket throughout, the
+    instants the folded rows stand at: read row by row, the minutes kept whole would
+    outweigh the folded days. Counts and peaks stay those of every row."""
+    (row,) = rec.query(sql)
+    policy, start = rec.compaction, rec.started_at
+    if policy is None or start is None or not rec.meta.get(META_THROUGH):
+        return row
+    instants = rec.bucket_instants(table, start, policy.bucket_s)
+    if not instants.condition:
+        return row
+    where = f"FROM {table} WHERE {instants.condition}"
+    (uniform,) = rec.query(sql.replace(f"FROM {table}", where, 1), instants.params)
+    return {**row, **{k: v for k, v in uniform.items() if k.endswith("_mean")}}
 
 
 def _folded_samples(rec: Recording) -> int:
