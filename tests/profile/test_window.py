@@ -227,3 +227,27 @@ def test_the_size_cap_cuts_the_window(tmp_path):
     with gzip.open(window.trace_path, "rt") as fh:
         names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
     assert "ProfilerStep#5" in names and "ProfilerStep#6" not in names
+
+
+def test_sync_points_inside_the_optimizer_are_the_step_line(tmp_path):
+    # Adam's step() calls item() on its step counts (foreach=False): the site is the job's
+    # opt.step() line, never a frame of torch or of the agent (whose wrapper runs it).
+    proc, out = record(tmp_path, "10", "--adam", options=("--profile-steps", "4-5"))
+    assert proc.returncode == 0, proc.stderr
+    with open_recording(out) as rec:
+        (window,) = rec.profile_windows()
+        sites = rec.profile_sync_sites(window.id)
+    assert all(Path(s.file) == JOB for s in sites), sites
+    lines = {(s.op, s.line): s.count for s in sites}
+    assert lines[("item", line_of("ITEM-LINE"))] == 2
+    assert lines[("item", line_of("STEP-LINE"))] >= 2
+
+
+def test_a_job_ending_before_the_window_says_so(tmp_path):
+    proc, out = record(tmp_path, "6", options=("--profile-steps", "10-12"))
+    assert proc.returncode == 0, proc.stderr
+    with open_recording(out) as rec:
+        (window,) = rec.profile_windows()
+        assert not any(r["profiled"] for r in rec.steps())
+    assert window.state == "failed"
+    assert window.reason == "the process ended at step 6, before the window's warm-up"

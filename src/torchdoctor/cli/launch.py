@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from torchdoctor.cli.common import (
     check_interval,
     interval_option,
     keep_option,
+    profile_steps_env,
     python_option,
     stderr_console,
     thresholds_option,
@@ -47,6 +50,13 @@ from torchdoctor.cli.parsing import WrapperCommand
 @keep_option
 @thresholds_option
 @python_option
+@click.option(
+    "--profile-steps",
+    metavar="A-B",
+    default=None,
+    help="Profile steps A to B of every rank with torch.profiler (as `run --profile-steps`): "
+    "each rank's trace goes to <recording>.profile/rank<R>-steps<A>-<B>.pt.trace.json.gz.",
+)
 @click.argument(
     "argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]..."
 )
@@ -66,6 +76,7 @@ def command(
     keep: str,
     thresholds: str | None,
     python: str | None,
+    profile_steps: str | None,
     argv: tuple[str, ...],
 ) -> None:
     """Start SCRIPT on every rank through torchrun, record this node, exit with its status.
@@ -82,6 +93,8 @@ def command(
     from torchdoctor.run.interpreter import find_job_python
 
     check_interval(interval)
+    # The ranks' environment is ours (launch_node copies it): the window goes with it.
+    os.environ.update(profile_steps_env(profile_steps, no_instrument=False))
     job_python = find_job_python(_command(argv), explicit=python)
     opts = LaunchOptions(
         nproc_per_node=nproc_per_node,

@@ -1,6 +1,6 @@
 """A tiny training loop that synchronises with the device at known lines every step.
 
-argv: STEPS [--print] [--break-profiler] [--check-originals FILE] [--exit N] [--sleep S]
+argv: STEPS [--print] [--adam] [--break-profiler] [--check-originals FILE] [--exit N] [--sleep S]
 """
 
 import json
@@ -26,14 +26,17 @@ originals = {
 originals["synchronize"] = torch.cuda.synchronize
 sleep = float(args[args.index("--sleep") + 1]) if "--sleep" in args else 0.0
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+if "--adam" in args:
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)  # item() inside step()
+else:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(16, 32), torch.randn(16, 1)
 wrapped_seen = False
 for _ in range(steps):
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
-    opt.step()
+    opt.step()  # STEP-LINE
     value = loss.item()  # ITEM-LINE
     if "--print" in args:
         print(loss)  # PRINT-LINE

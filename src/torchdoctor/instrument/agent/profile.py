@@ -341,6 +341,19 @@ class ProfileWindow:
 
     def end_of_process(self) -> None:
         """The process ends inside the window: write what was recorded (state ``cut``)."""
+        if self.state in WAITING:
+            counter = self.agent.counter
+            stepped = counter.step if counter is not None else 0
+            if not stepped:
+                # Never stepped (torchrun's launcher, a helper process): not a training
+                # process, so no window of its own to report.
+                self.state = "over"
+                self._unwrap_optimizers()
+                if self.agent.profile is self:
+                    self.agent.profile = None
+                return
+            self.fail(f"the process ended at step {stepped}, before the window's warm-up")
+            return
         if self.state == "recording":
             if self.handled_step >= self.first:
                 self.last = max(self.first, self.handled_step - 1)
@@ -420,7 +433,9 @@ class ProfileWindow:
     def _sync_wrapper(self, op: str, original):
         window = self
         sites = self.sites
-        torch_dir = self.torch_dir
+        # The caller is the first frame in neither torch nor this agent (the optimizer's
+        # step() runs through the agent's wrapper during a window).
+        skipped = (self.torch_dir, os.path.dirname(os.path.abspath(__file__)) + os.sep)
         getframe = sys._getframe
 
         def sync_point(*args, **kwargs):
@@ -435,7 +450,7 @@ class ProfileWindow:
                 window.sync_depth -= 1
                 try:
                     frame = getframe(1)
-                    while frame is not None and frame.f_code.co_filename.startswith(torch_dir):
+                    while frame is not None and frame.f_code.co_filename.startswith(skipped):
                         frame = frame.f_back
                     if frame is not None:
                         code = frame.f_code
