@@ -105,7 +105,6 @@ def test_every_figure_says_where_it_came_from(ddp_recording: Path) -> None:
         (("--image", "x:1"), "slurm", "--image is for --to"),
         (("--submit",), "pytorchjob", "reaches no Kubernetes cluster"),
         (("--nodes", "2"), "job", "--to job runs on one node"),
-        (("--nodes", "2"), "ray", "--to ray runs on one node"),
         (("--trainer-version", "2.1"), "trainjob", "'2.1' is not one of"),
     ],
 )

@@ -1,6 +1,7 @@
 """`handoff --to ray --submit` on a real local Ray cluster the test starts (head with the
 dashboard, which serves the job API) and stops by its own process group: a 2-rank gloo job
-succeeds with both ranks recorded; a rank that exits 1 fails the job with exit 1, named."""
+succeeds with both ranks recorded; a rank that exits 1 fails the job with exit 1, named; on two
+Ray nodes (ray.cluster_utils), one torchrun per node, node ranks 0 and 1, a recording each."""
 
 from __future__ import annotations
 
@@ -77,12 +78,12 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _wait_for_job_api(address: str, head: subprocess.Popen, log: Path) -> None:
+def _wait_for_job_api(address: str, head: subprocess.Popen | None, log: Path | None) -> None:
     from ray.job_submission import JobSubmissionClient
 
     deadline = time.monotonic() + 120
     while True:
-        if head.poll() is not None:
+        if head is not None and log is not None and head.poll() is not None:
             pytest.fail(f"ray start exited {head.returncode}: {log.read_text()[-2000:]}")
         try:
             JobSubmissionClient(address).list_jobs()
@@ -149,3 +150,54 @@ def test_an_unknown_job_is_one_line(ray_cluster: str) -> None:
     res = run_td("handoff", "status", "ray:no-such-job", "--address", ray_cluster)
     assert res.returncode != 0
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """Two Ray nodes on this machine (ray.cluster_utils.Cluster: a head with the dashboard on
+    127.0.0.1 for the job API, and one more raylet), 1 CPU each; stopped by its own handle."""
+    require("ray")
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    dashboard = _free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": dashboard,
+            "object_store_memory": 80_000_000,
+        },
+    )
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=80_000_000)
+        cluster.wait_for_nodes()
+        address = f"http://127.0.0.1:{dashboard}"
+        _wait_for_job_api(address, None, None)
+        yield address
+    finally:
+        cluster.shutdown()
+
+
+def test_two_nodes_run_one_torchrun_each_with_a_recording_per_node(
+    two_node_cluster: str, ddp_recording: Path, tmp_path: Path
+) -> None:
+    res = run_td(
+        "handoff", "--to", "ray", "--from", str(ddp_recording), "--nodes", "2",
+        "--ranks-per-node", "1", "--address", two_node_cluster, "--recordings", str(tmp_path),
+        "--submit", "--", *DDP_CMD, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    status, report = _status(two_node_cluster, job_id)
+    assert status.returncode == 0, status.stderr
+    assert report["state"]["status"] == "SUCCEEDED"
+    nodes = sorted(report["recordings"], key=lambda r: r["path"])
+    assert [Path(n["path"]).stem.rsplit("-", 1)[1] for n in nodes] == ["node0", "node1"]
+    assert all(n["ranks"] == 1 and n["exit_status"] == 0 for n in nodes)
+    from ray.job_submission import JobSubmissionClient
+
+    log = JobSubmissionClient(two_node_cluster).get_job_logs(job_id)
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log  # one world across the two nodes

@@ -16,9 +16,11 @@ Why each part:
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +54,14 @@ class RaySpec:
     submission_id: str
     recordings: Path
     comments: list[str] = field(default_factory=list)  # each figure and its source
+    nodes: int = 1  # > 1: the entrypoint places one torchrun per node (handoff.ray_nodes)
 
     def metadata(self) -> dict[str, str]:
         """Ray keeps a job's metadata (text only) but does not report its entrypoint
         resources back: what was asked is kept here for `handoff status`."""
         meta = {
             METADATA_RECORDINGS: str(self.recordings),
+            METADATA_ASKED + "nodes": str(self.nodes),
             METADATA_ASKED + "cpus": f"{self.num_cpus:g}",
             METADATA_ASKED + "gpus": f"{self.num_gpus:g}",
         }
@@ -71,11 +75,12 @@ class RaySpec:
             "submission_id": self.submission_id,
             "runtime_env": {"env_vars": dict(self.env_vars)},
             "metadata": self.metadata(),
-            "entrypoint_num_cpus": self.num_cpus,
-            "entrypoint_num_gpus": self.num_gpus,
         }
-        if self.memory is not None:
-            kwargs["entrypoint_memory"] = int(self.memory)
+        if self.nodes == 1:
+            kwargs["entrypoint_num_cpus"] = self.num_cpus
+            kwargs["entrypoint_num_gpus"] = self.num_gpus
+            if self.memory is not None:
+                kwargs["entrypoint_memory"] = int(self.memory)
         return kwargs
 
 
@@ -101,13 +106,11 @@ def ray_spec(
     python: str,
     recordings_root: Path,
     name: str,
+    own_python: str = sys.executable,
 ) -> RaySpec:
-    """The Ray job for ``command`` on one node, sized by ``size``."""
-    if size.nodes > 1:
-        raise UserError(
-            f"--to ray runs on one node for now; --nodes {size.nodes} needs one torchrun per "
-            "node (use --to slurm, trainjob or pytorchjob)"
-        )
+    """The Ray job for ``command``, sized by ``size``: on one node, torchdoctor launch as the
+    entrypoint with the node's resources; on several, handoff.ray_nodes placing one launch per
+    node (``own_python`` runs it: the Python torchdoctor and Ray are installed in)."""
     torchrun_invocation(command)  # the same checks as every target: a script or -m module
     if not is_python(command[0]):
         raise UserError(
@@ -123,9 +126,7 @@ def ray_spec(
     args = list(command[1:])
     if args and args[0] != "-m" and Path(args[0]).is_file():
         args[0] = str(Path(args[0]).resolve())
-    entrypoint = [
-        torchdoctor,
-        "launch",
+    launch_args = [
         "--out-dir",
         str(folder),
         "--nproc-per-node",
@@ -135,6 +136,7 @@ def ray_spec(
         "--",
         *args,
     ]
+    entrypoint = [torchdoctor, "launch", *launch_args]
     env = {"OMP_NUM_THREADS": str(size.threads_per_rank.value)}
     comments = [
         f"ranks: {ranks}: {size.ranks_per_node.source}",
@@ -160,11 +162,37 @@ def ray_spec(
         )
     else:
         comments.append("entrypoint memory: the recording has no memory figure")
+    num_cpus, num_gpus = float(size.cpus_per_task.value), float(size.gpus_per_node.value)
+    if size.nodes > 1:
+        # One torchrun per node, placed by Ray: the entrypoint only places the nodes and
+        # reserves nothing; each node's bundle holds the sized figures.
+        bundle: dict[str, float] = {"CPU": num_cpus}
+        if num_gpus:
+            bundle["GPU"] = num_gpus
+        if memory is not None:
+            bundle["memory"] = float(memory)
+        entrypoint = [
+            own_python,
+            "-m",
+            "torchdoctor.handoff.ray_nodes",
+            "--nodes",
+            str(size.nodes),
+            "--bundle",
+            json.dumps(bundle, sort_keys=True),
+            "--",
+            torchdoctor,
+            *launch_args,
+        ]
+        comments.append(
+            f"{size.nodes} nodes: one torchrun per node in a STRICT_SPREAD placement group, "
+            f"each node's bundle {bundle} (the entrypoint reserves nothing)"
+        )
     return RaySpec(
         entrypoint=entrypoint,
-        num_cpus=float(size.cpus_per_task.value),
-        num_gpus=float(size.gpus_per_node.value),
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
         memory=memory,
+        nodes=size.nodes,
         env_vars=env,
         submission_id=submission_id,
         recordings=folder,
@@ -174,11 +202,10 @@ def ray_spec(
 
 def render_ray(spec: RaySpec, address: str, source: str, notes: list[str]) -> str:
     """The ``ray job submit`` line that submits the same job, with each figure's source."""
-    import json
-
     lines = [
         "#!/bin/sh",
-        "# Written by `torchdoctor handoff --to ray`: a Ray job on one node.",
+        f"# Written by `torchdoctor handoff --to ray`: a Ray job on {spec.nodes} node"
+        + ("s." if spec.nodes > 1 else "."),
         f"# Sized from {_comment(source)}.",
         *[f"# NOTE: {_comment(n)}" for n in notes],
         *[f"# {_comment(c)}" for c in spec.comments],
@@ -192,12 +219,12 @@ def render_ray(spec: RaySpec, address: str, source: str, notes: list[str]) -> st
         address,
         "--submission-id",
         spec.submission_id,
-        "--entrypoint-num-cpus",
-        f"{spec.num_cpus:g}",
-        "--entrypoint-num-gpus",
-        f"{spec.num_gpus:g}",
     ]
-    if spec.memory is not None:
+    kwargs = spec.submit_kwargs()
+    if "entrypoint_num_cpus" in kwargs:
+        words += ["--entrypoint-num-cpus", f"{spec.num_cpus:g}"]
+        words += ["--entrypoint-num-gpus", f"{spec.num_gpus:g}"]
+    if "entrypoint_memory" in kwargs:
         words += ["--entrypoint-memory", str(spec.memory)]
     words += [
         "--runtime-env-json",
