@@ -253,3 +253,19 @@ def test_show_means_of_a_folded_recording_are_the_full_ones(tmp_path: Path) -> N
     assert small.job_cpu_pct.mean == pytest.approx(whole.job_cpu_pct.mean, rel=0.02)
     assert small.host_cpu_busy_pct.mean == pytest.approx(whole.host_cpu_busy_pct.mean, rel=0.02)
     assert small.job_cpu_pct.peak == whole.job_cpu_pct.peak
+
+
+def test_a_folded_recording_cut_in_half_shows_and_diagnoses(tmp_path: Path) -> None:
+    """A copy cut short is read through salvage, which keeps the sample tables and not the
+    summaries: it reads as kept full, one clear line about the damage, no SQL error."""
+    folded = write(leak_job(), tmp_path / "folded.sqlite", POLICY)
+    half = tmp_path / "half.sqlite"
+    data = folded.read_bytes()
+    half.write_bytes(data[: len(data) // 2 + 100])
+    with open_recording(half) as rec:
+        assert rec.damage
+        assert rec.compaction is None
+        assert isinstance(diagnose(rec), list)
+    shown = run_td("show", str(half))
+    assert shown.returncode == 0, shown.stderr
+    assert "recording damaged" in shown.stdout

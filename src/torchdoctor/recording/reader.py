@@ -392,7 +392,12 @@ class Recording:
         kept (``--keep full``, or a recording written before compaction). Folded rows are
         read like any other: one row per process per bucket, its rates and levels the
         bucket's means; :meth:`summaries` holds the buckets' extremes."""
-        return CompactionPolicy.from_meta(self.meta.get(META_POLICY))
+        policy = CompactionPolicy.from_meta(self.meta.get(META_POLICY))
+        # A damaged file read through salvage keeps the sample tables, not the summaries:
+        # it is read as kept full (what it holds of the folded rows reads as rows)
+        if policy is None or not self._has_table(FOLDINGS[0].summary):
+            return None
+        return policy
 
     def summarised_spans(self) -> list[SummarisedSpan]:
         """The spans of the run whose samples are folded, oldest first (none when kept
