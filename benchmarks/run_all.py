@@ -48,6 +48,7 @@ ORDER = [
     "scrape_cost.py",
     "allreduce_two_nodes.py",
     "handoff_overhead.py",
+    "distributed_pitfalls.py",
 ]
 
 
