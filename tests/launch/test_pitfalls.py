@@ -87,6 +87,22 @@ def test_unsharded_data_named_with_the_distributed_sampler_line(tmp_path: Path) 
     assert evidence["epoch compared"] == 0  # named in the first epoch
 
 
+def test_unsharded_data_with_loader_workers(tmp_path: Path) -> None:
+    # A multi-worker iterator has taken its prefetched indices before the epoch's first
+    # batch: the ranks' fingerprints start after them, at the same offset.
+    rec = launch(tmp_path, "--no-sampler", "--workers", "2", "--epochs", "1")
+    assert "data-not-sharded" in pitfalls(rec)
+
+
+def test_a_fingerprint_that_fails_switches_the_agent_off_and_the_job_trains_on(
+    tmp_path: Path,
+) -> None:
+    rec = launch(tmp_path, "--hostile-indices", "--epochs", "1")  # exit status 0 (asserted)
+    off = events(rec, "instrumentation-disabled")
+    assert sorted(d.get("where") for d in off) == ["data-fingerprint"] * 2, off  # said once a rank
+    assert not events(rec, "data-fingerprint")
+
+
 def test_top_names_unsharded_data_while_the_job_runs(tmp_path: Path) -> None:
     """top's recording watcher, on the live recording of a job still in its epochs."""
     env = dict(os.environ)

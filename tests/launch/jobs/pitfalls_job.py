@@ -11,6 +11,9 @@
 --find-unused          find_unused_parameters=True on a model that uses every parameter
 --fp16                 CPU autocast with float16, no GradScaler
 --scaler               (with --fp16) scale the loss with a GradScaler
+--workers N            DataLoader workers (the fingerprint starts after their prefetched batches)
+--hostile-indices      a batch sampler whose index lists fail to print (repr raises): the agent's
+                       fingerprint fails, switches the agent off, and the job trains on
 --overflow             (with --scaler) a loss so large its scaled gradients are inf: every
                        step skipped, the scale halving each time
 """
@@ -21,6 +24,25 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
+
+
+class HostileList(list):
+    """An index list that DataLoader indexes with as usual, and that fails to print."""
+
+    def __repr__(self):
+        raise RuntimeError("this index list does not print")
+
+
+class HostileBatches:
+    def __init__(self, n, batch):
+        self.n, self.batch = n, batch
+
+    def __iter__(self):
+        for start in range(0, self.n, self.batch):
+            yield HostileList(range(start, min(start + self.batch, self.n)))
+
+    def __len__(self):
+        return (self.n + self.batch - 1) // self.batch
 
 
 class Stream(IterableDataset):
@@ -51,6 +73,8 @@ def main():
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--scaler", action="store_true")
     p.add_argument("--overflow", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--hostile-indices", action="store_true")
     p.add_argument("--hidden", type=int, default=64)
     a = p.parse_args()
     dist.init_process_group("gloo")
@@ -68,8 +92,13 @@ def main():
     sampler = None
     if a.iterable:
         loader = DataLoader(Stream(x, y, a.split_by_rank), batch_size=a.batch)
+    elif a.hostile_indices:
+        batches = HostileBatches(a.samples, a.batch)
+        loader = DataLoader(TensorDataset(x, y), batch_sampler=batches, num_workers=a.workers)
     elif a.no_sampler:
-        loader = DataLoader(TensorDataset(x, y), batch_size=a.batch, shuffle=False)
+        loader = DataLoader(
+            TensorDataset(x, y), batch_size=a.batch, shuffle=False, num_workers=a.workers
+        )
     else:
         seed = rank if a.seed_per_rank else 0
         sampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=seed)
