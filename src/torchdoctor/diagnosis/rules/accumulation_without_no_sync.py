@@ -27,7 +27,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if not job.distributed:
         return []
     patterns = {r.rank: r.first_event("ddp-sync-pattern") for r in job.ranks.values()}
-    patterns = {r: p for r, p in patterns.items() if p and p.get("accumulating_steps")}
+    patterns = {
+        r: p for r, p in patterns.items() if isinstance(p, dict) and p.get("accumulating_steps")
+    }
     if not patterns:
         return []
     p = patterns[min(patterns)]

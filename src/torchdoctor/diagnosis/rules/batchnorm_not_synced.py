@@ -25,7 +25,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if not job.distributed:
         return []
     models = [r.first_event("ddp-model") for r in job.ranks.values()]
-    models = [m for m in models if m]
+    models = [m for m in models if isinstance(m, dict) and m]
     if not models or any(m.get("syncbatchnorm_layers") for m in models):
         return []
     layers = max(int(m.get("batchnorm_layers") or 0) for m in models)

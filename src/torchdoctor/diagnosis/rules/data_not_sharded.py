@@ -26,6 +26,8 @@ def _shared_fingerprints(job) -> tuple[list[int], dict[str, Any]] | None:
     for rank in job.ranks.values():
         for e in rank.events_of("data-fingerprint"):
             d = e["detail"]
+            if not isinstance(d, dict):
+                continue  # an edited or damaged row: nothing claimed from it
             by_key[(d.get("loader_id") or 0, d.get("epoch") or 0)].setdefault(rank.rank, d)
     for key in sorted(by_key, key=lambda k: (k[1], k[0])):
         digests: dict[str, list[int]] = defaultdict(list)
@@ -44,6 +46,8 @@ def _wrong_samplers(job) -> list[str]:
     for rank in job.ranks.values():
         for e in rank.events_of("sampler-epoch")[:1]:
             d = e["detail"]
+            if not isinstance(d, dict):
+                continue  # an edited or damaged row: nothing claimed from it
             replicas, own = d.get("num_replicas"), d.get("sampler_rank")
             if (replicas is not None and world and replicas != world) or (
                 own is not None and own != rank.rank
@@ -124,6 +128,8 @@ def _samples_per_epoch(job) -> int | None:
     for rank in job.ranks.values():
         for e in rank.events_of("rank-epoch"):
             d = e["detail"]
+            if not isinstance(d, dict):
+                continue  # an edited or damaged row: nothing claimed from it
             if d.get("training") and d.get("samples") is not None:
                 return int(d["samples"])
     return None

@@ -22,7 +22,7 @@ _SOURCE = (
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
-    events = ctx.events_of("data-parallel")
+    events = [e for e in ctx.events_of("data-parallel") if isinstance(e["detail"], dict)]
     if not events:
         return []
     d = events[0]["detail"]

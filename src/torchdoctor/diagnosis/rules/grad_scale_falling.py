@@ -25,7 +25,10 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     # One scaler per process: the process that skipped most speaks for the job.
     last: dict[int, dict] = {}
     for e in events:
-        last[e["pid"]] = e["detail"]
+        if isinstance(e["detail"], dict):
+            last[e["pid"]] = e["detail"]
+    if not last:
+        return []
     d = max(last.values(), key=lambda x: x.get("skipped_after_warmup") or 0)
     late = int(d.get("skipped_after_warmup") or 0)
     calls = int(d.get("calls") or 0)

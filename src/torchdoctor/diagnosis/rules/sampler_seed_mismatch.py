@@ -30,6 +30,8 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     for rank in job.ranks.values():
         for e in rank.events_of("sampler-epoch"):
             d = e["detail"]
+            if not isinstance(d, dict):
+                continue  # an edited or damaged row: nothing claimed from it
             first.setdefault(d.get("sampler_id") or 0, {}).setdefault(rank.rank, d)
     for sampler_id in sorted(first):
         by_rank = first[sampler_id]

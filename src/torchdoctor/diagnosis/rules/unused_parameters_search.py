@@ -27,9 +27,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     for r in job.ranks.values():
         model = r.first_event("ddp-model")
         pattern = r.first_event("ddp-sync-pattern")
-        if not model or not model.get("find_unused_parameters") or model.get("static_graph"):
+        if not isinstance(model, dict) or not isinstance(pattern, dict):
+            continue  # absent (a recording made before these events) or a damaged row
+        if not model.get("find_unused_parameters") or model.get("static_graph"):
             continue
-        if not pattern or pattern.get("unused_parameter_size") is None:
+        if pattern.get("unused_parameter_size") is None:
             continue
         if pattern["unused_parameter_size"]:
             return []  # the flag is needed on this rank
