@@ -6,9 +6,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
-from tests.conftest import run_td
+from tests.conftest import TORCHDOCTOR, run_td
+from tests.profile.test_window import wait_for_steps
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.paths import profile_folder
 
@@ -41,3 +44,31 @@ def test_every_rank_profiles_the_same_steps(tmp_path):
         names = {e.get("name", "") for e in trace["traceEvents"]}
         assert {"ProfilerStep#5", "ProfilerStep#7"} <= names
         assert trace["distributedInfo"]["rank"] == window.rank
+
+
+def test_profile_arms_both_ranks_of_a_running_launch_at_the_same_step(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHDOCTOR_")}
+    env.pop("OMP_NUM_THREADS", None)
+    job = subprocess.Popen(
+        [*TORCHDOCTOR, "launch", "--quiet", "--nproc-per-node", "2", "--out-dir", str(tmp_path),
+         "--", str(JOB), "--epochs", "1000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not list(tmp_path.glob("*.sqlite")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        (recording,) = tmp_path.glob("*.sqlite")
+        wait_for_steps(recording, 6)
+        asked = run_td("profile", str(recording), "--steps", "2", "--timeout", "180", timeout=300)
+        assert asked.returncode == 0, asked.stderr
+        with open_recording(recording) as rec:
+            windows = sorted(rec.profile_windows(), key=lambda w: w.rank)
+    finally:
+        job.terminate()
+        job.wait(120)
+    assert [w.rank for w in windows] == [0, 1]
+    assert {(w.state, w.first_step, w.last_step) for w in windows} == {
+        ("done", windows[0].first_step, windows[0].first_step + 1)
+    }
+    assert all(w.trace_path in asked.stderr for w in windows)
