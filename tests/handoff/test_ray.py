@@ -201,3 +201,26 @@ def test_two_nodes_run_one_torchrun_each_with_a_recording_per_node(
 
     log = JobSubmissionClient(two_node_cluster).get_job_logs(job_id)
     assert "rank 0 of 2" in log and "rank 1 of 2" in log  # one world across the two nodes
+
+
+def test_ray_train_runs_a_script_that_makes_its_own_process_group(
+    ray_cluster: str, ddp_recording: Path, tmp_path: Path
+) -> None:
+    """The TorchTrainer file with the shim: the unchanged script's init_process_group joins Ray
+    Train's group instead of failing ("initialize ... twice"); fit succeeds."""
+    require("ray.train")
+    out = tmp_path / "trainer.py"
+    res = run_td(
+        "handoff", "--to", "ray-train", "--from", str(ddp_recording), "--address", ray_cluster,
+        "-o", str(out), "--submit", "--", *DDP_CMD[:2], "--steps", "10", timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    compile(out.read_text(), str(out), "exec")  # what was written is Python
+    status, report = _status(ray_cluster, job_id)
+    from ray.job_submission import JobSubmissionClient
+
+    log = JobSubmissionClient(ray_cluster).get_job_logs(job_id)
+    assert report["state"]["status"] == "SUCCEEDED", log[-3000:]
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log
+    assert "twice" not in log

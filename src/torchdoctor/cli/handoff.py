@@ -21,7 +21,7 @@ from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.terminal import make_console
 from torchdoctor.units import fmt_duration
 
-TARGETS = ("slurm", "ray", "trainjob", "pytorchjob", "job")
+TARGETS = ("slurm", "ray", "ray-train", "trainjob", "pytorchjob", "job")
 KUBE = ("trainjob", "pytorchjob", "job")
 _STATUS = "torchdoctor.handoff.status"
 # Options that mean something for some targets only: said in one line when given to another.
@@ -30,12 +30,12 @@ ONLY_FOR: dict[str, tuple[str, ...]] = {
     "partition": ("slurm",),
     "account": ("slurm",),
     "signal_checkpoint": ("slurm",),
-    "recordings": ("slurm", "ray"),
+    "recordings": ("slurm", "ray", "ray-train"),
     "image": KUBE,
     "namespace": KUBE,
     "trainer_version": ("trainjob",),
     "runtime": ("trainjob",),
-    "address": ("ray",),
+    "address": ("ray", "ray-train"),
 }
 _FLAG = {
     "gpu_type": "--gpu-type",
@@ -72,8 +72,9 @@ class HandoffCommand(WrapperCommand):
 def _is_manifest(head: bytes) -> bool:
     """Whether a file starting with ``head`` is one this command wrote (replaced without
     --force, as sbatch replaces its own scripts)."""
-    return head.startswith(b"# Written by `torchdoctor handoff") or head.startswith(
-        b"#!/bin/sh\n# Written by `torchdoctor handoff"
+    return any(
+        head.startswith(first + b"# Written by `torchdoctor handoff")
+        for first in (b"", b"#!/bin/sh\n", b"#!/usr/bin/env python\n")
     )
 
 
@@ -89,7 +90,8 @@ _SHARED |= {"doctor_json", "submit", "as_json", "force"}
     type=click.Choice(TARGETS),
     required=True,
     help="Where the job goes: slurm (an sbatch script, as `torchdoctor sbatch`), ray (a Ray "
-    "job on one node), trainjob (Kubeflow Trainer v2), pytorchjob (training-operator 1.9), "
+    "job: torchrun under torchdoctor launch, one per node), ray-train (a TorchTrainer file, "
+    "opt-in), trainjob (Kubeflow Trainer v2), pytorchjob (training-operator 1.9), "
     "job (a batch/v1 Job, one node).",
 )
 @click.option(
@@ -205,6 +207,9 @@ def _handoff(target: str, params: dict[str, Any]) -> None:
     document: dict[str, Any] = {"target": target, "notes": list(size.notes)}
     if target in KUBE:
         text, notes = _kube_text(target, size, args, name, source, recorded, params)
+    elif target == "ray-train":
+        text, notes, spec, address, out = _ray_train_text(size, args, name, source, params, out)
+        document["submission_id"] = spec.submission_id
     else:
         text, notes, spec, address = _ray_text(size, args, name, source, params, runs_dir)
         document["submission_id"] = spec.submission_id
@@ -216,7 +221,7 @@ def _handoff(target: str, params: dict[str, Any]) -> None:
         write_output_file(out, text, "-o", force=force, ours=_is_manifest)
         click.echo(f"torchdoctor: wrote {out}", err=True)
     document["text"], document["path"] = text, out
-    if target == "ray" and submit:
+    if target in ("ray", "ray-train") and submit:
         from torchdoctor.handoff.ray_job import submit as submit_job
 
         job_id = submit_job(spec, address)
@@ -283,6 +288,39 @@ def _ray_text(size: Any, args: list[str], name: str, source: str, params: dict, 
     if address == DEFAULT_ADDRESS and params["address"] is None:
         notes.append(f"Ray's job API at {DEFAULT_ADDRESS} (give --address for another cluster)")
     return render_ray(spec, address, source, []), notes, spec, address
+
+
+def _ray_train_text(
+    size: Any, args: list[str], name: str, source: str, params: dict, out: str | None
+):
+    """The TorchTrainer file; with --submit it is written (-o, else beside the recordings) and
+    submitted as a Ray job `python FILE`, whose workers reserve the sized resources."""
+    import sys
+    from pathlib import Path
+
+    from torchdoctor.handoff.ray_job import RaySpec, new_submission_id
+    from torchdoctor.handoff.ray_train import render_ray_train
+    from torchdoctor.recording.paths import runs_dir
+
+    text = render_ray_train(size, args, source, [])
+    address = params["address"] or _ray_address()
+    submission_id = new_submission_id(name)
+    folder = runs_dir(params["recordings"]).resolve()
+    if params["submit"] and out is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        out = str(folder / f"{submission_id}.py")
+    spec = RaySpec(
+        entrypoint=[sys.executable, str(Path(out).resolve()) if out else "FILE"],
+        num_cpus=0.0,
+        num_gpus=0.0,
+        memory=None,
+        env_vars={},
+        submission_id=submission_id,
+        recordings=folder,
+        reserve=False,
+    )
+    notes = ["--to ray-train: the ranks run in Ray Train's workers, not under the recorder"]
+    return text, notes, spec, address, out
 
 
 def _ray_address() -> str:

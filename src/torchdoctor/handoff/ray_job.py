@@ -55,6 +55,7 @@ class RaySpec:
     recordings: Path
     comments: list[str] = field(default_factory=list)  # each figure and its source
     nodes: int = 1  # > 1: the entrypoint places one torchrun per node (handoff.ray_nodes)
+    reserve: bool = True  # False: the entrypoint's workers reserve their own (ray-train)
 
     def metadata(self) -> dict[str, str]:
         """Ray keeps a job's metadata (text only) but does not report its entrypoint
@@ -76,7 +77,7 @@ class RaySpec:
             "runtime_env": {"env_vars": dict(self.env_vars)},
             "metadata": self.metadata(),
         }
-        if self.nodes == 1:
+        if self.nodes == 1 and self.reserve:
             kwargs["entrypoint_num_cpus"] = self.num_cpus
             kwargs["entrypoint_num_gpus"] = self.num_gpus
             if self.memory is not None:
