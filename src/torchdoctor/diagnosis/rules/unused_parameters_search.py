@@ -57,12 +57,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             evidence.append(Evidence("step time (median)", ms(wall), "ms"))
             effect += f", {min(search / wall, 1.0) * 100:.1f} % of the {ms(wall)} ms step"
         # Not timed: the all-reduce of DDP's map of used parameters, one more collective in
-        # every backward. benchmarks/distributed_pitfalls.py measured the whole flag's cost at
-        # 4.5 ms a step against 0.3 ms of search (2 gloo ranks, 2-core VM at load 14).
+        # every backward. benchmarks/distributed_pitfalls.py measured the flag's whole cost at
+        # 4.5 ms a step against 0.3 ms of search on a loaded 2-core VM, where paired runs of
+        # the same model differed by -0.3 to 5 ms: within that machine's noise.
         effect += (
             ", plus the all-reduce of DDP's map of used parameters that the flag adds to every "
-            "backward (not timed here: on 2 gloo ranks the benchmark measured the flag's "
-            "whole cost at about 15 times its search); the gradients are the same."
+            "backward (not timed here); the gradients are the same."
         )
         settings["saving_s_per_step"] = round(search, 6)
     else:
