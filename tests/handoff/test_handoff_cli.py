@@ -106,6 +106,7 @@ def test_every_figure_says_where_it_came_from(ddp_recording: Path) -> None:
         (("--submit",), "pytorchjob", "reaches no Kubernetes cluster"),
         (("--nodes", "2"), "job", "--to job runs on one node"),
         (("--trainer-version", "2.1"), "trainjob", "'2.1' is not one of"),
+        (("--address", "127.0.0.1:8265\nx"), "ray", "give the URL of Ray's job API"),
     ],
 )
 def test_bad_input_is_one_line(ddp_recording: Path, extra, target, says) -> None:

@@ -143,6 +143,7 @@ def command(ctx: click.Context, **params: Any) -> None:
     state, driver exit code, asked vs used, and its recordings.
     """
     target: str = params["target"]
+    _check_address(params["address"])
     for name, targets in ONLY_FOR.items():
         value = params.get(name)
         given = value not in (None, False) and (
@@ -323,6 +324,18 @@ def _ray_train_text(
     return text, notes, spec, address, out
 
 
+def _check_address(address: str | None) -> str | None:
+    """--address as Ray's job client takes it: the dashboard's http(s) URL."""
+    if address is not None and (
+        not address.startswith(("http://", "https://"))
+        or any(c.isspace() or not c.isprintable() for c in address)
+    ):
+        raise UserError(
+            f"--address {address!r}: give the URL of Ray's job API, e.g. http://127.0.0.1:8265"
+        )
+    return address
+
+
 def _ray_address() -> str:
     from torchdoctor.handoff.ray_job import DEFAULT_ADDRESS
 
@@ -355,7 +368,7 @@ def status_command(job: str, address: str | None, wait_s: float | None, as_json:
             "jobs: kubectl get trainjob|pytorchjob|job NAME)"
         )
     check_submission_id(job_id)
-    url = address or _ray_address()
+    url = _check_address(address) or _ray_address()
     if wait_s is not None:
         wait(url, job_id, wait_s)
     report = ray_report(url, job_id)
