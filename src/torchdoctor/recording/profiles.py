@@ -45,7 +45,7 @@ from torchdoctor.recording.reader import damaged
 
 TOP_OPS = 50  # ops (and kernels) kept per window, by self time
 MAX_OP_KEYS = 20_000  # distinct (op, shapes, dtypes) tracked; past that, shapes are dropped
-REORDER_EVENTS = 16_384  # events held to put the file's order back into time order
+REORDER_EVENTS = 4_096  # events held to put the file's order back into time order (per heap)
 CHUNK_CHARS = 1 << 20  # text decoded per read
 MAX_EVENT_CHARS = 64 << 20  # one event larger than this is a damaged file, not an event
 # HTA's rules (shared/reference/profiler.md section 2): a gap shorter than this between two
