@@ -40,6 +40,7 @@ _STEP_COLUMNS = [
     "data_wait_s",
     "batch_size",
     "samples",
+    "profiled",  # a profiler window's steps: step_stats leaves them out, as show does
 ]
 
 
