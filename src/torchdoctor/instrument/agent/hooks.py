@@ -174,10 +174,10 @@ def install(agent, torch) -> None:
 def _arm_profile(agent, steps_text, folder) -> None:
     """The profiler window TORCHDOCTOR_PROFILE_STEPS asks for, and the watch on `torchdoctor
     profile`'s requests (loaded only then: most jobs never profile)."""
+    if agent.role == WORKER:
+        return  # DataLoader workers never step
     from . import profile
 
-    if agent.role == WORKER:
-        return
     if folder:
         agent.profile_watch = profile.RequestWatch(folder)
     if steps_text and agent.profile is None:
@@ -187,8 +187,6 @@ def _arm_profile(agent, steps_text, folder) -> None:
         environ[profile.ENV_PROFILE_DIR] = folder or ""  # as read at start-up
         agent.profile = profile.from_environment(agent, environ)
     agent._profile_flush(agent.counter)  # a pending window's start is due as a flush
-
-
 
 
 # -- the wrappers ---------------------------------------------------------------------------
