@@ -3,7 +3,9 @@ test decides how long Prometheus watches it instead of guessing a duration."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +60,20 @@ class StoppableJob:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.communicate()
+
+
+def run_with_tensorboard(tmp_path: Path, tensorboard: Path) -> StoppableJob:
+    """TRAIN started under `torchdoctor run --tensorboard TENSORBOARD`, recorded to
+    ``tmp_path/job.sqlite``, until ``tmp_path/stop`` appears."""
+    from tests.conftest import TORCHDOCTOR
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    proc = subprocess.Popen(
+        [*TORCHDOCTOR, "run", "--tensorboard", str(tensorboard),
+         "--out", str(tmp_path / "job.sqlite"), "--", sys.executable, str(script),
+         str(tmp_path / "stop")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    return StoppableJob(proc, tmp_path / "job.sqlite", tensorboard, tmp_path / "stop")

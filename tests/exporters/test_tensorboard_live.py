@@ -3,30 +3,19 @@ and the same series from `export --format tensorboard` afterwards. Needs no Prom
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import TORCHDOCTOR
-from tests.exporters.jobs import TRAIN, StoppableJob
+from tests.exporters.jobs import StoppableJob, run_with_tensorboard
 from tests.exporters.prom import wait_for
 
 
 @pytest.fixture
 def live(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    proc = subprocess.Popen(
-        [*TORCHDOCTOR, "run", "--tensorboard", str(tmp_path / "tb"),
-         "--out", str(tmp_path / "job.sqlite"), "--", sys.executable, str(script),
-         str(tmp_path / "stop")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    job = StoppableJob(proc, tmp_path / "job.sqlite", tmp_path / "tb", tmp_path / "stop")
+    job = run_with_tensorboard(tmp_path, tmp_path / "tb")
     try:
         yield job
     finally:

@@ -5,6 +5,13 @@ The writer is tensorboardX (the ``tensorboard`` extra): 0.65 MB plus protobuf, a
 90 MB for the tensorboard package with its server, grpcio and pillow; it writes the standard
 event files TensorBoard reads. Each recording becomes one run: ``DIR/<run id>/``.
 
+Events go through tensorboardX's synchronous ``EventsWriter`` (the file writer its
+``SummaryWriter`` drives from a thread of its own), on our own thread: a write that fails (a full
+disk) raises here, where it becomes one line (:class:`TensorBoardStopped`). Through
+``SummaryWriter`` it killed tensorboardX's thread with a traceback, and the next writes waited
+for ever on the queue that thread no longer read (export hung; run's end said 'internal
+error'). Free space is checked before each pass, so that a pass that cannot fit is not begun.
+
 Series (tags):
 - per step, indexed by the n-th step of the rank: ``step/time_seconds``,
   ``step/data_wait_ratio`` and ``step/samples_per_second`` (``rank<R>/step/...`` for the
@@ -18,6 +25,9 @@ Series (tags):
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 import threading
 from pathlib import Path
@@ -27,6 +37,7 @@ from torchdoctor.errors import UserError
 from torchdoctor.exporters.jobstate import PROCESS_COLUMNS, STEP_COLUMNS, JobState
 from torchdoctor.recording.steps import step_samples, step_wait_s
 from torchdoctor.recording.tail import RecordingTail
+from torchdoctor.terminal import make_console
 
 FLUSH_EVERY_S = 5.0  # the live writer's cadence: TensorBoard sees new points within this
 _HOST_COLUMNS = ["t", "cpu_iowait", "swap_used", "swap_in_per_s"]
@@ -37,8 +48,18 @@ _MISSING = (
 )
 
 
-def _summary_writer_class():
-    """tensorboardX's SummaryWriter, imported without torch.
+# Free space a pass needs: this, plus _POINT_BYTES a point (a scalar event is 40-90 bytes
+# with its tag and framing; the margin keeps a little for the file system's own needs).
+_MIN_FREE_BYTES = 256 * 1024
+_POINT_BYTES = 128
+
+
+class TensorBoardStopped(UserError):
+    """The TensorBoard output cannot go on (its disk is full, or a write failed)."""
+
+
+def _event_classes():
+    """tensorboardX's EventsWriter and its Event and Summary messages, imported without torch.
 
     tensorboardX imports torch when it can, only to accept tensors; we hand it floats. In
     the recorder that import would cost 1.5 s of CPU and ~200 MB of memory, so it is kept
@@ -48,28 +69,32 @@ def _summary_writer_class():
     if masked:
         sys.modules["torch"] = None  # type: ignore[assignment]  # import torch -> ImportError
     try:
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
     except ImportError:
         raise UserError(_MISSING) from None
     finally:
         if masked:
             del sys.modules["torch"]
-    return SummaryWriter
+    return EventsWriter, Event, Summary
 
 
 def check_available() -> None:
     """Raise the one-line UserError when the writer is not installed."""
-    _summary_writer_class()
+    _event_classes()
 
 
 class ScalarWriter:
     """Writes the scalars of one recording into ``folder/<run id>/``, incrementally."""
 
     def __init__(self, recording: str | Path, folder: str | Path) -> None:
-        writer_class = _summary_writer_class()
+        events_writer, self._event, self._summary = _event_classes()
         self._tail = RecordingTail(recording)
         self._state = JobState(self._tail)
         self.logdir = Path(folder) / self._tail.run_id
+        # Folders this writer made, innermost first: removed again by discard().
+        self.made = [p for p in (self.logdir, *self.logdir.parents) if not p.exists()]
         try:
             self.logdir.mkdir(parents=True, exist_ok=True)
             written_before = any(self.logdir.glob("*tfevents*"))
@@ -83,8 +108,18 @@ class ScalarWriter:
                 f"{str(self.logdir)!r} already holds TensorBoard events of this recording; "
                 "choose another folder or remove it"
             )
-        # flush_secs is a backstop; write() flushes after each pass.
-        self._writer = writer_class(logdir=str(self.logdir), flush_secs=10, max_queue=1000)
+        self._pending: list[tuple[str, float, int, float]] = []  # (tag, value, step, time)
+        self.failed = False
+        try:
+            self._check_space(0)
+            try:
+                self._writer = events_writer(str(self.logdir / "events"))
+            except OSError as exc:
+                raise self._stopped(exc) from None
+        except TensorBoardStopped:
+            self.discard()
+            self._tail.close()
+            raise
         self._t0 = self._tail.meta.get("started_at")
         self._rank_steps: dict[str, int] = {}
         self._prev_cpu: tuple[float, float] | None = None  # (t, total CPU seconds)
@@ -109,12 +144,64 @@ class ScalarWriter:
             self._add("host/iowait_ratio", None if iowait is None else iowait / 100, t)
             self._add("host/swap_used_bytes", row["swap_used"], t)
             self._add("host/swap_in_bytes_per_second", row["swap_in_per_s"], t)
-        self._writer.flush()
+        pending, self._pending = self._pending, []
+        if self.failed:
+            raise self._stopped(None)
+        self._check_space(len(pending))
+        event, summary = self._event, self._summary
+        try:
+            for tag, value, step, t in pending:
+                point = summary(value=[summary.Value(tag=tag, simple_value=value)])
+                self._writer.write_event(event(summary=point, step=step, wall_time=t))
+            self._writer.flush()
+        except OSError as exc:
+            raise self._stopped(exc) from None
         return self.points - before
 
     def close(self) -> None:
-        self._writer.close()
-        self._tail.close()
+        """Close the event file (raises TensorBoardStopped if its last flush fails, unless a
+        failure was said already) and the recording."""
+        try:
+            if self.failed:
+                with contextlib.suppress(OSError):
+                    self._writer.close()
+            else:
+                try:
+                    self._writer.close()
+                except OSError as exc:
+                    raise self._stopped(exc) from None
+        finally:
+            self._tail.close()
+
+    def discard(self) -> None:
+        """Remove what this writer wrote: its event file, and the folders it made if empty."""
+        # The only event file there: __init__ refused a run folder that held one already.
+        for written in self.logdir.glob("*tfevents*"):
+            with contextlib.suppress(OSError):
+                written.unlink()
+        for folder in self.made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+    def _check_space(self, points: int) -> None:
+        """Refuse a pass the disk cannot hold: a full disk is said before a write fails."""
+        try:
+            stat = os.statvfs(self.logdir)
+        except OSError:
+            return  # not knowable here: the writes will tell
+        free = stat.f_bavail * stat.f_frsize
+        if free < _MIN_FREE_BYTES + points * _POINT_BYTES:
+            raise self._stopped(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+    def _stopped(self, exc: OSError | None) -> TensorBoardStopped:
+        self.failed = True
+        if exc is None:
+            why = "an earlier write failed"
+        elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = "no space left on the device"
+        else:
+            why = exc.strerror or str(exc)
+        return TensorBoardStopped(f"tensorboard output stopped: {why} in {str(self.logdir)!r}")
 
     # -- internals ------------------------------------------------------------------------
 
@@ -126,9 +213,7 @@ class ScalarWriter:
     def _add(self, tag: str, value: float | None, t: float, step: int | None = None) -> None:
         if value is None:
             return
-        self._writer.add_scalar(
-            tag, float(value), self._time_step(t) if step is None else step, walltime=t
-        )
+        self._pending.append((tag, float(value), self._time_step(t) if step is None else step, t))
         self.points += 1
 
     def _steps(self, rows: list[dict[str, Any]]) -> None:
@@ -172,9 +257,13 @@ def export_tensorboard(recording: str | Path, folder: str | Path) -> Path:
     """Write the scalars of a finished (or running) recording; the run's log folder."""
     writer = ScalarWriter(recording, folder)
     try:
-        writer.write()
-    finally:
-        writer.close()
+        try:
+            writer.write()
+        finally:
+            writer.close()
+    except TensorBoardStopped:
+        writer.discard()  # a partial export is none: nothing left behind, as other formats
+        raise
     return writer.logdir
 
 
@@ -206,10 +295,20 @@ class LiveScalars:
             try:
                 self._pass()
             except Exception as exc:  # noqa: BLE001 - the job must outlive any writer bug
-                self.error = f"{type(exc).__name__}: {exc}"
-                print(f"torchdoctor: TensorBoard scalars stopped ({self.error}); the job and "
-                      "its recording go on", file=sys.stderr)  # fmt: skip
+                self._say_stopped(exc)
                 return
+
+    def _say_stopped(self, exc: Exception) -> None:
+        """One line, once: the job and its recording go on without the scalars."""
+        if self.error is not None:
+            return
+        if isinstance(exc, TensorBoardStopped):
+            self.error = exc.message
+        else:
+            self.error = f"tensorboard output stopped ({type(exc).__name__}: {exc})"
+        make_console(stderr=True, soft_wrap=True).print(
+            f"torchdoctor: {self.error}; the job keeps running and its recording goes on"
+        )
 
     def close(self) -> None:
         """Stop, write what the recording holds now, and close the event file."""
@@ -218,6 +317,7 @@ class LiveScalars:
         try:
             if self.error is None and not self._thread.is_alive():
                 self._pass()
-        finally:
             if self._writer is not None and not self._thread.is_alive():
                 self._writer.close()
+        except Exception as exc:  # noqa: BLE001 - run's end report and status come after this
+            self._say_stopped(exc)
