@@ -248,6 +248,9 @@ def compact(
     last = started_at + math.floor((latest_t - policy.recent_s - started_at) / b + 1e-9) * b
     if last <= first:
         return 0
+    # Made by the first pass, not with the recording: a short run's file stays as it was
+    # (its first pages, all a 256 KiB disk holds, the schema in page 1 of a cut copy).
+    create_tables(db)
     spans = _protected(db, policy, first, last)
     removed = 0
     for folding in FOLDINGS:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
-from torchdoctor.recording.compaction import META_POLICY, CompactionPolicy, compact, create_tables
+from torchdoctor.recording.compaction import META_POLICY, CompactionPolicy, compact
 from torchdoctor.recording.paths import claim_recording_file
 from torchdoctor.recording.records import (
     DataLoaderRecord,
@@ -133,8 +133,6 @@ class RecordingWriter:
                     self._db.execute(stmt)
             for stmt in PROFILE_TABLES_SQL:
                 self._db.execute(stmt)
-            if compaction is not None:
-                create_tables(self._db)
             self._set_meta_locked(
                 {
                     "schema_version": SCHEMA_VERSION,
