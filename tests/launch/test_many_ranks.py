@@ -32,7 +32,8 @@ def test_sixteen_ranks_on_two_cpus_are_recorded_and_the_slow_one_named(tmp_path:
     with open_recording(rec) as r:
         ranks = {s["rank"] for s in r.steps()}
         assert ranks == set(range(RANKS))
-        assert r.compaction is not None  # launch folds by default; a short job keeps all
+        # launch folds by default (the policy is in the meta); a short job folds nothing
+        assert r.meta["compaction"]["bucket_s"] == 60 and r.compaction is None
     diag = run_td("diagnose", "--json", str(rec), timeout=300)
     assert diag.returncode == 0, diag.stderr
     findings = json.loads(diag.stdout)["findings"]
