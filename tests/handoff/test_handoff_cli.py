@@ -151,7 +151,7 @@ def test_command_words_cannot_break_the_manifest(ddp_recording: Path) -> None:
 def test_json_document_validates(ddp_recording: Path) -> None:
     from tests.helpers.schemas import assert_valid
 
-    for target in ("trainjob", "ray"):
+    for target in ("trainjob", "ray", "ray-train"):
         res = _handoff(ddp_recording, target, "--json")
         assert res.returncode == 0, res.stderr
         doc = assert_valid("handoff", res.stdout)
