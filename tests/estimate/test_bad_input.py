@@ -205,6 +205,7 @@ def test_the_wait_is_said_on_a_terminal_and_the_bound_ends_it(tmp_path, monkeypa
     monkeypatch.setattr(spec_mod, "PROGRESS_EVERY_S", 0.2)
     monkeypatch.setattr(sys, "stderr", terminal)
     before = signal.getsignal(signal.SIGALRM)
+    timer_before, _ = signal.getitimer(signal.ITIMER_REAL)
     workload = spec_mod.load_workload(f"{tmp_path / 'slow.py'}:make", (8,), timeout=1.0)
     started = time.monotonic()
     with pytest.raises(ParameterError) as caught:
@@ -214,4 +215,48 @@ def test_the_wait_is_said_on_a_terminal_and_the_bound_ends_it(tmp_path, monkeypa
     assert "still waiting for the factory of" in terminal.getvalue()
     assert "s of at most 1 s" in terminal.getvalue()
     assert signal.getsignal(signal.SIGALRM) is before
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    # A timer armed before (pytest-timeout's) is armed again with the time it had left.
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    assert (0 < left <= timer_before) if timer_before else left == 0
+
+
+def test_a_timer_the_caller_armed_stays_theirs(tmp_path):
+    """The bound nests in a SIGALRM timer armed by the caller (the fuzz suite's own bound): a
+    factory that returns leaves it armed with the time it had left, and when it is due before
+    ours, the caller's handler is the one that runs."""
+    import signal
+    import time
+
+    from torchdoctor.estimate import spec as spec_mod
+
+    class CallersAlarm(Exception):
+        pass
+
+    def callers(signum, frame):
+        raise CallersAlarm
+
+    (tmp_path / "fast.py").write_text(
+        "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2)\n"
+    )
+    (tmp_path / "slow.py").write_text(SLOW_FACTORY)
+    previous = signal.signal(signal.SIGALRM, callers)
+    previous_timer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's, if any
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        spec_mod.load_workload(f"{tmp_path / 'fast.py'}:make", (2,), timeout=600).build_model()
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 20 < left <= 30 and signal.getsignal(signal.SIGALRM) is callers
+
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        slow = spec_mod.load_workload(f"{tmp_path / 'slow.py'}:make", (2,), timeout=60)
+        started = time.monotonic()
+        with pytest.raises(CallersAlarm):
+            slow.build_model()
+        assert time.monotonic() - started < 10
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        assert signal.getsignal(signal.SIGALRM) is callers
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if previous_timer[0]:
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)

@@ -206,6 +206,8 @@ def _user_code(what: str, argv0: str, timeout: float | None = None) -> Iterator[
     try:
         with _bounded(what, timeout), contextlib.redirect_stderr(held):
             yield
+    except _CallersAlarm as wrapped:
+        raise wrapped.original from None  # the caller's own alarm handler raised it
     except _NoReturn:
         raise ParameterError(
             literal(f"{what} did not return within {_seconds(timeout)}: ")
@@ -229,6 +231,15 @@ class _NoReturn(BaseException):
     code's own ``except Exception`` does not swallow it."""
 
 
+class _CallersAlarm(BaseException):
+    """What the caller's own SIGALRM handler raised while the user's code ran: carried past
+    the code's ``except Exception`` and ours, and raised again as it was."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(original)
+        self.original = original
+
+
 # A progress line on a terminal after this long, then again each time this long went by.
 PROGRESS_EVERY_S = 10.0
 
@@ -244,8 +255,10 @@ def _bounded(what: str, timeout: float | None) -> Iterator[None]:
     waits) end there. Elsewhere (the API from another thread) signals cannot reach it and only
     the progress line is given. The line goes to the terminal the user watches, captured
     before the code's stderr is held back, and only when it is a terminal."""
+    import os
     import signal
     import threading
+    import time
 
     if timeout is None:
         yield
@@ -261,18 +274,43 @@ def _bounded(what: str, timeout: float | None) -> Iterator[None]:
         )
         watcher.start()
     if armed:
+        # A timer the caller armed already (a test harness's bound, the user's own alarm)
+        # stays theirs: whichever is due first fires, and theirs is armed again afterwards
+        # with the time it had left.
+        outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+        outer_first = 0 < outer_left <= timeout
+        started = time.monotonic()
+        outer_fired = False
 
         def alarm(signum: int, frame: Any) -> None:
-            raise _NoReturn
+            nonlocal outer_first, outer_fired
+            if not outer_first:
+                raise _NoReturn
+            # The caller's alarm: ours is armed again for what is left of it, and theirs
+            # does what it would have done without us.
+            outer_first, outer_fired = False, True
+            left = max(timeout - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left)
+            if callable(previous):
+                try:
+                    previous(signum, frame)
+                except BaseException as exc:
+                    raise _CallersAlarm(exc) from None  # not the user's: see _user_code
+            elif previous == signal.SIG_DFL:  # the process ends on SIGALRM
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGALRM)
 
         previous = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        signal.setitimer(signal.ITIMER_REAL, outer_left if outer_first else timeout)
     try:
         yield
     finally:
         if armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if outer_left > 0 and not outer_fired:
+                left = max(outer_left - (time.monotonic() - started), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
         done.set()
         if watcher is not None:
             watcher.join(1.0)
