@@ -54,6 +54,9 @@ class Thresholds:
     # GradScaler steps skipped (inf/NaN gradients) after its warm-up, above this share: its
     # scale keeps falling. At equilibrium it skips one step per growth_interval (2000): 0.05 %.
     scaler_skip_alert_pct: float = 1.0
+    # bench scaling's trials: N ranks below this share of N times one rank's throughput
+    # (E(N)) have not paid for themselves (bench scaling's own verdict uses 0.7 too).
+    scaling_efficiency_min_pct: float = 70.0
 
     def level(self, metric: str, value: float | None) -> str:
         """'alert', 'warn' (between best range and alert) or 'ok' for one reading."""

@@ -24,6 +24,7 @@ PITFALLS = {
     "unused-parameters-search",
     "fp16-without-scaler",
     "grad-scale-falling",
+    "scaling-no-gain",
 }
 
 
@@ -129,3 +130,20 @@ def test_batchnorm_with_a_large_batch_or_synced_is_not_flagged(tmp_path: Path) -
     synced = {**model, "syncbatchnorm_layers": 3}
     job = two_ranks({r: [("ddp-model", synced)] for r in (0, 1)}, batch=8)
     assert "batchnorm-not-synced" not in found(job, tmp_path / "c")
+
+
+def test_bench_scaling_trial_no_faster_than_one_rank(tmp_path: Path) -> None:
+    # 2 ranks of 64 samples a step at 0.1 s: 1280 samples/s together, against 1000 for the
+    # 1-rank trial: E(2) = 0.64, 1.28x.
+    baseline = {"nproc": 1, "samples_per_s": 1000.0, "step_s": 0.064, "cores_per_rank": 2.0}
+    bench = {"nproc": 2, "steps": 60, "warmup": 3, "baseline": baseline}
+    job = two_ranks(wall=0.1)
+    job.end = {"bench_scaling": bench}
+    f = found(job, tmp_path / "a")["scaling-no-gain"]
+    evidence = {e["label"]: e["value"] for e in f["evidence"]}
+    assert evidence["E(2) = speed-up / 2"] == 0.64 and f["severity"] == "info"
+    assert f["title"] == "2 ranks are only 1.28x one rank (E(2) = 0.64)"
+    job.end = {"bench_scaling": {**bench, "baseline": {**baseline, "samples_per_s": 600.0}}}
+    assert "scaling-no-gain" not in found(job, tmp_path / "b")  # E(2) = 1.07
+    job.end = {"bench_scaling": {**bench, "baseline": None}}  # the 1-rank trial itself
+    assert "scaling-no-gain" not in found(job, tmp_path / "c")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,18 @@ def test_one_and_two_ranks_give_e2_and_say_where_the_loss_goes(tmp_path: Path) -
     )
     assert one["others_cpu"] is not None
     assert (tmp_path / "scaling-1.sqlite").is_file() and (tmp_path / "scaling-2.sqlite").is_file()
+    # diagnose of the 2-rank trial alone names scaling-no-gain from the 1-rank trial's
+    # throughput in its meta, exactly when bench scaling's E(2) is below 0.7
+    diagnosed = run_td("diagnose", "--json", str(tmp_path / "scaling-2.sqlite"))
+    assert diagnosed.returncode == 0, diagnosed.stderr
+    found = {f["id"]: f for f in json.loads(diagnosed.stdout)["findings"]}
+    if two["efficiency"] < 0.7:
+        evidence = {e["label"]: e["value"] for e in found["scaling-no-gain"]["evidence"]}
+        assert evidence["E(2) = speed-up / 2"] == pytest.approx(two["efficiency"], abs=0.011)
+    else:
+        assert "scaling-no-gain" not in found
+    alone = run_td("diagnose", "--json", str(tmp_path / "scaling-1.sqlite"))
+    assert "scaling-no-gain" not in {f["id"] for f in json.loads(alone.stdout)["findings"]}
 
 
 def test_sizes_and_kept_batch() -> None:

@@ -98,8 +98,11 @@ def run_trial(
     limit_s: float = 600.0,
     interval: float = 0.5,
     python: str = sys.executable,
+    baseline: Trial | None = None,
 ) -> Trial:
-    """One recorded trial of ``script`` at ``nproc`` ranks, stopped after warm-up + steps."""
+    """One recorded trial of ``script`` at ``nproc`` ranks, stopped after warm-up + steps.
+    ``baseline`` (the 1-rank trial, measured) goes into the recording's meta, so that
+    `diagnose` of this trial alone can say whether N ranks gained (rule scaling-no-gain)."""
     from torchdoctor.instrument.agent import ENV_STOP_AFTER_STEPS
     from torchdoctor.launch.plan import LaunchOptions, plan_launch
     from torchdoctor.run.process import ProcessTree, TreeStopper, resolve_command
@@ -136,7 +139,14 @@ def run_trial(
             log=folder / f"scaling-{nproc}.log",
             new_group=True,
             on_started=on_started,
-            meta={"bench_scaling": {"nproc": nproc, "steps": steps, "warmup": warmup}},
+            meta={
+                "bench_scaling": {
+                    "nproc": nproc,
+                    "steps": steps,
+                    "warmup": warmup,
+                    "baseline": _baseline_meta(baseline),
+                }
+            },
         )
     finally:
         if limit:
@@ -146,6 +156,14 @@ def run_trial(
     if not any(fr_dir.iterdir()):
         fr_dir.rmdir()
     return trial
+
+
+def _baseline_meta(base: Trial | None) -> dict | None:
+    if base is None or not base.samples_per_s:
+        return None
+    return {"nproc": base.nproc, "samples_per_s": base.samples_per_s, "step_s": base.step_s,
+            "per_rank_batch": base.per_rank_batch, "cores_per_rank": base.cores_per_rank,
+            "recording": base.recording}  # fmt: skip
 
 
 def measure_trial(trial: Trial, warmup: int) -> None:
@@ -350,7 +368,8 @@ def bench_scaling(
     result = ScalingResult(keep=keep)
     for n in sizes:
         args = trial_args(script, keep, global_batch, n)
-        t = run_trial(args, n, steps, folder, limit_s=limit_s, python=python)
+        base = next((b for b in result.trials if b.nproc == 1), None)
+        t = run_trial(args, n, steps, folder, limit_s=limit_s, python=python, baseline=base)
         result.trials.append(t)
         if on_trial is not None:
             on_trial(t)

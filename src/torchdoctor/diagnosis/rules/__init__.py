@@ -51,4 +51,5 @@ RULE_MODULES: tuple[str, ...] = (
     "batchnorm_not_synced",
     "accumulation_without_no_sync",
     "unused_parameters_search",
+    "scaling_no_gain",
 )
