@@ -24,7 +24,7 @@ from torchdoctor.instrument.agent.contract import ENV_PURE_PYTHON
 from torchdoctor.recording.steps import evaluation_stats
 
 JOB = str(JOBS / "nograd_eval_job.py")
-STEPS, EVERY, PASSES = 24, 6, 24
+STEPS, EVERY, PASSES, BATCH = 24, 6, 24, 8
 
 
 def _run(tmp_path, mode: str, pure: bool):
@@ -50,7 +50,7 @@ def test_evaluation_without_a_dataloader_leaves_the_steps(tmp_path, pure):
     assert [p["step"] for p in passes] == list(range(EVERY - 1, STEPS, EVERY))
     for p, seconds in zip(passes, own["evaluations"], strict=True):
         assert p["detected_by"] == "forward-passes" and p["ended_by"] == "block-end"
-        assert p["batches"] >= 2
+        assert p["batches"] == PASSES and p["samples"] == PASSES * BATCH  # every pass counted
         assert abs(p["seconds"] - seconds) < 0.25 * seconds + 0.01, (p, seconds)
         # The step it fell in: what the loop measured without it, not with it.
         recorded = steps[p["step"]]["wall_s"]

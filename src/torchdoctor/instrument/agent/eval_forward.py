@@ -17,8 +17,9 @@ Cost: ``no_grad.__enter__``/``__exit__`` and ``inference_mode``'s get a wrapper 
 enters no_grad a few times: ``clip_grad_norm_``, parameter updates by hand). While such a block
 is open on the stepping thread, a global module forward pre-hook (torch's public
 ``register_module_forward_pre_hook``) sees the module calls; it is removed as soon as the
-block is known to be an evaluation or not (a module in train mode, or the second call of the
-first module), and at the block's end. A DataLoader evaluation under way is left to
+block is known not to be an evaluation (its first module is in train mode), else at the
+block's end: in an evaluation it counts every forward pass of the model and its samples, at a
+cost that falls within the evaluation's own time, which leaves the step. A DataLoader evaluation under way is left to
 :mod:`.evaluation`, which already covers the block.
 """
 
@@ -87,12 +88,10 @@ class ForwardEvaluation:
             self._count(args)
             return
         if module is first:
+            # Kept on to the block's end to count every pass and its samples: what it costs
+            # (a call per module call) falls in the evaluation, whose time leaves the step.
             self._count(args)
             self.is_evaluation = True
-            # The block is an evaluation: its time is taken whole at its end, so the rest of
-            # its module calls need not pass through this hook. Its later forward passes are
-            # not counted (the event's batches say "at least two").
-            self._unhook()
 
     def _count(self, args) -> None:
         self.calls += 1
