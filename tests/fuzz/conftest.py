@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import resource
 import signal
 import sys
 from collections.abc import Iterator
@@ -56,6 +57,17 @@ settings.load_profile("fuzz" if os.environ.get("FUZZ_EXAMPLES") else "ci")
 CALL_LIMIT_S = 60.0
 
 
+CALL_MEMORY = 4 << 30  # the most one command may add to the process's data
+
+
+def _data_now() -> int:
+    """This process's data segment now (VmData: heap and private mappings), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class Hang(BaseException):
     """Raised into a command that ran past CALL_LIMIT_S (a BaseException: nothing the command
     catches as an Exception may swallow it)."""
@@ -77,11 +89,13 @@ class Outcome:
             return
         if self.argv[:1] in (["run"], ["launch"]) and "torchdoctor: recording " in self.stderr:
             return  # the job started: the status is the job's, and the end report follows
+        if self.argv[:1] == ["tune"] and "trial  0" in self.stderr:
+            return  # trials ran (their progress lines), then one line says why tune stopped
         # click's usage errors carry the usage line and its "Try ... -h" hint around the error
         # (and a missing choice, the choices: one a line, indented)
         lines = [
             line
-            for line in self.stderr.splitlines()
+            for line in self.stderr.split("\n")  # a \r a user typed is no new line
             if line.strip() and not line.startswith(("Usage: ", "Try '", "  ", "\t"))
         ]
         # A result, not an error: `doctor` found errors, `diagnose --fail-on` a finding,
@@ -102,6 +116,10 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
 
     runner = CliRunner()
     old_cwd = os.getcwd()
+    # A command that asks for tens of GiB (a fuzzed size) fails with MemoryError, a finding,
+    # instead of the kernel's OOM killer taking the test run (or a neighbour) down.
+    old_data = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (_data_now() + CALL_MEMORY, old_data[1]))
     old_alarm = signal.signal(signal.SIGALRM, alarm)
     code: int = 0
     try:
@@ -121,6 +139,7 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
             out, err = streams[0].getvalue(), streams[1].getvalue()
     finally:
         signal.signal(signal.SIGALRM, old_alarm)
+        resource.setrlimit(resource.RLIMIT_DATA, old_data)
     decode = lambda b: b.decode("utf-8", "replace")  # noqa: E731
     return Outcome(list(argv), code, decode(out), decode(err))
 
