@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchdoctor.recording.compaction import META_THROUGH
+from torchdoctor.recording.profiles import read_profiles, window_summary
 from torchdoctor.recording.reader import Recording, damaged
 from torchdoctor.recording.state import describe_state, missing_wal_hint
 from torchdoctor.recording.steps import evaluation_stats
@@ -82,6 +83,9 @@ class RunSummary:
     # None where the recording predates their sampling: "not measured".
     job_dev_shm: Stat = field(default_factory=lambda: Stat(None, None))
     job_rss_shmem: Stat = field(default_factory=lambda: Stat(None, None))
+    # Profiler windows (run --profile-steps), one dict each (recording.profiles.window_summary):
+    # where, state, its median step split into parts; [] for a recording without any.
+    profiles: list[dict[str, Any]] = field(default_factory=list)
 
 
 def summarize(rec: Recording) -> RunSummary:
@@ -159,6 +163,7 @@ def summarize(rec: Recording) -> RunSummary:
         instrumentation_off=rec.instrumentation_off(),
         job_dev_shm=_stat(shm, "dev_shm"),
         job_rss_shmem=_stat(shm, "shmem"),
+        profiles=[window_summary(w) for w in read_profiles(rec)],
     )
 
 

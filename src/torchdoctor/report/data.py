@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.recording.frame import SampleFrame
+from torchdoctor.recording.profiles import read_profiles
 from torchdoctor.recording.reader import Instants, Recording
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.report.charts import (
@@ -159,6 +160,7 @@ def build_report_data(
         meta=meta_sections(meta, rec),
         events=event_rows(events, t0),
         thresholds=threshold_rows(thresholds),
+        profiles=read_profiles(rec),
     )
 
 

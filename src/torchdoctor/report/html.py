@@ -20,6 +20,7 @@ from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
 from torchdoctor.report.model import Chart, Heatmap, ReportData
+from torchdoctor.report.profiles import render_profiles
 from torchdoctor.report.scales import fmt_clock, fmt_utc, fmt_value
 from torchdoctor.report.svg import (
     PALETTE_SIZE,
@@ -76,6 +77,7 @@ def render_html(data: ReportData) -> str:
             "<main>",
             _summary(data),
             _findings(data),
+            render_profiles(data.profiles),
             _timelines(data),
             _processes(data),
             _settings(data),
@@ -136,6 +138,7 @@ def _nav(data: ReportData) -> str:
     links = [
         ("summary", "Summary"),
         ("findings", f"Findings ({len(data.findings)})"),
+        *([("profiles", "Profiled steps")] if data.profiles else []),
         ("timelines", "Timelines"),
         ("processes", "Processes"),
         ("settings", "Settings"),

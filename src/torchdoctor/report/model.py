@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torchdoctor.diagnosis.findings import Finding
+from torchdoctor.recording.profiles import WindowProfile
 from torchdoctor.report.downsample import Point
 
 
@@ -168,3 +169,5 @@ class ReportData:
     state_notes: list[str] = field(default_factory=list)
     # the resolution the timelines were read at, when not every sample (a long recording)
     resolution_note: str | None = None
+    # profiler windows (run --profile-steps), parsed or not; [] without any
+    profiles: list[WindowProfile] = field(default_factory=list)
