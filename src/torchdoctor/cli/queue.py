@@ -173,8 +173,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
     waits); then the summary and findings of its recording."""
     from pathlib import Path
 
-    from rich.console import Console
-
+    from torchdoctor.terminal import make_console
     from torchdoctor.units import one_line
 
     with _queue(reading=job_id) as queue:
@@ -236,9 +235,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
         from torchdoctor.run.end_report import print_end_report
 
         click.echo("")
-        print_end_report(
-            recording, Console(file=sys.stdout, highlight=False, soft_wrap=True), thresholds
-        )
+        print_end_report(recording, make_console(sys.stdout, soft_wrap=True), thresholds)
 
 
 @command.command("cancel")
