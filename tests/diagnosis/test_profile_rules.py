@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,8 @@ def profile_loop(tmp_path: Path, body, steps: int = 5) -> Path:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)
+    # torch warns that a cycle's events are cleared after its export: one cycle here.
+    warnings.filterwarnings("ignore", "Profiler clears events", UserWarning)
     trace = tmp_path / "rank0-steps1-5.pt.trace.json.gz"
     with profile(
         activities=[ProfilerActivity.CPU],
