@@ -438,6 +438,11 @@ def recover() -> None:
     from torchdoctor.queue.store import CorruptStateError, QueueStore
 
     paths = queue_paths()
+    # No file is no damage: opening the store here would fail on the missing folder, read as
+    # an unreadable file, and the rename below would find nothing to keep aside.
+    if not paths.db.exists():
+        click.echo(f"nothing to recover: no queue state at {paths.db}")
+        return
     try:
         QueueStore(paths.db).close()
     except CorruptStateError:
