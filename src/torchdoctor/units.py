@@ -220,10 +220,7 @@ def shell_line(argv: list[str], limit: int = 80) -> str:
     """A command line as a shell would take it back (``shlex.join``) on one line: newlines,
     tabs and other control characters (a ``-c`` script's) escaped, and at most ``limit``
     characters, cut at a word boundary with an ellipsis where that does not lose most of it."""
-    text = "".join(
-        ch if ch.isprintable() or ch == " " else _ESCAPES.get(ch, f"\\x{ord(ch):02x}")
-        for ch in shlex.join(argv)
-    )
+    text = visible(shlex.join(argv))
     if len(text) <= limit:
         return text
     cut = text[: limit - 3]
@@ -232,6 +229,27 @@ def shell_line(argv: list[str], limit: int = 80) -> str:
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible(text: str) -> str:
+    """``text`` with newlines, tabs and every other unprintable character (C0 and C1 controls,
+    line separators, bidi overrides, the surrogates of undecodable bytes) written as Python
+    escapes: what a user typed or a file named stays on one line and cannot move the cursor."""
+    return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    # \x2028 would read as \x20 then "28": the width says how many digits belong to it
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
 
 
 def one_line(argv: list[str], limit: int = 100) -> str:

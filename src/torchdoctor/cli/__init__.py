@@ -81,22 +81,27 @@ def main(argv: list[str] | None = None) -> None:
     Our own stdout and stderr drop output once they break (a closed pipe, a full disk): the
     command still runs to its end and exits with its own status, `run` with the job's."""
     from torchdoctor.cli.streams import guard_standard_streams
+    from torchdoctor.units import visible
 
     guard_standard_streams()
     try:
         # Without standalone mode click returns ctx.exit(code)'s code instead of exiting.
         status = cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+    # Every error message carries what the user typed or a file named (values, paths, names):
+    # its newlines, \r and escape sequences are escaped here, once, so the error stays one line
+    # and cannot rewrite the terminal, whichever command or click itself wrote the message.
     except UserError as exc:
-        click.echo(f"torchdoctor: error: {exc.message}", err=True)
+        click.echo(f"torchdoctor: error: {visible(exc.message)}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("torchdoctor: aborted", err=True)
         sys.exit(130)
     except click.UsageError as exc:
+        exc.message = visible(exc.message)
         exc.show()  # the usage line, click's "Try '... -h' for help." hint, then the error
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        click.echo(f"torchdoctor: error: {exc.format_message()}", err=True)
+        click.echo(f"torchdoctor: error: {visible(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
