@@ -15,6 +15,8 @@
 # 5. benchmarks/estimate_cuda_check.py, when it exists;
 # 6. with GPU_CHECK_TESTS=1, the test modules that read GPUs or NVML, on the real GPU (they
 #    assert what NVML really reports, so they hold on a GPU machine as they do here).
+# 6b. a CUDA profile window (`run --profile-steps 5-7`): the trace's kernels, GPU busy/idle per
+#    step, and sync-points naming the loop's loss.item() line;
 # 7. `torchdoctor doctor --json` on the real NVML (versions, topology, P2P, processes), and the
 #    NCCL all-reduce / all-gather / reduce-scatter sweep over every GPU (needs two or more).
 # Logs and the recording go to $OUT (or a temporary folder). Each step has its own time limit
@@ -289,6 +291,33 @@ if [ -s "$OUT/oom-fix.txt" ]; then
   "$PY" -c 'import re, sys; t = open(sys.argv[1]).read(); sys.exit(float(re.search(r"peak ([0-9.]+) %", t)[1]) > 85)' \
     "$OUT/oom-fix-run.log" || fail "the cuda-oom fix ran above 85 % of the GPU"
 fi
+fi
+
+if [ "$CUDA" = 1 ]; then
+step "a CUDA profile window: run --profile-steps 5-7 on a loop that syncs every step"
+# A real CUDA window (issue 42): the trace must hold GPU kernels, the recording's per-step
+# breakdown GPU busy/idle, and diagnose must name the loss.item() line (sync-points) with its
+# cost; a fp32 matmul-heavy step on a tensor-core GPU may add op-bound (AMP/TF32).
+cat > "$OUT/profile_train.py" <<'PYEOF'
+import torch
+torch.backends.cuda.matmul.allow_tf32 = False
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(512, 2048, device="cuda")
+for step in range(40):
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")  # line 11: a host-device sync every step
+PYEOF
+timeout 300 "$PY" -m torchdoctor run --quiet --profile-steps 5-7 --out "$OUT/profile.sqlite" \
+    -- "$PY" "$OUT/profile_train.py" > /dev/null || fail "run --profile-steps on CUDA"
+ls -la "$OUT"/profile.profile/ 2>&1
+timeout 120 "$PY" -m torchdoctor show "$OUT/profile.sqlite" 2>&1 | tee "$OUT/profile-show.txt"
+timeout 120 "$PY" -m torchdoctor diagnose "$OUT/profile.sqlite" 2>&1 | tee "$OUT/profile-diagnose.txt"
+grep -q "sync-points" "$OUT/profile-diagnose.txt" && grep -q "profile_train.py:11" "$OUT/profile-diagnose.txt" \
+  || fail "sync-points did not name profile_train.py:11 on the CUDA window"
 fi
 
 if [ -f benchmarks/estimate_cuda_check.py ] && [ "$CUDA" = 1 ]; then
