@@ -15,6 +15,44 @@ from torchdoctor.errors import UserError
 from torchdoctor.units import fmt_bytes, fmt_cpu_list, fmt_duration
 
 
+class JobId(click.ParamType):
+    """A queued job's id, the one definition every queue command and ``submit --after`` read:
+    a whole number the queue can hold (an SQLite rowid), checked before any command runs, so a
+    number past the store's INTEGER is a usage error with the range, never an OverflowError
+    from deep in a query. ``several``: a comma-separated list of them (``--after 3,4``)."""
+
+    name = "job_id"
+
+    def __init__(self, several: bool = False) -> None:
+        self.several = several
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | list[int]:
+        from torchdoctor.queue.model import JOB_ID_MAX
+
+        if isinstance(value, int) or (isinstance(value, list) and self.several):
+            return value  # a default, or already converted
+        ids = []
+        for word in str(value).split(",") if self.several else [str(value)]:
+            if self.several and not word.strip():
+                continue
+            try:
+                job_id = int(word)
+            except ValueError:
+                self.fail(f"{word!r} is not a job id: give a whole number, e.g. 3", param, ctx)
+            if not 1 <= job_id <= JOB_ID_MAX:
+                self.fail(
+                    f"job id {job_id} is out of range: ids go from 1 to {JOB_ID_MAX}", param, ctx
+                )
+            ids.append(job_id)
+        return ids if self.several else ids[0]
+
+
+JOB_ID = JobId()
+JOB_IDS = JobId(several=True)
+
+
 def _queue(reading: int | None = None, say_mode: bool = False):
     """The machine-wide queue where one is installed, else this user's own (with ``say_mode``,
     which one is said once). ``reading``: a read-only command about job ``reading`` (or 0:
@@ -160,7 +198,7 @@ def _note(job) -> str:
 
 
 @command.command("show")
-@click.argument("job_id", type=int, shell_complete=complete_job_ids)
+@click.argument("job_id", type=JOB_ID, shell_complete=complete_job_ids)
 @click.option(
     "--thresholds",
     type=click.Path(dir_okay=False),
@@ -239,7 +277,7 @@ def show(job_id: int, thresholds: str | None, as_json: bool) -> None:
 
 
 @command.command("cancel")
-@click.argument("job_id", type=int, shell_complete=complete_job_ids)
+@click.argument("job_id", type=JOB_ID, shell_complete=complete_job_ids)
 @click.option(
     "--grace",
     type=float,
@@ -258,7 +296,7 @@ def cancel(job_id: int, grace: float) -> None:
 
 
 @command.command("logs")
-@click.argument("job_id", type=int, shell_complete=complete_job_ids)
+@click.argument("job_id", type=JOB_ID, shell_complete=complete_job_ids)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 def logs(job_id: int, follow: bool) -> None:
     """What the job wrote (stdout and stderr); only its owner (and root) may read it."""
@@ -292,7 +330,7 @@ def _copy_from(path: str | None, offset: int, out) -> int:
 
 
 @command.command("pause")
-@click.argument("job_id", type=int, required=False)
+@click.argument("job_id", type=JOB_ID, required=False)
 def pause(job_id: int | None) -> None:
     """Start nothing new (running jobs finish); with JOB_ID: keep that waiting job of yours
     from starting. A machine-wide queue is paused as a whole by root only."""
@@ -310,7 +348,7 @@ def pause(job_id: int | None) -> None:
 
 
 @command.command("resume")
-@click.argument("job_id", type=int, required=False)
+@click.argument("job_id", type=JOB_ID, required=False)
 def resume(job_id: int | None) -> None:
     """Start jobs again; with JOB_ID: let that paused job of yours start."""
     with _queue() as queue:
@@ -325,7 +363,7 @@ def resume(job_id: int | None) -> None:
 # A negative priority (`queue priority 20 -5`) is a value, not an option, as `submit
 # --priority -5` already reads it; the command has no options besides --help.
 @command.command("priority", context_settings={"ignore_unknown_options": True})
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.argument("priority", type=int)
 def priority(job_id: int, priority: int) -> None:
     """Change a waiting job's priority (higher starts first among its owner's jobs)."""
@@ -335,7 +373,7 @@ def priority(job_id: int, priority: int) -> None:
 
 
 @command.command("restart")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 def restart(job_id: int) -> None:
     """Queue an ended job again as a new job (same command, folder, environment, needs)."""
     with _queue() as queue:
@@ -420,7 +458,7 @@ def install(folder: str) -> None:
 
 
 @command.command("wait")
-@click.argument("job_id", type=int, shell_complete=complete_job_ids)
+@click.argument("job_id", type=JOB_ID, shell_complete=complete_job_ids)
 @click.pass_context
 def wait(ctx: click.Context, job_id: int) -> None:
     """Wait for a job to end; exit with its exit status (1 when it has none)."""

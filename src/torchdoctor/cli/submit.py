@@ -9,14 +9,8 @@ import click
 from torchdoctor.cli.common import job_name
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
+from torchdoctor.cli.queue import JOB_IDS
 from torchdoctor.errors import UserError
-
-
-def _ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--after {text}: give job ids, e.g. --after 3 or --after 3,4") from None
 
 
 @click.command(
@@ -45,7 +39,12 @@ def _ids(text: str) -> list[int]:
     "e.g. 'models.py:make --batch 64 --gpu A100-80GB'.",
 )
 @click.option(
-    "--after", "after", multiple=True, metavar="ID", help="Start only after job ID succeeded."
+    "--after",
+    "after",
+    type=JOB_IDS,
+    multiple=True,
+    metavar="ID",
+    help="Start only after job ID succeeded.",
 )
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
 @click.option("--name", help="A name for the job (default: from the command).")
@@ -64,7 +63,7 @@ def command(
     cpus: int,
     mem: str | None,
     estimate_args: str | None,
-    after: tuple[str, ...],
+    after: tuple[list[int], ...],
     priority: int,
     name: str | None,
     cwd: str | None,
@@ -113,7 +112,7 @@ def command(
             mem=mem_need,
             mem_source=mem_source,
             priority=priority,
-            after=[i for text in after for i in _ids(text)],
+            after=[i for ids in after for i in ids],
         )
         job = queue.submit(request)
     if as_json:

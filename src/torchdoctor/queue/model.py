@@ -23,6 +23,8 @@ ASKED = "asked"  # where a figure of a job came from, when the user gave it
 
 # The store keeps a priority in an SQLite INTEGER: a signed 64-bit number.
 PRIORITY_MIN, PRIORITY_MAX = -(2**63), 2**63 - 1
+# A job's id is its SQLite rowid: from 1 up to the same INTEGER's largest value.
+JOB_ID_MAX = 2**63 - 1
 
 
 def check_priority(priority: int) -> int:
