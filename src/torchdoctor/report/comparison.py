@@ -22,7 +22,7 @@ from torchdoctor.compare.runs import RunFigures, run_figures
 from torchdoctor.compare.verdict import FASTER, LETTERS, SLOWER, Comparison, compare, headline
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
-from torchdoctor.recording.reader import open_recording
+from torchdoctor.recording.reader import open_recording, require_regular_file
 from torchdoctor.report.data import Diagnose, build_report_data
 from torchdoctor.report.html import _chart, is_report, page
 from torchdoctor.report.model import Chart, ReportData
@@ -59,6 +59,8 @@ def write_comparison_report(
     if len(recordings) > MAX_RUNS:
         raise UserError(f"a comparison report draws at most {MAX_RUNS} recordings")
     sources = [Path(r) for r in recordings]
+    for source in sources:  # files, before two of their names name the report (as report A)
+        require_regular_file(source)
     target = (
         Path(out)
         if out is not None

@@ -17,7 +17,7 @@ import torchdoctor
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
-from torchdoctor.recording.reader import open_recording
+from torchdoctor.recording.reader import open_recording, require_regular_file
 from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
 from torchdoctor.report.model import Chart, Heatmap, ReportData
 from torchdoctor.report.profiles import render_profiles
@@ -49,6 +49,9 @@ def write_report(
     (a command recorded with Latin-1 bytes) is written with backslash escapes.
     """
     source = Path(recording)
+    # The default report is named after the recording: checked to be a file first, so a source
+    # with no name ('' and '.' are the cwd, '/') says what it is instead of naming nothing.
+    require_regular_file(source)
     target = Path(out) if out is not None else source.with_suffix(".html")
     if target.resolve() == source.resolve():
         raise UserError(
