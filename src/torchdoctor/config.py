@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.input_files import read_small_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -70,14 +71,14 @@ def find_pyproject(start: Path | None = None) -> Path | None:
     return None
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, what: str = "file") -> dict[str, Any]:
+    """The TOML file ``path`` (``what`` it is, for the messages), read through input_files:
+    a regular file of at most 1 MiB, every failure one line."""
+    data = read_small_file(path, what)
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise UserError(f"no such file: {str(path)!r}") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{str(path)!r} is not valid TOML: not UTF-8 text ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{str(path)!r} is not valid TOML: {exc}") from None
 
@@ -187,12 +188,7 @@ def threshold_tables(
             tables.append((f"{source.name} thresholds", table))
     file = flag or os.environ.get(ENV_THRESHOLDS)
     if file:
-        try:
-            data = read_toml(Path(file))
-        except UserError as exc:
-            if not Path(file).exists():
-                raise UserError(f"no such thresholds file: {str(file)!r}") from None
-            raise exc
+        data = read_toml(Path(file), "thresholds file")
         table = data.get("thresholds", data)
         if not isinstance(table, dict):
             # `thresholds = 5` as the whole file: a one-line answer, not a TypeError later

@@ -60,6 +60,12 @@ _KINDS = (
 )
 
 
+def file_kind(mode: int) -> str | None:
+    """What a file of ``mode`` is, in words ("a folder", "a character device"), or None for
+    a regular file (and a kind not named here): the words of every refusal of such a file."""
+    return next((kind for is_kind, kind in _KINDS if is_kind(mode)), None)
+
+
 def _error(option: str, template: str, **values: str) -> ParameterError:
     """One line from ``template``, whose ``{option}`` fields name the option and whose other
     fields are ``values`` (user text, taken literally). A ParameterError, so that an interface
@@ -139,14 +145,14 @@ def check_output_file(
                 folder=repr(str(folder)),
             )
         return target
-    for is_kind, kind in _KINDS:
-        if is_kind(st.st_mode):
-            raise _error(
-                option,
-                "{option} {path} is {kind}, not a file; choose another {option}",
-                path=repr(shown),
-                kind=kind,
-            )
+    kind = file_kind(st.st_mode)
+    if kind is not None:
+        raise _error(
+            option,
+            "{option} {path} is {kind}, not a file; choose another {option}",
+            path=repr(shown),
+            kind=kind,
+        )
     head = _head(target)
     # A SQLite file with its write-ahead log beside it is open in some program (a recording
     # from before the schema went into the main file holds all of it in the WAL): not ours to

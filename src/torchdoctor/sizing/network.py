@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from torchdoctor.errors import UserError
+from torchdoctor.input_files import read_small_file
 from torchdoctor.sizing.figure import Figure
 
 # NCCL_* and the socket choices of gloo and TensorPipe: what decides how ranks reach each other.
@@ -30,10 +31,12 @@ def recorded_network_env(env: dict[str, str]) -> dict[str, Figure]:
 
 def doctor_network_env(path: str | Path) -> dict[str, Figure]:
     """The variables `doctor`'s network checks tell to export, from its ``--json`` output."""
+    # Read as a settings file (a regular file, 1 MiB at most): /dev/zero was read to its end.
+    text = read_small_file(path, "doctor --json file")
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(text)
         checks = data["checks"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         raise UserError(
             f"{path} is not the output of `torchdoctor doctor --json`: run that on a cluster "
             "node and save what it prints"
