@@ -116,6 +116,9 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
 
     runner = CliRunner()
     old_cwd = os.getcwd()
+    # A command hands settings to its children through os.environ (--thresholds sets
+    # $TORCHDOCTOR_THRESHOLDS): in one process that would reach every later example and test.
+    old_environ = dict(os.environ)
     # A command that asks for tens of GiB (a fuzzed size) fails with MemoryError, a finding,
     # instead of the kernel's OOM killer taking the test run (or a neighbour) down.
     old_data = resource.getrlimit(resource.RLIMIT_DATA)
@@ -140,6 +143,8 @@ def invoke(argv: list[str], cwd: Path, env: dict[str, str]) -> Outcome:
     finally:
         signal.signal(signal.SIGALRM, old_alarm)
         resource.setrlimit(resource.RLIMIT_DATA, old_data)
+        os.environ.clear()
+        os.environ.update(old_environ)
     decode = lambda b: b.decode("utf-8", "replace")  # noqa: E731
     return Outcome(list(argv), code, decode(out), decode(err))
 

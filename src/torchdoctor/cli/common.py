@@ -76,6 +76,10 @@ def _thresholds_setting(ctx: click.Context, param: click.Parameter, value: str |
     from torchdoctor.config import ENV_THRESHOLDS
     from torchdoctor.thresholds import load_thresholds
 
+    if value == "":
+        # abspath('') is the cwd: an empty name would hand the current folder to every
+        # diagnosis and child process as the thresholds file
+        raise click.BadParameter("an empty file name: give the path of a TOML file", ctx, param)
     load_thresholds(value)
     if value is None:
         return None
