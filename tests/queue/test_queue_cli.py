@@ -255,3 +255,42 @@ def test_queue_install_into_a_folder_it_cannot_write_is_one_line(tmp_path):
     assert line.startswith(f"torchdoctor: error: cannot write the unit files into {folder} (")
     assert line.endswith("run it as root, or give --dir a folder you can write")
     assert list(folder.iterdir()) == []
+
+
+def test_text_of_non_utf8_bytes_is_stored_and_read_back_as_it_was(tmp_path):
+    # A legal Linux name (a Latin-1 folder, a script's argument): Python hands it over with
+    # surrogate escapes, which a TEXT column cannot take; found by the fuzz suite.
+    store = QueueStore(tmp_path / "queue.sqlite")
+    odd = os.fsdecode(b"/tmp/caf\xe9")
+    job_id = store.add(Job(0, "caf\udce9", ["python", odd], {"X": odd}, odd, 1.0))
+    store.update(job_id, reason=f"no such folder {odd}")
+    job = store.get(job_id)
+    store.close()
+    assert (job.name, job.cwd, job.argv[1], job.env["X"]) == ("caf\udce9", odd, odd, odd)
+    assert job.reason == f"no such folder {odd}"
+
+
+def test_a_job_in_a_folder_of_non_utf8_bytes_runs(queue_env, tmp_path):
+    q = queue_env()
+    folder = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9")
+    os.mkdir(folder)
+    job_id = q.submit("--cwd", folder, "--", sys.executable, FAKE_JOB)
+    assert q.wait(job_id) == 0
+    assert q.job(job_id).cwd == folder
+
+
+def test_queue_install_into_a_folder_of_non_utf8_bytes_prints_it_escaped(tmp_path):
+    folder = os.fsencode(tmp_path) + b"/units-\xff"
+    done = subprocess.run(
+        [*TORCHDOCTOR, "queue", "install", "--dir", folder],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "LC_ALL": "C.UTF-8", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert b"units-\\udcff/torchdoctor-queue.service" in done.stdout  # escaped, one line
+    assert sorted(os.listdir(folder)) == [
+        b"torchdoctor-exporter.service",
+        b"torchdoctor-queue.service",
+    ]

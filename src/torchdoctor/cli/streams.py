@@ -47,6 +47,13 @@ class DroppingStream:
         if self.broken is None:
             try:
                 return self._stream.write(text)
+            except UnicodeEncodeError:
+                # A character the stream's encoding cannot take: a path of non-UTF-8 bytes
+                # (a surrogate escape) on a UTF-8 terminal, or any non-ASCII one on an ASCII
+                # one. Written as a backslash escape (\udcff), so a line that names such a
+                # file is printed, whichever command prints it, instead of failing.
+                encoding = getattr(self._stream, "encoding", None) or "utf-8"
+                return self.write(text.encode(encoding, "backslashreplace").decode(encoding))
             except OSError as exc:
                 self._break(exc)
         return len(text)

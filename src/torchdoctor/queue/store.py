@@ -223,8 +223,22 @@ def _to_row_partial(values: dict[str, Any]) -> dict[str, Any]:
             value = json.dumps(value)
         elif isinstance(value, bool):
             value = int(value)
+        elif isinstance(value, str):
+            value = _storable(value)
         out[key] = value
     return out
+
+
+def _storable(text: str) -> str | bytes:
+    """``text`` as SQLite can hold it. A path or command of non-UTF-8 bytes (a legal Linux
+    name: Python hands it over with surrogate escapes) cannot be a TEXT value, whose UTF-8
+    encoding fails: it is stored as its original bytes (a BLOB), which _from_row turns back
+    into the same str. JSON fields need nothing: json.dumps writes a surrogate as \\udcXX."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+    return text
 
 
 def _from_row(row: sqlite3.Row) -> Job:
@@ -234,5 +248,7 @@ def _from_row(row: sqlite3.Row) -> Job:
             value = json.loads(value)
         elif key in ("cancel_requested", "held"):
             value = bool(value) if value is not None else False
+        elif isinstance(value, bytes):  # a text field of non-UTF-8 bytes (_storable)
+            value = value.decode("utf-8", "surrogateescape")
         values[key] = value
     return Job(**values)
