@@ -154,3 +154,5 @@ def test_the_admins_busy_outside_setting(tmp_path):
     path.write_text("[cores]\nbusy_outside = 3\n")
     with pytest.raises(UserError, match="busy_outside must be a share"):
         load_config(str(path))
+    with pytest.raises(UserError, match="queue configuration '/dev/zero' is a character device"):
+        load_config("/dev/zero")  # read whole before: a settings file is read as one

@@ -140,19 +140,14 @@ def load_config(path: str | None = None) -> QueueConfig:
         busy_outside = 0.9    # a free CPU this busy outside the queue is not promised; false: off
 
     No file: no limits, busy_outside 0.9."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    from torchdoctor.config import read_toml
 
     path = path or config_path()
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
+    # No file is no limits; any other failure (a folder, /dev/zero, bad TOML) is read_toml's
+    # one line: a settings file read as every other one is (input_files).
+    if not os.path.exists(path):
         return QueueConfig()
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UserError(f"the queue's configuration {path} cannot be read: {exc}") from None
+    data = read_toml(Path(path), "queue configuration")
     limits = data.get("limits", {})
     if not isinstance(limits, dict):
         raise UserError(f"{path}: [limits] must be a table")
