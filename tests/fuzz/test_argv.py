@@ -204,6 +204,7 @@ FOUND: list[tuple[list[str], str]] = [
     (["queue", "install", "--dir", "\udcff"], "printing a non-UTF-8 path: UnicodeEncodeError"),
     (["queue", "show", "\udcff"], "a non-UTF-8 byte in a usage error"),
     (["diagnose", "--thresholds", "", "x"], "--thresholds '' exported the cwd as the file"),
+    (["launch", "x" * 300], "Path.is_file raised ENAMETOOLONG (launch/plan.py)"),
 ]
 
 

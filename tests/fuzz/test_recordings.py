@@ -172,6 +172,8 @@ FOUND: dict[str, object] = {
     "text in host_samples.cpu_busy": "UPDATE host_samples SET cpu_busy = ''",
     "blob in host_samples.cpu_busy": "UPDATE host_samples SET cpu_busy = x''",
     "schema type not UTF-8": lambda raw: raw.replace(b"INTEGER", b"\xc9NTEGER", 1),
+    # show and ls joined the command's words as text (TypeError): the reader checks its items
+    "command of numbers": "UPDATE meta SET value = '[0]' WHERE key = 'command'",
 }
 
 

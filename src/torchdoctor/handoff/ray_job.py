@@ -17,6 +17,7 @@ Why each part:
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shlex
@@ -125,7 +126,7 @@ def ray_spec(
     # path (on a cluster, the same path must exist on the node; other relative paths in the
     # arguments are the job's own business).
     args = list(command[1:])
-    if args and args[0] != "-m" and Path(args[0]).is_file():
+    if args and args[0] != "-m" and os.path.isfile(args[0]):  # False for a name too long
         args[0] = str(Path(args[0]).resolve())
     launch_args = [
         "--out-dir",

@@ -14,6 +14,7 @@ code; comments are made printable.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from torchdoctor.errors import UserError
@@ -87,7 +88,7 @@ def render_ray_train(size: JobSize, command: list[str], source: str, notes: list
             "it inside its workers"
         )
     script = command[1]
-    if Path(script).is_file():
+    if os.path.isfile(script):  # False for a name too long, where Path.is_file raises
         script = str(Path(script).resolve())
     ranks = int(size.ranks_per_node.value)
     gpus = int(size.gpus_per_node.value)

@@ -7,6 +7,7 @@ here. torchrun (``python -m torch.distributed.run``) does rendezvous, restarts a
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,7 +214,8 @@ def split_script(argv: list[str]) -> list[str]:
             f"{args[0]!r} is not a script; torchdoctor launch options go before --, "
             "the script and its arguments after it"
         )
-    if args[0] != "-m" and not Path(args[0]).is_file():
+    # os.path.isfile: False for a name the system refuses (too long), where Path.is_file raises
+    if args[0] != "-m" and not os.path.isfile(args[0]):
         raise UserError(f"no such script: {args[0]!r}")
     return args
 

@@ -618,6 +618,8 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "writer": dict,
     "totals": dict,
 }
+# The type of the items of a meta list the readers join as text (the command line is printed).
+_META_ITEMS: dict[str, type] = {"command": str}
 
 
 def damaged(path: Path, what: BaseException | str) -> NotARecordingError:
@@ -677,6 +679,9 @@ def _decoded_meta(path: Path, rows: list[sqlite3.Row]) -> dict[str, Any]:
         wanted, got = _META_TYPES.get(key), meta[key]
         # JSON's true is a Python int too: no figure is a bool
         if wanted and got is not None and (not isinstance(got, wanted) or isinstance(got, bool)):
+            raise damaged(path, f"meta {key!r} is {str(value)[:40]!r}")
+        item = _META_ITEMS.get(key)
+        if item and got is not None and not all(isinstance(v, item) for v in got):
             raise damaged(path, f"meta {key!r} is {str(value)[:40]!r}")
         # A time every reader prints as a date: the C library takes none past year 9999 (and
         # JSON's NaN is no time either)
