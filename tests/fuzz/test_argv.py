@@ -205,6 +205,7 @@ FOUND: list[tuple[list[str], str]] = [
     (["queue", "show", "\udcff"], "a non-UTF-8 byte in a usage error"),
     (["diagnose", "--thresholds", "", "x"], "--thresholds '' exported the cwd as the file"),
     (["launch", "x" * 300], "Path.is_file raised ENAMETOOLONG (launch/plan.py)"),
+    (["slurm", "status", "--recordings", "x" * 300, "1"], "Path.is_dir: ENAMETOOLONG"),
 ]
 
 

@@ -174,6 +174,8 @@ FOUND: dict[str, object] = {
     "schema type not UTF-8": lambda raw: raw.replace(b"INTEGER", b"\xc9NTEGER", 1),
     # show and ls joined the command's words as text (TypeError): the reader checks its items
     "command of numbers": "UPDATE meta SET value = '[0]' WHERE key = 'command'",
+    # report's process table: MAX(rss) of text is the text, formatted as bytes (ValueError)
+    "text in process_samples.rss": "UPDATE process_samples SET rss = ''",
 }
 
 

@@ -406,7 +406,8 @@ def _recordings(folder: Path) -> list[NodeRecording]:
 
     out = []
     thresholds = load_thresholds(None)
-    for path in sorted(folder.glob("*.sqlite")) if folder.is_dir() else []:
+    # os.path.isdir: False for a folder name too long, where Path.is_dir raises ENAMETOOLONG
+    for path in sorted(folder.glob("*.sqlite")) if os.path.isdir(folder) else []:
         try:
             with open_recording(path) as rec:
                 summary = summarize(rec)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchdoctor.recording.reader import EVERY_INSTANT, Instants, Recording
+from torchdoctor.recording.reader import EVERY_INSTANT, Instants, Recording, damaged
 from torchdoctor.recording.steps import decode_json
 from torchdoctor.report.model import (
     EventRow,
@@ -93,9 +93,15 @@ def read_process_stats(
         f" MAX(threads), MAX({q['swap']}) FROM process_samples{instants.where()}"
         " GROUP BY pid, create_time"
     )
-    return {
-        (row[0], row[1]): ProcessStats(*row[2:]) for row in rec.iter_query(sql, instants.params)
-    }
+    stats = {}
+    for row in rec.iter_query(sql, instants.params):
+        # MAX() of a column holding text returns the text (SQLite orders text after numbers):
+        # an edited sample reached the report's number formatting (ValueError) unchecked
+        bad = next((v for v in row if v is not None and not isinstance(v, (int, float))), None)
+        if bad is not None:
+            raise damaged(rec.path, f"the process samples hold {str(bad)[:40]!r}, not a number")
+        stats[(row[0], row[1])] = ProcessStats(*row[2:])
+    return stats
 
 
 def process_tree(

@@ -9,6 +9,7 @@ finished job stays reportable without accounting.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -268,7 +269,8 @@ def _node_recordings(folder: Path, job_id: str) -> list[NodeRecording]:
 
     out = []
     thresholds = load_thresholds(None)
-    for path in sorted(folder.glob("*.sqlite")) if folder.is_dir() else []:
+    # os.path.isdir: False for a folder name too long, where Path.is_dir raises ENAMETOOLONG
+    for path in sorted(folder.glob("*.sqlite")) if os.path.isdir(folder) else []:
         try:
             with open_recording(path) as rec:
                 # A recording that names another job (a folder reused by hand) is not this job's.
