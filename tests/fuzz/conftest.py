@@ -89,6 +89,15 @@ class Outcome:
             return
         if self.argv[:1] in (["run"], ["launch"]) and "torchdoctor: recording " in self.stderr:
             return  # the job started: the status is the job's, and the end report follows
+        if (
+            self.argv[:1] in (["run"], ["launch"])
+            and {"-q", "--quiet"} & set(self.argv)
+            and not self.stderr.strip()
+        ):
+            # --quiet says nothing of its own: a silent non-zero exit is the job's status
+            # (`run --quiet '['`: the job is /usr/bin/[, which exits 2), any error of
+            # torchdoctor's is still a line on stderr
+            return
         if self.argv[:1] == ["tune"] and "trial  0" in self.stderr:
             return  # trials ran (their progress lines), then one line says why tune stopped
         # click's usage errors carry the usage line and its "Try ... -h" hint around the error
