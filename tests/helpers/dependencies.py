@@ -27,6 +27,7 @@ FROM = {
     "kubeflow.training": "the `kubernetes` extra (in `all`)",
     "kubernetes": "the `kubernetes` extra (in `all`)",
     "ray": "the `ray` extra (in `all`)",
+    "accelerate": "the `test` group of [dependency-groups] (in `dev`)",
     "ray.train": "the `ray` extra (in `all`)",
     "torch": "`make setup`, which pins the CPU build (the `dev` group's lightning pulls a CUDA one)",
 }

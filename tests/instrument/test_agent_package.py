@@ -18,7 +18,8 @@ BUILT = importlib.util.find_spec("torchdoctor.instrument.agent._fast") is not No
 WITH_TORCH = ["_torchdoctor_agent"] + [
     f"_torchdoctor_agent.{m}"
     for m in (
-        "compiled", "contract", "core", "cuda", "evaluation", "hooks", "loaders", "pitfalls",
+        "compiled", "contract", "core", "cuda", "eval_forward", "evaluation", "hooks", "loaders",
+        "pitfalls",
         "settings", "sidetable", "sink", "steps",
         *(["_fast"] if BUILT else []),  # built for this Python: a plain environment takes it
     )

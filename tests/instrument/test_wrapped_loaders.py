@@ -3,13 +3,12 @@ calls) is one loader in the recording: the one the job iterated."""
 
 from __future__ import annotations
 
-import pytest
-
+from tests.helpers.dependencies import require
 from tests.instrument.runjob import JOBS, PY, run_job
 
 
 def test_a_loader_wrapped_by_accelerate_is_listed_once(tmp_path):
-    pytest.importorskip("accelerate")
+    require("accelerate")
     run = run_job([PY, str(JOBS / "accelerate_job.py")], tmp_path / "r.sqlite")
     assert run.returncode == 0 and run.stdout == "DataLoaderShard steps 8\n", run.stderr
     (loader,) = run.rows["dataloaders"]  # the Trainer's own loader was listed beside it

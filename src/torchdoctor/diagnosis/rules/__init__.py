@@ -26,6 +26,9 @@ RULE_MODULES: tuple[str, ...] = (
     "gpu_throttled",
     "gpu_hardware_errors",
     "gpu_idle_cpu_training",
+    # reads the ranks' findings (SCOPE = "job", AFTER_OTHERS): before gpu-underused and
+    # short-recording, which read every other finding
+    "scaling_no_gain",
     "gpu_underused",
     "dataparallel_used",
     "fp16_without_scaler",
@@ -51,5 +54,4 @@ RULE_MODULES: tuple[str, ...] = (
     "batchnorm_not_synced",
     "accumulation_without_no_sync",
     "unused_parameters_search",
-    "scaling_no_gain",
 )
