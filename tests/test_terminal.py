@@ -186,3 +186,17 @@ def test_the_attach_hint_names_the_package_to_install(tmp_path):
     assert "pip install --force-reinstall 'torchdoctor[attach]'" in line + rest, line + rest
     show = run_td("show", str(rec))
     assert "'torchdoctor[attach]'" in show.stdout, show.stdout
+
+
+def test_columns_zero_still_prints_show_and_the_end_report(tmp_path):
+    """Some containers and CI export COLUMNS=0 (a 0x0 pty): show, diagnose and run's end report
+    printed nothing at all (probe M7)."""
+    rec = tmp_path / "r.sqlite"
+    env = {**os.environ, "COLUMNS": "0"}
+    proc = run_td("run", "--out", str(rec), "--", sys.executable, "-c", "pass", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"recording: {rec}" in proc.stderr
+    show = run_td("show", str(rec), env=env)
+    assert show.returncode == 0 and f"recording: {rec}" in show.stdout, show.stdout
+    diagnose = run_td("diagnose", str(rec), env=env)
+    assert diagnose.returncode == 0 and "torchdoctor" in diagnose.stdout, diagnose.stdout

@@ -40,6 +40,11 @@ def command(
     check_interval(interval)
     if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
         raise UserError(f"no such process: {pid} (check the PID with `ps` or `torchdoctor top`)")
+    if _kernel_thread(pid):
+        raise UserError(
+            f"PID {pid} is a kernel thread, not a job: attach to the Python process that "
+            "trains (`torchdoctor top` or `ps` shows it)"
+        )
     argv = _cmdline(pid) or [f"pid-{pid}"]
     path = claim_file(out, f"pid{pid}-{os.path.basename(argv[0])}")
     console = stderr_console()
@@ -74,6 +79,15 @@ def command(
         release_signals(held)
     if not quiet:
         session.end_report(console, thresholds)
+
+
+def _kernel_thread(pid: int) -> bool:
+    from torchdoctor.sampling.procfs import is_kernel_thread
+
+    try:
+        return is_kernel_thread(pid)
+    except (OSError, ValueError, IndexError):  # gone, or a stat file cut short: attach says so
+        return False
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -163,6 +163,22 @@ def create_time(pid: int) -> float:
     return started_at(parse_pid_stat(read_path(f"/proc/{pid}/stat")).starttime)
 
 
+# The kernel marks its own threads (kthreadd, kworkers) with PF_KTHREAD in the flags field of
+# /proc/PID/stat (include/linux/sched.h); they have no user memory, no command line, no Python.
+PF_KTHREAD = 0x00200000
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """Whether ``pid`` is a kernel thread. Raises ``OSError`` when the process is not there."""
+    return stat_is_kernel_thread(read_path(f"/proc/{pid}/stat"))
+
+
+def stat_is_kernel_thread(data: bytes) -> bool:
+    """Whether a /proc/PID/stat line is a kernel thread's: PF_KTHREAD in its flags (field 9)."""
+    fields = data[data.rindex(b")") + 2 :].split()  # after "(comm) ": state is field 3
+    return bool(int(fields[6]) & PF_KTHREAD)
+
+
 def parse_meminfo_fields(data: bytes) -> tuple[int | None, int | None, int | None, int | None]:
     """(MemTotal, MemAvailable, SwapTotal, SwapFree) in bytes; the hot-path subset."""
     values = []
