@@ -207,6 +207,7 @@ FOUND: list[tuple[list[str], str]] = [
     (["launch", "x" * 300], "Path.is_file raised ENAMETOOLONG (launch/plan.py)"),
     (["slurm", "status", "--recordings", "x" * 300, "1"], "Path.is_dir: ENAMETOOLONG"),
     (["run", "--quiet", "["], "the job's own exit 2, silent under --quiet (the harness's bar)"),
+    (["diagnose", "x" * 300], "Path.is_dir: ENAMETOOLONG (recording/jobs.py)"),
 ]
 
 

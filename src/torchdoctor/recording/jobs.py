@@ -8,6 +8,7 @@ stands for the recordings in it.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def job_recording_paths(args: list[str]) -> list[Path]:
     paths: list[Path] = []
     for arg in args:
         p = Path(arg)
-        if p.is_dir():
+        if os.path.isdir(p):  # False for a name too long, where Path.is_dir raises (3.11)
             # as `ls` lists them: a FIFO or folder named *.sqlite is not a recording
             found = sorted(f for f in p.glob("*.sqlite") if f.is_file())
             if not found:
