@@ -370,7 +370,7 @@ class Recording:
         if not self._has_table("profile_windows"):
             return []
         names = [f.name for f in dataclasses.fields(ProfileWindow)]
-        rows = self._fetch(f"SELECT {', '.join(names)} FROM profile_windows ORDER BY id")
+        rows = self._fetch_profile(f"SELECT {', '.join(names)} FROM profile_windows ORDER BY id")
         return [ProfileWindow(*row) for row in rows]
 
     def profile_sync_sites(self, window_id: int) -> list[ProfileSyncSite]:
@@ -379,12 +379,21 @@ class Recording:
         if not self._has_table("profile_sync_sites"):
             return []
         names = [f.name for f in dataclasses.fields(ProfileSyncSite)]
-        rows = self._fetch(
+        rows = self._fetch_profile(
             f"SELECT {', '.join(names)} FROM profile_sync_sites WHERE window_id = ? "
             "ORDER BY total_s DESC, count DESC, file, line",
             (window_id,),
         )
         return [ProfileSyncSite(*row) for row in rows]
+
+    def _fetch_profile(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        """A read of a profile table whose columns the writer always makes: one that lost a
+        column was edited, which is the one 'damaged or edited' line (each profile rule
+        reading it would otherwise fail apart, one line each, before the error)."""
+        try:
+            return self._fetch(sql, params)
+        except sqlite3.OperationalError as exc:
+            raise damaged(self.path, exc) from None
 
     @functools.cached_property
     def compaction(self) -> CompactionPolicy | None:
