@@ -76,8 +76,14 @@ def assert_worker_advice(findings: list[dict], minimum: int) -> None:
         available = ev["CPUs available to the job"]
         assert available < ev["usable CPUs"] - 0.25, ev
         assert cpu_work / available >= 0.5 * ev["mean step time"], ev
-        contention = find(findings, "cpu-contention")
-        assert contention["severity"] in ("warning", "critical")
+        # cpu-contention names the cause; on a run too short for it to judge contention (a
+        # busy box's burst), short-recording must say so, and the evidence above already
+        # shows other programs held the CPUs.
+        contention = [x for x in findings if x["id"] == "cpu-contention"]
+        if contention:
+            assert contention[0]["severity"] in ("warning", "critical")
+        else:
+            assert "CPU contention" in find(findings, "short-recording")["title"], findings
 
 
 def test_healthy_job_gets_no_alarm(tmp_path):

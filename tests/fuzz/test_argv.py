@@ -106,7 +106,7 @@ NASTY = [
     "/dev/null",
     "/dev/zero",
     "/proc/1",
-    "/nonexistent/x.sqlite",
+    "/proc/nonexistent/x.sqlite",  # a missing path no command can create (procfs)
     "x.sqlite",
     "a\nb",
     "a\tb\r",
