@@ -127,19 +127,25 @@ def test_a_columns_variable_of_zero_gives_a_usable_width(monkeypatch):
 def test_run_a_command_with_markup_in_its_arguments(tmp_path):
     """`torchdoctor run -- python3 -c "print('[/x] hello')"` crashed with a MarkupError before
     the job started and left an empty recording; a Hydra override was mangled."""
-    rec = tmp_path / "r.sqlite"
-    code = "import sys; print('[/x] hello', sys.argv[1])"
-    proc = run_td(
-        "run", "--out", str(rec), "--", sys.executable, "-c", code, "trainer.devices=[0,1]"
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "[/x] hello trainer.devices=[0,1]\n"
-    assert "Traceback" not in proc.stderr
-    assert "trainer.devices=[0,1]" in proc.stderr  # the header and the summary, as typed
-    assert rec.stat().st_size > 0
-    show = run_td("show", str(rec))
-    assert show.returncode == 0, show.stderr
-    assert "print('[/x] hello'" in show.stdout and "trainer.devices=[0,1]" in show.stdout
+    # The interpreter as ./py: the header cuts a long command line at a word, and a deep
+    # checkout's interpreter path would push the brackets past the cut.
+    (tmp_path / "py").symlink_to(sys.executable)
+    (tmp_path / "train.py").write_text("import sys; print('[/x] hello', sys.argv[1])\n")
+    for argv, out in [
+        (["-c", "print('[/x] hello')"], "[/x] hello\n"),
+        (["train.py", "trainer.devices=[0,1]"], "[/x] hello trainer.devices=[0,1]\n"),
+    ]:
+        rec = tmp_path / f"{argv[0]}.sqlite"
+        proc = run_td("run", "--out", str(rec), "--", "./py", *argv, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == out
+        assert "Traceback" not in proc.stderr
+        header = proc.stderr.splitlines()[0]
+        assert argv[-1].replace("'", "'\"'\"'") in header, header  # as typed (shell-quoted)
+        assert rec.stat().st_size > 0
+        show = run_td("show", str(rec))
+        assert show.returncode == 0, show.stderr
+        assert argv[-1] in show.stdout, show.stdout
 
 
 def test_run_into_a_file_name_with_brackets(tmp_path):

@@ -117,7 +117,9 @@ def test_per_epoch_workers_job(tmp_path):
     assert [f["severity"] for f in threads if f["severity"] == "critical"] == []
     for f in threads:
         values = {e["label"]: e["value"] for e in f["evidence"]}
-        assert values.get("busy DataLoader workers at once", 0) <= 2
+        # Never the dozens the run had; at most two generations at one instant (a CI run saw
+        # 4: an epoch's workers still exiting when the next epoch's had started).
+        assert values.get("busy DataLoader workers at once", 0) <= 4
         used = [v for k, v in values.items() if k.startswith("CPUs used by the threads of")]
         if f["settings"]:  # a thread count never below the CPUs the trainer's threads used
             assert f["settings"]["torch.num_threads"] >= max(used) - 0.05
