@@ -166,24 +166,22 @@ def test_workers_without_shm_are_caught(target) -> None:
     assert check_rules(doc, size.memory_peak, 0) == []  # no workers: nothing to say
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_ranks_not_gpus_is_caught(target) -> None:
-    size, m = manifest(target)
-    doc = copy.deepcopy(m.doc)
-    for c in _containers(doc):
-        c["resources"]["limits"]["nvidia.com/gpu"] = "4"
-    problems = check_rules(doc, size.memory_peak, 2)
-    assert problems and "1 ranks per node but 4 GPUs per node" in problems[0]
+# A limit edited by hand after rendering, and the line the check gives for it.
+EDITED_LIMITS = [
+    ("nvidia.com/gpu", "4", "1 ranks per node but 4 GPUs per node"),
+    ("memory", "8Gi", "memory limit 8.00 GiB is below the recorded peak 10.0 GiB"),
+]
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_memory_limit_below_the_recorded_peak_is_caught(target) -> None:
+@pytest.mark.parametrize(("limit", "value", "message"), EDITED_LIMITS)
+def test_an_edited_limit_is_caught(target, limit, value, message) -> None:
     size, m = manifest(target)
     doc = copy.deepcopy(m.doc)
     for c in _containers(doc):
-        c["resources"]["limits"]["memory"] = "8Gi"
+        c["resources"]["limits"][limit] = value
     problems = check_rules(doc, size.memory_peak, 2)
-    assert problems and "memory limit 8.00 GiB is below the recorded peak 10.0 GiB" in problems[0]
+    assert problems and message in problems[0]
 
 
 def test_pytorchjob_container_must_be_pytorch() -> None:
