@@ -28,12 +28,12 @@ import argparse
 import json
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from job_trees import node_job, running, snapshots
 from scorecard import Scorecard
 from soak import load, peak_rss_of
 from torchdoctor.recording import RecordingWriter, open_recording
@@ -42,9 +42,6 @@ from torchdoctor.recording.compaction import (
     META_THROUGH,
     CompactionPolicy,
 )
-from torchdoctor.sampling.host import HostReader
-from torchdoctor.sampling.job import JobReader
-from torchdoctor.sampling.sampler import Sampler
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -54,47 +51,12 @@ WORKERS = 8
 BYTES_TARGET_MB = 200
 RSS_TARGET_MIB = 256
 TIME_TARGET_S = 60
-# The launcher starts 8 ranks; each rank starts 8 workers that wake now and then (loading).
-WORKER = "import time\nwhile True: time.sleep(0.2); sum(range(2000))"
-RANK = (
-    "import subprocess, sys, time\n"
-    f"kids = [subprocess.Popen([sys.executable, '-c', {WORKER!r}]) for _ in range({WORKERS})]\n"
-    "print('up', flush=True)\n"
-    "while True: time.sleep(0.1); sum(range(20000))\n"
-)
-LAUNCHER = (
-    "import subprocess, sys, os, signal\n"
-    f"ranks = [subprocess.Popen([sys.executable, '-c', {RANK!r}], stdout=subprocess.PIPE,"
-    " start_new_session=False) for _ in range(8)]\n"
-    "for r in ranks: r.stdout.readline()\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.read()\n"
-    "os.killpg(0, signal.SIGKILL)\n"
-)
 
 
 def node_snapshots(n: int) -> tuple[list, list]:
     """``n`` snapshots of a real 73-process tree (the launcher and its 72 processes)."""
-    job = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group: the launcher kills the whole tree at the end
-    )
-    try:
-        assert job.stdout.readline() == "ready\n"
-        sampler = Sampler(HostReader(pid=job.pid), JobReader(job.pid), None)
-        snaps = []
-        for _ in range(n + 3):
-            snaps.append(sampler.snapshot())
-            time.sleep(0.1)
-        sampler.close()
-    finally:
-        job.stdin.close()
-        job.wait(60)
-    infos = [p for s in snaps for p in s.new_processes]
-    return snaps[3:], infos
+    with running(node_job(RANKS, WORKERS)) as job:
+        return snapshots(job.pid, n, 0.1)
 
 
 def replay(path: Path, hours: float, snaps: list, infos: list, policy: CompactionPolicy | None):

@@ -39,13 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from job_trees import TRAINER_JOB, running, snapshots
 from scorecard import Scorecard
 from torchdoctor.recording import RecordingWriter, open_recording
 from torchdoctor.recording.records import StepRecord
 from torchdoctor.recording.summary import summarize
-from torchdoctor.sampling.host import HostReader
-from torchdoctor.sampling.job import JobReader
-from torchdoctor.sampling.sampler import Sampler
 
 MIB = 1 << 20
 DEFAULT_INTERVAL_S = 0.5
@@ -55,16 +53,6 @@ DEFAULT_INTERVAL_S = 0.5
 DIAGNOSE_TARGET_MIB = 256
 REPORT_TARGET_MIB = 256  # `torchdoctor report` on the week, charts and diagnosis included
 WEEK_TIME_RATIO = 2.0  # the week's wall time at most this many times the day's
-# A 20-process job: one parent and 19 children that wake up now and then, like workers.
-JOB = (
-    "import subprocess, sys\n"
-    "kids = [subprocess.Popen([sys.executable, '-c',"
-    " 'import time\\nwhile True: time.sleep(0.2); sum(range(2000))']) for _ in range(19)]\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.read()\n"
-    "for k in kids: k.kill()\n"
-    "for k in kids: k.wait()\n"
-)
 
 
 def rss(pid: int) -> int:
@@ -88,7 +76,7 @@ def live(duration: float, folder: Path) -> dict:
     out = folder / "live.sqlite"
     run = subprocess.Popen(
         [sys.executable, "-m", "torchdoctor", "run", "--quiet", "--interval", "0.05",
-         "--out", str(out), "--", sys.executable, "-c", JOB],
+         "--out", str(out), "--", sys.executable, "-c", TRAINER_JOB],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -141,22 +129,8 @@ def sqlite_memory() -> int | None:
 
 def real_snapshots(n: int, only_root: bool) -> list:
     """``n`` snapshots of a real 20-process job (or of its root alone)."""
-    job = subprocess.Popen(
-        [sys.executable, "-c", JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert job.stdout.readline() == "ready\n"
-        sampler = Sampler(HostReader(pid=job.pid), JobReader(job.pid), None)
-        snaps = []
-        for _ in range(n + 3):
-            snaps.append(sampler.snapshot())
-            time.sleep(0.05)
-        sampler.close()
-    finally:
-        job.stdin.close()
-        job.wait(60)
-    infos = [p for s in snaps for p in s.new_processes]
-    snaps = snaps[3:]  # past the first readings (no rates yet)
+    with running(TRAINER_JOB) as job:
+        snaps, infos = snapshots(job.pid, n, 0.05)
     if only_root:
         for s in snaps:
             s.processes = [p for p in s.processes if p.pid == job.pid]
