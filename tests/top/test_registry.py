@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -200,3 +201,54 @@ def test_top_finds_a_real_recorded_job_and_shows_its_rate_and_finding(runtime_di
     # processes keep busy, the contention that comes first
     shown = [f for f in job.recording.findings if f.title[:30] in line]
     assert shown and shown[0].severity in ("warning", "critical"), (line, job.recording.findings)
+
+
+def test_jobs_coming_and_going_by_the_hundred_leave_exactly_the_live_ones(runtime_dir, tmp_path):
+    """Issue 46: a box where recorded jobs start and end by the hundred. Three rounds of 100
+    real processes announced, then half of all running ended, half of those withdrawn by their
+    recorder first and the others gone without a word (a recorder killed): after each round the
+    registry lists exactly the jobs still running, each with its own recording, and holds no
+    entry of an ended one; a reader pruning all along (top, the exporter) never drops a live
+    one."""
+    live: dict[int, subprocess.Popen] = {}
+    stop = threading.Event()
+    reader_errors: list[BaseException] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                registry.active()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                reader_errors.append(exc)
+                return
+
+    pruning = threading.Thread(target=reader)
+    pruning.start()
+    try:
+        for round_ in range(3):
+            for i in range(100):
+                job = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                registry.register(job.pid, tmp_path / f"{round_}-{i}.sqlite")
+                live[job.pid] = job
+            for n, pid in enumerate(list(live)[: len(live) // 2]):
+                job = live.pop(pid)
+                if n % 2:
+                    registry.withdraw(pid)
+                job.stdin.close()  # cat exits at the end of its input
+                job.wait()
+            entries = registry.active()
+            assert sorted(e.pid for e in entries) == sorted(live)
+            for e in entries:
+                assert e.recording_path.name.endswith(".sqlite")
+                assert live[e.pid].poll() is None
+            assert len({e.recording_path for e in entries}) == len(live)
+            files = {p.name for p in (runtime_dir / "torchdoctor").iterdir()}
+            assert files == {f"{pid}.json" for pid in live}
+    finally:
+        stop.set()
+        pruning.join()
+        for job in live.values():
+            job.stdin.close()
+            job.wait()
+    assert reader_errors == []
+    assert registry.active() == []
