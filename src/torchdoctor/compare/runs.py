@@ -94,8 +94,13 @@ def run_figures(rec: Recording) -> RunFigures:
     steady: list[Any] = []
     # The warm-up rule of every step figure the project prints (recording.steps): the same
     # steps are left out here as in `show`.
+    # Where the writer folded steps (recording.compaction) the rows are an evenly spread few
+    # of them: a uniform sample of the steady steps, which the bootstrap reads as the steps.
+    folded = rec.folded_steps
     for pid in sorted(by_pid):
-        steady.extend(measured_steps(sorted(by_pid[pid], key=lambda r: r["step"])))
+        rows = sorted(by_pid[pid], key=lambda r: r["step"])
+        count = len(rows) + (folded[pid].count if pid in folded else 0)
+        steady.extend(measured_steps(rows, count))
     series: dict[str, list[float]] = {
         STEP: [float(r["wall_s"]) for r in steady],
         DATA_WAIT: [step_wait_s(r) for r in steady],
@@ -160,7 +165,7 @@ def run_figures(rec: Recording) -> RunFigures:
         batch_size=stats.batch_size if stats is not None else None,
         params_count=params if isinstance(params, int) else None,
         step_count=stats.step_count if stats is not None else 0,
-        steady_steps=len(steady),
+        steady_steps=stats.measured_steps if stats is not None else 0,
         warmup_rule=WARMUP_RULE,
         series=series,
         settings=settings,

@@ -19,7 +19,7 @@ from torchdoctor.recording.compaction import META_THROUGH
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.profiles import WindowProfile, read_profiles
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import StepStats, decode_json, measured_steps
+from torchdoctor.recording.steps import FoldedSteps, StepStats, decode_json, measured_steps
 from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
@@ -253,7 +253,36 @@ class DiagnosisContext:
     # -- steps --------------------------------------------------------------------------
     @cached_property
     def steps(self) -> SampleFrame:
+        """The step rows; where the writer folded steps (recording.compaction), an evenly
+        spread few of each process's steps per bucket: what counts or sums every step takes
+        :meth:`step_count` and :meth:`folded` too."""
         return self.recording.frame("steps")
+
+    def folded(self, pid: int) -> FoldedSteps:
+        """The steps of ``pid`` whose rows were folded (none where all were kept)."""
+        return self.recording.folded_steps.get(pid) or FoldedSteps()
+
+    def step_count(self, pid: int | None = None) -> int:
+        """Steps ``pid`` took (every process's when None), folded ones included."""
+        rows = sum(1 for s in self.steps if pid is None or s["pid"] == pid)
+        folded = self.recording.folded_steps
+        return rows + sum(f.count for p, f in folded.items() if pid is None or p == pid)
+
+    def step_progress(self, pid: int) -> tuple[list[float], list[int]]:
+        """(times, steps ``pid`` had ended by each): its step ends in order, the folded
+        steps of a bucket counted at the bucket's last folded end (a minute's resolution
+        there). For growth or rates per step over the run, without a value per step."""
+        ends = [(float(s["t_end"]), 1) for s in self.steps if s["pid"] == pid]
+        ends += [(t_to, n) for _, t_to, n in self.folded(pid).spans]
+        ends.sort()
+        times: list[float] = []
+        done: list[int] = []
+        total = 0
+        for t, n in ends:
+            total += n
+            times.append(t)
+            done.append(total)
+        return times, done
 
     @cached_property
     def steady_steps(self) -> list[dict[str, Any]]:
@@ -262,9 +291,9 @@ class DiagnosisContext:
         for s in self.steps:
             by_pid[s["pid"]].append(s)
         out: list[dict[str, Any]] = []
-        for rows in by_pid.values():
+        for pid, rows in by_pid.items():
             rows.sort(key=lambda r: r["step"])
-            out.extend(measured_steps(rows))
+            out.extend(measured_steps(rows, len(rows) + self.folded(pid).count))
         out.sort(key=lambda r: r["t_end"])
         return out
 

@@ -32,8 +32,15 @@ class RankSeries:
     # module, so this module names no type of the context's (no import circle).
     ctx: Any
     info: dict[str, Any] = field(default_factory=dict)
+    # its step rows; where the writer folded steps (recording.compaction) a few a bucket
     steps: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    folded_steps: int = 0  # steps whose rows the writer folded away
+
+    @property
+    def step_count(self) -> int:
+        """Steps the rank took (its rows and the folded ones)."""
+        return len(self.steps) + self.folded_steps
 
     @property
     def node(self) -> str:
@@ -47,7 +54,7 @@ class RankSeries:
 
     @property
     def steady(self) -> list[dict[str, Any]]:
-        return measured_steps(self.steps)
+        return measured_steps(self.steps, self.step_count)
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
@@ -164,6 +171,7 @@ def _ranks_of(ctx: Any) -> list[RankSeries]:
                 info=info,
                 steps=steps,
                 events=events_by_pid.get(pid, []),
+                folded_steps=ctx.folded(pid).count,
             )
         )
     return out

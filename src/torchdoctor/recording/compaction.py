@@ -21,8 +21,20 @@ Full resolution stays where it matters: the start-up (``startup_s``), the recent
 kill, a worker exit, a NCCL timeout...) and every profiler window, and any GPU bucket that saw
 an Xid error or an uncorrected ECC error.
 
+Steps are folded in the same pass, in the same buckets and outside the same kept windows: of
+each process's steps in a bucket the rows kept are those whose step number is a multiple of a
+power-of-two stride (at least ``n / step_rows``: ranks stepping in lock-step keep the same step
+numbers, which the rank rules compare step by step), its first steps (the warm-up rule's), the
+steps a profiler window touched (``profiled``) and those that carry DDP's sampled figures
+(``comm_s``). The others go into one ``step_summaries`` row per process per bucket: their
+count, the sums of wall time, data wait (capped at the wall, as recording.steps counts it) and
+samples, their shortest and longest wall, and histograms of their walls and waits
+(recording.step_histogram), from which recording.steps gives back every step figure: counts,
+rates and shares exact, medians and p90s within 1.09 %. The table's last row is never deleted
+(SQLite numbers a new row after the highest one; the running totals count steps by rowid).
+
 Crash safety: each pass is one SQLite transaction (summary rows inserted, folded rows updated
-in place, the others deleted, the progress mark moved), so a copy of the file taken at any
+in place, step rows thinned, the others deleted, the progress mark moved), so a copy of the file taken at any
 moment is a valid recording, folded up to one mark or the next. Rows are updated in place,
 never re-inserted: a live reader that follows rowids (``recording.tail``) never meets a row
 twice. A recording written before compaction has no summary tables and reads as before.
@@ -37,14 +49,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torchdoctor.recording.schema import TABLES, quote
+from torchdoctor.recording import step_histogram
+from torchdoctor.recording.schema import TABLES, quote, select_list, stored_columns
+from torchdoctor.recording.steps import WARMUP_MIN_STEPS, step_samples, step_wait_s
 
 # meta keys: the policy a writer folded with, and how far it has folded (sample time)
 META_POLICY = "compaction"
 META_THROUGH = "compacted_through"
+STEP_SUMMARIES = "step_summaries"
+# One row per process per bucket whose steps were folded: the figures of the rows left out.
+STEP_SUMMARIES_SQL = (
+    f"CREATE TABLE IF NOT EXISTS {STEP_SUMMARIES} (bucket INTEGER, pid INTEGER, rank INTEGER, "
+    "t_from REAL, t_to REAL, n INTEGER, wall_s REAL, data_wait_s REAL, samples INTEGER, "
+    "samples_unknown INTEGER, wall_min REAL, wall_max REAL, wall_hist BLOB, wait_hist BLOB)"
+)
 
 
 _FIELDS = ("bucket_s", "summary_s", "recent_s", "startup_s", "margin_s")
+# Added later: a policy stored without it (folded before steps were) takes the default.
+_LATER_FIELDS = ("step_rows",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +79,17 @@ class CompactionPolicy:
     recent_s: float = 900.0  # the last 15 minutes are never folded
     startup_s: float = 600.0  # nor the first 10 minutes (imports, warm-up, the first epoch)
     margin_s: float = 120.0  # nor this long either side of a job event or profiler window
+    # Step rows kept per process per bucket, about (a power-of-two stride of step numbers);
+    # 2 a minute is 20,000 rows a rank a week, 6 MB of a node's 200 MB.
+    step_rows: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in _FIELDS:
+        for name in (*_FIELDS, *_LATER_FIELDS):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"compaction {name} must be a finite number >= 0, not {value!r}")
-        if self.bucket_s <= 0 or self.summary_s <= 0:
-            raise ValueError("compaction bucket_s and summary_s must be above 0")
+        if self.bucket_s <= 0 or self.summary_s <= 0 or self.step_rows < 1:
+            raise ValueError("compaction bucket_s and summary_s must be above 0, step_rows >= 1")
 
     def to_meta(self) -> dict[str, float]:
         return asdict(self)
@@ -74,7 +100,8 @@ class CompactionPolicy:
         if not isinstance(value, dict):
             return None
         try:
-            return cls(**{k: float(value[k]) for k in _FIELDS})
+            later = {k: float(value[k]) for k in _LATER_FIELDS if k in value}
+            return cls(**{k: float(value[k]) for k in _FIELDS}, **later)
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -204,6 +231,7 @@ SUMMARY_TABLES = tuple(f.summary for f in FOLDINGS)
 
 
 def create_tables(db: sqlite3.Connection) -> None:
+    db.execute(STEP_SUMMARIES_SQL)
     for folding in FOLDINGS:
         db.execute(folding.create_sql())
         keys = ", ".join(["period", *(quote(k) for k in folding.keys)])
@@ -255,6 +283,7 @@ def compact(
     removed = 0
     for folding in FOLDINGS:
         removed += _fold_table(db, folding, policy, started_at, first, last, spans)
+    removed += _fold_steps(db, policy, started_at, first, last, spans)
     db.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (META_THROUGH, json.dumps(last))
     )
@@ -324,6 +353,66 @@ def _fold_table(
         db.executemany(f"UPDATE {folding.table} SET {sets} WHERE rowid = ?", updates)
     if deletes:
         db.executemany(f"DELETE FROM {folding.table} WHERE rowid = ?", deletes)
+    return len(deletes)
+
+
+_STEP_COLUMNS = ["pid", "rank", "step", "t_end", "wall_s", "data_wait_s", "samples",
+                 "batch_size", "profiled", "comm_s"]  # fmt: skip
+
+
+def _fold_steps(
+    db: sqlite3.Connection,
+    policy: CompactionPolicy,
+    started_at: float,
+    first: float,
+    last: float,
+    spans: list[tuple[float, float]],
+) -> int:
+    """Thin the step rows that ended in [first, last) outside ``spans``; one summary row per
+    process per bucket for the rows deleted. Returns the rows deleted."""
+    select = select_list(_STEP_COLUMNS, stored_columns(db, "steps"))
+    (top,) = db.execute("SELECT MAX(rowid) FROM steps").fetchone()
+    groups: dict[tuple[int, Any], list[tuple]] = {}
+    for r in db.execute(
+        f"SELECT rowid, {select} FROM steps WHERE t_end >= ? AND t_end < ? ORDER BY t_end, rowid",
+        (first, last),
+    ):
+        t = r[4]
+        if any(lo <= t < hi for lo, hi in spans):
+            continue
+        groups.setdefault((int((t - started_at) // policy.bucket_s), r[1]), []).append(r)
+    deletes: list[tuple[int]] = []
+    summaries: list[tuple] = []
+    for (bucket, pid), rows in groups.items():
+        stride = 1 << max(0, math.ceil(math.log2(len(rows) / policy.step_rows)))
+        gone = [
+            r
+            for r in rows
+            if r[3] % stride
+            and r[3] >= WARMUP_MIN_STEPS
+            and not r[9]  # profiled
+            and r[10] is None  # comm_s: DDP's figures, on its sampled iterations only
+            and r[0] != top
+        ]
+        if not gone:
+            continue
+        deletes.extend((r[0],) for r in gone)
+        walls = [float(r[5] or 0.0) for r in gone]
+        waits = [step_wait_s({"wall_s": r[5], "data_wait_s": r[6]}) for r in gone]
+        counted = [step_samples({"samples": r[7], "batch_size": r[8]}) for r in gone]
+        summaries.append(
+            (bucket, pid, rows[0][2], gone[0][4], gone[-1][4], len(gone), sum(walls), sum(waits),
+             sum(n for n in counted if n is not None), counted.count(None), min(walls),
+             max(walls), step_histogram.encode(step_histogram.histogram(walls)),
+             step_histogram.encode(step_histogram.histogram(waits)))
+        )  # fmt: skip
+    if summaries:
+        db.executemany(
+            f"INSERT INTO {STEP_SUMMARIES} VALUES ({', '.join('?' for _ in summaries[0])})",
+            summaries,
+        )
+    if deletes:
+        db.executemany("DELETE FROM steps WHERE rowid = ?", deletes)
     return len(deletes)
 
 
@@ -405,6 +494,7 @@ __all__ = [
     "FOLDINGS",
     "META_POLICY",
     "META_THROUGH",
+    "STEP_SUMMARIES",
     "SUMMARY_TABLES",
     "CompactionPolicy",
     "SummarisedSpan",

@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
+from torchdoctor.recording import step_histogram
 from torchdoctor.recording.compaction import (
     FOLDINGS,
     META_POLICY,
+    STEP_SUMMARIES,
     CompactionPolicy,
     SummarisedSpan,
     summarised_spans,
@@ -64,7 +66,7 @@ from torchdoctor.recording.state import (
     missing_wal_hint,
     recording_state,
 )
-from torchdoctor.recording.steps import StepStats, step_stats
+from torchdoctor.recording.steps import FoldedSteps, StepStats, step_stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +349,46 @@ class Recording:
         return list(latest.values())
 
     def steps(self) -> list[dict[str, Any]]:
+        """The step rows: every step, or where the writer folded steps (:meth:`folded_steps`)
+        an evenly spread few of each process's steps per bucket there."""
         return self.rows("steps")
+
+    @functools.cached_property
+    def folded_steps(self) -> dict[int, FoldedSteps]:
+        """Per pid, the steps whose rows the writer folded away (recording.compaction):
+        their count, sums and histograms. Empty when every step row is kept."""
+        if not self._has_table(STEP_SUMMARIES):
+            return {}
+        out: dict[int, FoldedSteps] = {}
+        for (
+            pid,
+            t_from,
+            t_to,
+            n,
+            wall,
+            wait,
+            samples,
+            unknown,
+            low,
+            high,
+            walls,
+            waits,
+        ) in self._fetch(
+            "SELECT pid, t_from, t_to, n, wall_s, data_wait_s, samples, samples_unknown,"
+            f" wall_min, wall_max, wall_hist, wait_hist FROM {STEP_SUMMARIES} ORDER BY t_to"
+        ):
+            f = out.get(pid)
+            if f is None:
+                f = out[pid] = FoldedSteps()
+            f.count += n
+            f.wall_s += wall
+            f.data_wait_s += wait
+            f.samples += samples
+            f.samples_unknown += unknown
+            f.add(FoldedSteps(wall_min_s=low, wall_max_s=high, spans=[(t_from, t_to, n)]))
+            step_histogram.decode(walls, f.walls)
+            step_histogram.decode(waits, f.waits)
+        return out
 
     def step_stats(self) -> StepStats | None:
         """The job's step summary (:mod:`torchdoctor.recording.steps`), None without steps.
@@ -358,7 +399,7 @@ class Recording:
             return None
         loaders, settings = self.rows("dataloaders"), self.rows("settings")
         try:
-            return step_stats(steps, loaders, settings)
+            return step_stats(steps, loaders, settings, self.folded_steps)
         except (TypeError, ValueError) as exc:
             # A step without a figure every step has (its time NULL, or text read as NULL):
             # edited, and every reader of the summary would fail on it, each rule on its own.

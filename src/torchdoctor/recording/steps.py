@@ -28,6 +28,14 @@ Profiled steps: the steps a profiler window touched (``profiled``: its warm-up s
 active steps and the step its export stalled) are left out of every figure too, after the
 warm-up rule; ``step_count`` still counts them.
 
+Folded steps: a recording the writer compacted (recording.compaction) keeps, outside the
+windows it keeps whole, an evenly spread few of each process's steps per bucket; the others
+are summed in ``step_summaries`` rows (:class:`FoldedSteps`). Every figure adds them back:
+``step_count``, ``measured_steps``, the rates, the means and the data-wait share are those of
+every step; the medians and p90s come from the folded steps' histograms merged with the kept
+rows (recording.step_histogram: within 1.09 %, one bin's width). Warm-up and profiled steps are
+never folded, so the warm-up rule counts every step of the process and cuts the same rows.
+
 Evaluation between steps is not in the step records (the agent takes it out of the step it falls
 in and records it as ``evaluation`` events), so the rates are over the steps' own wall time:
 time spent evaluating makes training look neither slower nor faster. :func:`evaluation_stats`
@@ -39,11 +47,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchdoctor.recording import step_histogram
 from torchdoctor.sampling import roles
 
 WARMUP_MIN_STEPS = 5  # a process's start-up: first iterations, allocator and caches warming
@@ -125,10 +134,51 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def measured_steps(rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+@dataclass(slots=True)
+class FoldedSteps:
+    """The steps of one process whose rows the writer folded away (recording.compaction):
+    what they add to its figures. Never warm-up or profiled steps: those rows are kept."""
+
+    count: int = 0
+    wall_s: float = 0.0
+    data_wait_s: float = 0.0  # each step's at most its wall (step_wait_s)
+    samples: int = 0  # of the steps whose samples or batch size was known
+    samples_unknown: int = 0  # steps that knew neither (the DataLoader's batch size is used)
+    wall_min_s: float | None = None
+    wall_max_s: float | None = None
+    walls: Counter[int] = field(default_factory=Counter)  # recording.step_histogram bins
+    waits: Counter[int] = field(default_factory=Counter)
+    # (first end, last end, steps) of each bucket folded, in the order read
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def add(self, other: FoldedSteps) -> None:
+        self.count += other.count
+        self.wall_s += other.wall_s
+        self.data_wait_s += other.data_wait_s
+        self.samples += other.samples
+        self.samples_unknown += other.samples_unknown
+        self.wall_min_s = _least(self.wall_min_s, other.wall_min_s)
+        if other.wall_max_s is not None:
+            self.wall_max_s = max(self.wall_max_s or other.wall_max_s, other.wall_max_s)
+        self.walls.update(other.walls)
+        self.waits.update(other.waits)
+        self.spans.extend(other.spans)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def measured_steps(
+    rows: list[Mapping[str, Any]], count: int | None = None
+) -> list[Mapping[str, Any]]:
     """The steps of one process (in step order) that its figures count: past its warm-up
-    (:func:`warmup_steps` of all its steps) and not touched by a profiler window."""
-    return [r for r in rows[warmup_steps(len(rows)) :] if not r.get("profiled")]
+    (:func:`warmup_steps` of all its steps) and not touched by a profiler window.
+
+    ``count``: the steps the process took, where compaction thinned its rows (the rows and
+    :attr:`FoldedSteps.count`); its first steps are always kept, so the same rows are cut."""
+    n = len(rows) if count is None else count
+    return [r for r in rows[warmup_steps(n) :] if not r.get("profiled")]
 
 
 def step_wait_s(row: dict[str, Any]) -> float:
@@ -164,33 +214,54 @@ def _loader_value(key: str, value: Any) -> Any:
     return bool(value) if key in _LOADER_FLAGS and value is not None else value
 
 
+def _quantiles(
+    values: list[float], folded: Counter[int] | None
+) -> tuple[float | None, float | None]:
+    """(median, p90) of ``values`` and the folded steps' histogram: exact where nothing was
+    folded, else read from the histogram of both (within one bin, 1.09 %)."""
+    if folded:
+        counts = step_histogram.histogram(values)
+        counts.update(folded)
+        return step_histogram.quantile(counts, 0.5), step_histogram.quantile(counts, 0.9)
+    if not values:
+        return None, None
+    return statistics.median(values), quantile(values, 0.9)
+
+
 def _process_stats(
-    pid: int, rows: list[Mapping[str, Any]], fallback_batch: int | None
+    pid: int,
+    rows: list[Mapping[str, Any]],
+    fallback_batch: int | None,
+    folded: FoldedSteps | None,
 ) -> RankStats:
     rows = sorted(rows, key=lambda r: r["step"])
-    measured = measured_steps(rows)
-    walls = sorted(float(r["wall_s"]) for r in measured)
-    total_wall = sum(walls)
-    total_wait = sum(step_wait_s(r) for r in measured)
+    folded = folded or FoldedSteps()
+    measured = measured_steps(rows, len(rows) + folded.count)
+    walls = [float(r["wall_s"]) for r in measured]
+    total_wall = sum(walls) + folded.wall_s
+    total_wait = sum(step_wait_s(r) for r in measured) + folded.data_wait_s
+    count = len(measured) + folded.count
     # Steps follow each other: their walls add up to the time from the first one's start to
     # the last one's end, less the evaluations between them (not training).
-    steps_per_s = len(measured) / total_wall if total_wall > 0 else None
-    samples = 0
-    known = True
-    for r in measured:
+    steps_per_s = count / total_wall if total_wall > 0 else None
+    samples = folded.samples
+    known = not folded.samples_unknown or fallback_batch is not None
+    samples += folded.samples_unknown * (fallback_batch or 0)
+    for r in measured if known else ():
         n = step_samples(r, fallback_batch)
         if n is None:
             known = False
             break
         samples += n
     samples_per_s = samples / total_wall if known and total_wall > 0 else None
+    median, p90 = _quantiles(walls, folded.walls)
     return RankStats(
         pid=pid,
         rank=rows[0].get("rank"),
-        step_count=len(rows),
-        measured_steps=len(measured),
-        median_step_s=statistics.median(walls) if walls else None,
-        p90_step_s=quantile(walls, 0.9) if walls else None,
+        step_count=len(rows) + folded.count,
+        measured_steps=count,
+        median_step_s=median,
+        p90_step_s=p90,
         data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
         steps_per_s=steps_per_s,
         samples_per_s=samples_per_s,
@@ -201,8 +272,11 @@ def step_stats(
     steps_rows: Iterable[Mapping[str, Any]],  # dict rows, or a Recording.frame's row views
     dataloader_rows: list[dict[str, Any]],
     settings_rows: list[dict[str, Any]],
+    folded: Mapping[int, FoldedSteps] | None = None,
 ) -> StepStats:
-    """Summarise the step records of one recording (see the module doc for warm-up)."""
+    """Summarise the step records of one recording (see the module doc for warm-up);
+    ``folded``: per pid, the steps compaction left out of ``steps_rows``."""
+    folded = folded or {}
     by_pid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
     for row in steps_rows:
         by_pid[row["pid"]].append(row)
@@ -214,7 +288,7 @@ def step_stats(
     for pid, rows in by_pid.items():
         sizes = {r["batch_size"] for r in loaders_by_pid.get(pid, []) if r.get("batch_size")}
         fallback = sizes.pop() if len(sizes) == 1 else None
-        per_rank.append(_process_stats(pid, rows, fallback))
+        per_rank.append(_process_stats(pid, rows, fallback, folded.get(pid)))
     per_rank.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.pid))
 
     main_pid = _main_pid(per_rank, settings_rows)
@@ -229,31 +303,41 @@ def step_stats(
         if main_pid is None or row["pid"] == main_pid
     ]
 
+    # Every folded step of a process that has rows (the rows hold its first steps).
+    gone = FoldedSteps()
     measured_rows = []
-    for rows in by_pid.values():
-        measured_rows.extend(measured_steps(sorted(rows, key=lambda r: r["step"])))
+    for pid, rows in by_pid.items():
+        f = folded.get(pid)
+        if f is not None:
+            gone.add(f)
+        count = len(rows) + (f.count if f is not None else 0)
+        measured_rows.extend(measured_steps(sorted(rows, key=lambda r: r["step"]), count))
     walls = [float(r["wall_s"]) for r in measured_rows]
     waits = [step_wait_s(r) for r in measured_rows]
-    total_wall = sum(walls)
+    measured = len(measured_rows) + gone.count
+    total_wall = sum(walls) + gone.wall_s
+    total_wait = sum(waits) + gone.data_wait_s
     rates = [s.steps_per_s for s in per_rank if s.steps_per_s is not None]
     samples = [s.samples_per_s for s in per_rank]
     batch_sizes = [r["batch_size"] for r in measured_rows if r.get("batch_size")]
     starts = [r["t_start"] for r in measured_rows if r.get("t_start") is not None]
     ends = [r["t_end"] for r in measured_rows if r.get("t_end") is not None]
+    median, p90 = _quantiles(walls, gone.walls)
+    median_wait, p90_wait = _quantiles(waits, gone.waits)
     return StepStats(
-        step_count=len(steps_rows),
-        measured_steps=len(measured_rows),
+        step_count=sum(s.step_count for s in per_rank),
+        measured_steps=measured,
         warmup_rule=WARMUP_RULE,
-        median_step_s=statistics.median(walls) if walls else None,
-        p90_step_s=quantile(walls, 0.9) if walls else None,
-        data_wait_fraction=(sum(waits) / total_wall) if total_wall > 0 else None,
+        median_step_s=median,
+        p90_step_s=p90,
+        data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
         steps_per_s=statistics.fmean(rates) if rates else None,
         samples_per_s=sum(samples) if samples and None not in samples else None,
         batch_size=statistics.mode(batch_sizes) if batch_sizes else None,
-        mean_step_s=statistics.fmean(walls) if walls else None,
-        mean_data_wait_s=statistics.fmean(waits) if waits else None,
-        median_data_wait_s=statistics.median(waits) if waits else None,
-        p90_data_wait_s=quantile(waits, 0.9) if waits else None,
+        mean_step_s=total_wall / measured if measured else None,
+        mean_data_wait_s=total_wait / measured if measured else None,
+        median_data_wait_s=median_wait,
+        p90_data_wait_s=p90_wait,
         t_start=min(starts) if starts else None,
         t_end=max(ends) if ends else None,
         per_rank=per_rank,

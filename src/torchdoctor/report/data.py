@@ -15,7 +15,7 @@ from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.profiles import read_profiles
 from torchdoctor.recording.reader import Instants, Recording
-from torchdoctor.recording.steps import step_stats
+from torchdoctor.recording.steps import FoldedSteps, step_stats
 from torchdoctor.report.charts import (
     MAX_POINTS,
     ChartContext,
@@ -134,7 +134,17 @@ def build_report_data(
         infos, read_process_stats(rec, instants["process_samples"]), t0
     )
     summary, verdict, level = _summary(
-        meta, readings, steps, loaders, settings, findings, note, span, cpus, thresholds
+        meta,
+        readings,
+        steps,
+        loaders,
+        settings,
+        findings,
+        note,
+        span,
+        cpus,
+        thresholds,
+        rec.folded_steps,
     )
     return ReportData(
         title=_command(meta) or rec.path.name,
@@ -193,12 +203,13 @@ def _summary(
     span: float,
     cpus: float | None,
     th: Thresholds,
+    folded: dict[int, FoldedSteps],
 ) -> tuple[list[Figure], str, str]:
     # Means and peaks are the readings' own: over every measured sample, not the buckets.
     duration = fmt_duration(span) if meta.get("started_at") is not None and span > 0 else "n/a"
     figures = [Figure("Duration", duration, exit_text(meta.get("exit_status")), "none")]
     if len(steps):
-        stats = step_stats(steps, loaders, settings)
+        stats = step_stats(steps, loaders, settings, folded)
         rate = (
             f", {fmt_value(stats.samples_per_s, '')} samples/s"
             if stats.samples_per_s is not None

@@ -82,9 +82,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 )
     else:
         seq = None
-        top = max((len(r.steps) for r in job.ranks.values()), default=0)
+        top = max((r.step_count for r in job.ranks.values()), default=0)
         missing = [
-            r.rank for r in job.ranks.values() if r.rank not in timeouts and len(r.steps) < top
+            r.rank for r in job.ranks.values() if r.rank not in timeouts and r.step_count < top
         ]
     if not missing:
         return []
@@ -92,7 +92,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         series = job.ranks.get(r)
         if series is None:
             continue
-        steps = len(series.steps)
+        steps = series.step_count
         evidence.append(Evidence(f"rank {r} steps completed", steps, "steps"))
         stopped = series.first_event("rank-terminated")
         if stopped and stopped.get("stack"):

@@ -34,6 +34,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     return findings
 
 
+def _done_at(times: list[float], done: list[int], t: float) -> int:
+    """Steps ended by ``t`` (ctx.step_progress's lists)."""
+    i = bisect.bisect_right(times, t)
+    return done[i - 1] if i else 0
+
+
 def memory_series(samples: list[dict]) -> tuple[str, list[tuple[float, float]]]:
     """(label, [(t, bytes)]): private memory when its readings can show a trend, else RSS.
 
@@ -59,8 +65,9 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     samples = ctx.samples_by_pid.get(pid, [])
     if len(samples) < 5:
         return None
-    step_ends = sorted(s["t_end"] for s in ctx.steps if s["pid"] == pid)
-    if len(step_ends) >= MIN_STEPS:
+    step_ends, steps_done = ctx.step_progress(pid)
+    stepped = steps_done[-1] if steps_done else 0
+    if stepped >= MIN_STEPS:
         # Growth with steps is measured while the process steps: the torch import before the
         # first step and the teardown after the last are not the training loop's doing. USS
         # or RSS is chosen on these samples: USS refreshed often during the import may have
@@ -74,16 +81,16 @@ def check_process(ctx: DiagnosisContext, pid: int) -> Finding | None:
     series = [(t, v) for t, v in series if t >= cut]
     if len(series) < 4:
         return None
-    if len(step_ends) < MIN_STEPS and series[-1][0] - series[0][0] < MIN_SPAN_WITHOUT_STEPS_S:
+    if stepped < MIN_STEPS and series[-1][0] - series[0][0] < MIN_SPAN_WITHOUT_STEPS_S:
         ctx.not_judged[f"memory growth of pid {pid}"] = (
-            f"{len(step_ends)} steps and {series[-1][0] - series[0][0]:.1f} s of samples after "
+            f"{stepped} steps and {series[-1][0] - series[0][0]:.1f} s of samples after "
             f"the start-up (a trend needs {MIN_STEPS} steps or "
             f"{MIN_SPAN_WITHOUT_STEPS_S:g} s)"
         )
         return None
-    if len(step_ends) >= MIN_STEPS:
+    if stepped >= MIN_STEPS:
         x_unit = "step"
-        points = [(float(bisect.bisect_right(step_ends, t)), v) for t, v in series]
+        points = [(float(_done_at(step_ends, steps_done, t)), v) for t, v in series]
     else:
         x_unit = "s"
         points = list(series)

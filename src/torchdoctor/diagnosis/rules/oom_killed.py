@@ -99,7 +99,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         expected = "The next recording shows which process grows; the job stays under its limit."
     else:
         rate = trainer_growth / max(ctx.duration, 1e-9)
-        steps = len(ctx.steps)
+        steps = ctx.step_count()
         per_step = f", {fmt_bytes(trainer_growth / steps)} per step" if steps else ""
         cause = f"the trainer's own memory grew {fmt_bytes(trainer_growth)}"
         recommendation = (

@@ -35,16 +35,17 @@ def throughput(ctx: DiagnosisContext, warmup: int) -> float | None:
     for s in ctx.steps:
         by_pid.setdefault(s["pid"], []).append(s)
     rate = 0.0
-    for rows in by_pid.values():
+    for pid, rows in by_pid.items():
         rows.sort(key=lambda r: r["step"])
-        window = rows[warmup:]
-        if len(window) < 2:
+        window = rows[warmup:]  # a process's first steps are never folded
+        folded = ctx.folded(pid)
+        if len(window) < 2 or folded.samples_unknown:
             return None
         span = window[-1]["t_end"] - window[0]["t_start"]
         samples = [r["samples"] or r["batch_size"] or 0 for r in window]
         if span <= 0 or not all(samples):
             return None
-        rate += sum(samples) / span
+        rate += (sum(samples) + folded.samples) / span
     return rate or None
 
 

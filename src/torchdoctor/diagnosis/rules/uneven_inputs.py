@@ -44,12 +44,12 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         for r, n in sorted(firsts.items()):
             evidence.append(Evidence(f"rank {r} batches per epoch", n, "batches"))
     else:
-        steps = {r.rank: len(r.steps) for r in job.ranks.values() if r.steps}
+        steps = {r.rank: r.step_count for r in job.ranks.values() if r.steps}
         if len(steps) < 2 or max(steps.values()) - min(steps.values()) <= 1:
             return []
         for r, n in sorted(steps.items()):
             evidence.append(Evidence(f"rank {r} steps recorded", n, "steps"))
-    steps = {r.rank: len(r.steps) for r in job.ranks.values()}
+    steps = {r.rank: r.step_count for r in job.ranks.values()}
     evidence.append(
         Evidence(
             "steps recorded per rank",

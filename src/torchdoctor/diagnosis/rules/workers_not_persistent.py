@@ -42,7 +42,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if gap < MIN_GAP_FACTOR * max(summary.median_step_s, 1e-4):
         return []
     lost = sum(max(g - typical, 0.0) for g in gaps)
-    total = sum(s["wall_s"] for s in steps)
+    total = sum(s["wall_s"] for s in steps) + ctx.folded(pid).wall_s
     share = lost / total if total > 0 else 0.0
     severity = "warning" if share >= WARN_SHARE else "info"
     return [
