@@ -54,4 +54,13 @@ def folded_lines(rec: Recording) -> list[str]:
             f"  {fmt_duration(span.t_from - start)} to {fmt_duration(span.t_to - start)} after"
             f" the start ({span.samples:,} samples)"
         )
+    folded = rec.folded_steps
+    if folded:
+        steps = sum(f.count for f in folded.values())
+        lines.append(
+            f"steps folded there too: {steps:,} steps of {len(folded)} process(es) kept as counts,"
+            f" sums and histograms per {fmt_duration(policy.bucket_s)} (step_summaries), about"
+            f" {policy.step_rows:g} step rows per process per {fmt_duration(policy.bucket_s)}"
+            " kept; the step figures above count every step"
+        )
     return lines
