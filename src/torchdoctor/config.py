@@ -5,12 +5,15 @@ Each setting is taken from the first of (highest first):
 
 1. the command's flag (``--out-dir``, ``--interval``, ``--thresholds``, ``--listen``);
 2. an environment variable: ``TORCHDOCTOR_RUNS_DIR``, ``TORCHDOCTOR_INTERVAL``,
-   ``TORCHDOCTOR_THRESHOLDS`` (a TOML file), ``TORCHDOCTOR_EXPORTER_LISTEN``;
+   ``TORCHDOCTOR_THRESHOLDS`` (a TOML file), ``TORCHDOCTOR_EXPORTER_LISTEN``,
+   ``TORCHDOCTOR_AUTO_PROFILE`` (``0`` switches the automatic profiler window off);
 3. ``[tool.torchdoctor]`` in the nearest pyproject.toml (this folder or a parent): keys
-   ``runs_dir``, ``interval``, ``exporter_listen`` and the table ``[tool.torchdoctor.thresholds]``;
+   ``runs_dir``, ``interval``, ``exporter_listen``, ``auto_profile`` (true/false) and the table
+   ``[tool.torchdoctor.thresholds]``;
 4. the user's file ``$XDG_CONFIG_HOME/torchdoctor/config.toml`` (``~/.config/...`` when
    ``XDG_CONFIG_HOME`` is unset): the same keys at top level, thresholds under ``[thresholds]``;
-5. the built-in default (``./torchdoctor-runs``, 1 s, the published table, 127.0.0.1:9842).
+5. the built-in default (``./torchdoctor-runs``, 1 s, the published table, 127.0.0.1:9842,
+   automatic profiling on).
 
 A relative ``runs_dir`` is relative to the file that names it (the project's folder for
 pyproject.toml), so every command run anywhere in a project records into the same folder.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +42,11 @@ ENV_RUNS_DIR = "TORCHDOCTOR_RUNS_DIR"
 ENV_INTERVAL = "TORCHDOCTOR_INTERVAL"
 ENV_THRESHOLDS = "TORCHDOCTOR_THRESHOLDS"
 ENV_EXPORTER_LISTEN = "TORCHDOCTOR_EXPORTER_LISTEN"
-KEYS = ("runs_dir", "interval", "exporter_listen", "thresholds")
+ENV_AUTO_PROFILE = "TORCHDOCTOR_AUTO_PROFILE"
+KEYS = ("runs_dir", "interval", "exporter_listen", "auto_profile", "thresholds")
+# What $TORCHDOCTOR_AUTO_PROFILE may say (any case): the words a shell user types for a switch.
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,30 @@ def exporter_listen(flag: str | None) -> tuple[str | None, str]:
         if value is not None:
             return str(value), f"{source.name}: exporter_listen"
     return None, "--listen"
+
+
+def auto_profile(environ: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+    """Whether the automatic profiler window may be taken (run/auto_profile.py):
+    ``$TORCHDOCTOR_AUTO_PROFILE`` of ``environ`` (default: ours; a queued job's is the one it
+    was submitted with) > pyproject > user config > on; and who set it (``--no-auto-profile``
+    sets the variable), None for the default."""
+    environ = os.environ if environ is None else environ
+    env = environ.get(ENV_AUTO_PROFILE)
+    if env:
+        word = env.strip().lower()
+        if word in _ON or word in _OFF:
+            return word in _ON, f"${ENV_AUTO_PROFILE}"
+        raise UserError(
+            f"${ENV_AUTO_PROFILE} = {env!r}: use 0 (off) or 1 (on), as --no-auto-profile sets it"
+        )
+    for source in sources():
+        value = source.values.get("auto_profile")
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise UserError(f"{source.name}: auto_profile must be true or false, not {value!r}")
+        return value, f"{source.name}: auto_profile"
+    return True, None
 
 
 def threshold_tables(

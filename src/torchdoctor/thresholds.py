@@ -48,6 +48,12 @@ class Thresholds:
     profile_tiny_ops_per_step: float = 1000.0  # CPU: top-level ops under 20 us per step
     profile_memcpy_alert_pct: float = 15.0  # host-to-device copies above this share of the step
     profile_comm_exposed_alert_pct: float = 10.0  # communication no compute overlaps, of the step
+    # The automatic window (run/auto_profile.py) is asked only past start-up: the first steps
+    # are slow for reasons of their own (lazy initialisation, allocator warm-up, cuDNN's
+    # autotuning, torch.compile), and a GPU that waits through them says nothing of the
+    # steady step. Both must hold: many short steps in a few seconds, or a few long ones.
+    auto_profile_min_steps: float = 20.0  # steps recorded past the first two
+    auto_profile_min_s: float = 30.0  # seconds recorded
     # Per-rank batch below which plain BatchNorm under DDP is flagged: BN's error "increases
     # rapidly when the batch size becomes smaller" (Wu & He, Group Normalization, ECCV 2018).
     batchnorm_min_batch_per_rank: float = 16.0
@@ -113,6 +119,8 @@ RANGES: dict[str, tuple[float, float, bool, str]] = {
     "swap_best_bytes_per_s": _NON_NEGATIVE,
     "leak_min_growth_bytes": _NON_NEGATIVE,
     "profile_tiny_ops_per_step": _NON_NEGATIVE,
+    "auto_profile_min_steps": _NON_NEGATIVE,
+    "auto_profile_min_s": _NON_NEGATIVE,
     "batchnorm_min_batch_per_rank": _NON_NEGATIVE,
     "sustained_s": (0.0, math.inf, False, "seconds above 0"),
     "sustained_fraction": (0.0, 1.0, False, "a fraction above 0 and at most 1"),

@@ -135,7 +135,7 @@ def test_a_mistyped_setting_is_one_clear_line(user, tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"torchdoctor: error: {tmp_path / 'pyproject.toml'} [tool.torchdoctor]: unknown setting "
-        "'run_dir'; known ones: runs_dir, interval, exporter_listen, thresholds"
+        "'run_dir'; known ones: runs_dir, interval, exporter_listen, auto_profile, thresholds"
     ]
 
 

@@ -141,6 +141,28 @@ def stderr_console() -> Console:
     return make_console(stderr=True, soft_wrap=True)
 
 
+no_auto_profile_option = click.option(
+    "--no-auto-profile",
+    is_flag=True,
+    help="Never profile a window of steps on our own (by default, once per run, when the step "
+    "is slow with the GPU waiting and no host-side cause, 5 steps are profiled; also "
+    "$TORCHDOCTOR_AUTO_PROFILE=0 or auto_profile = false in the config).",
+)
+
+
+def auto_profile_env(no_auto_profile: bool) -> dict[str, str]:
+    """The job's environment for ``--no-auto-profile`` (empty without it): the variable the
+    recorder reads (run/auto_profile.py), so it goes wherever the job's environment goes (the
+    ranks of launch, a queued job). Without the flag the setting is checked now: a bad value
+    in the variable or a file is refused before the job starts, not found while it runs."""
+    from torchdoctor import config
+
+    if no_auto_profile:
+        return {config.ENV_AUTO_PROFILE: "0"}
+    config.auto_profile()
+    return {}
+
+
 def profile_steps_env(value: str | None, no_instrument: bool) -> dict[str, str]:
     """The job's environment for ``--profile-steps A-B`` (empty without it), checked before
     anything starts: the agent arms the window (instrument/agent/profile.py)."""

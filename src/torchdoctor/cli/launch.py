@@ -7,9 +7,11 @@ import os
 import click
 
 from torchdoctor.cli.common import (
+    auto_profile_env,
     check_interval,
     interval_option,
     keep_option,
+    no_auto_profile_option,
     profile_steps_env,
     python_option,
     stderr_console,
@@ -57,6 +59,7 @@ from torchdoctor.cli.parsing import WrapperCommand
     help="Profile steps A to B of every rank with torch.profiler (as `run --profile-steps`): "
     "each rank's trace goes to <recording>.profile/rank<R>-steps<A>-<B>.pt.trace.json.gz.",
 )
+@no_auto_profile_option
 @click.argument(
     "argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- SCRIPT [ARGS]..."
 )
@@ -77,6 +80,7 @@ def command(
     thresholds: str | None,
     python: str | None,
     profile_steps: str | None,
+    no_auto_profile: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Start SCRIPT on every rank through torchrun, record this node, exit with its status.
@@ -95,6 +99,7 @@ def command(
     check_interval(interval)
     # The ranks' environment is ours (launch_node copies it): the window goes with it.
     os.environ.update(profile_steps_env(profile_steps, no_instrument=False))
+    os.environ.update(auto_profile_env(no_auto_profile))
     job_python = find_job_python(_command(argv), explicit=python)
     opts = LaunchOptions(
         nproc_per_node=nproc_per_node,

@@ -10,10 +10,12 @@ from pathlib import Path
 import click
 
 from torchdoctor.cli.common import (
+    auto_profile_env,
     check_interval,
     interval_option,
     job_name,
     keep_option,
+    no_auto_profile_option,
     out_option,
     profile_steps_env,
     stderr_console,
@@ -75,6 +77,7 @@ from torchdoctor.units import shell_line
     "A >= 3): the trace goes next to the recording (<recording>.profile/rank<R>-steps<A>-<B>"
     ".pt.trace.json.gz) and those steps leave the step figures.",
 )
+@no_auto_profile_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 @click.pass_context
 def command(
@@ -90,6 +93,7 @@ def command(
     as_json: bool,
     memory_history: bool,
     profile_steps: str | None,
+    no_auto_profile: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Run CMD, record the job it starts, and exit with CMD's own exit status.
@@ -99,7 +103,10 @@ def command(
     reaches CMD once. When CMD ends, a summary and the findings are printed on stderr.
     """
     check_interval(interval)
-    profile_env = profile_steps_env(profile_steps, no_instrument)
+    profile_env = {
+        **profile_steps_env(profile_steps, no_instrument),
+        **auto_profile_env(no_auto_profile),
+    }
     outputs = _output_options(prometheus, tensorboard)
     args = list(argv)
     executable = resolve_command(args)
@@ -121,6 +128,7 @@ def command(
         env=env,
         start_outputs=(lambda: _start_outputs(path, outputs, quiet)) if outputs else None,
         keep=keep,
+        say=(lambda line: None) if quiet else console.print,
     )
     try:
         if not quiet or as_json:

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from torchdoctor.cli.common import job_name
+from torchdoctor.cli.common import auto_profile_env, job_name, no_auto_profile_option
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.parsing import WrapperCommand
 from torchdoctor.cli.queue import JOB_IDS
@@ -55,6 +55,7 @@ from torchdoctor.errors import UserError
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print the job id only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the queued job as JSON.")
+@no_auto_profile_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
 def command(
     gpus: int,
@@ -69,6 +70,7 @@ def command(
     cwd: str | None,
     quiet: bool,
     as_json: bool,
+    no_auto_profile: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Queue CMD and return at once. It starts when its GPUs, cores and memory are free, under
@@ -102,7 +104,7 @@ def command(
         request = Request(
             argv=args,
             cwd=os.path.abspath(cwd or os.getcwd()),
-            env=dict(os.environ),
+            env={**os.environ, **auto_profile_env(no_auto_profile)},
             name=name or job_name(args),
             gpus=gpus,
             gpu_ids=gpu_ids,

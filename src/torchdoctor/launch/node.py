@@ -106,6 +106,7 @@ def launch_node(
             mode="launch",
             meta={"launch": launch_meta(plan, report, started)},
             keep=keep,
+            say=say,
         )
     if not any(fr_dir.iterdir()):
         fr_dir.rmdir()  # no rank dumped its flight recorder

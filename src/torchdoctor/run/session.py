@@ -8,6 +8,7 @@
     env = session.wire_agent(env)                     # the job's agents send to our collector
     ...start the job...
     session.start_recorder(pid)                       # sample the host, the job and the GPUs
+                                                      # (and watch for a slow step: auto_profile)
     session.announce(pid)                             # `top` and the exporter find the job
     ...wait for it...
     session.end(status)                               # stop, withdraw, write the end
@@ -94,6 +95,8 @@ class RecordingSession:
     without one the session opens its own, unless ``sample_gpus`` is false. ``writer`` makes
     the writer from the path and the metadata (tune's trials watch their steps through a
     subclass). ``host_pid`` is whose affinity and cgroup the host info describes (default: us).
+    ``say`` gets the lines the session says while the job runs (the automatic profiler
+    window's); default: torchdoctor's stderr.
     """
 
     def __init__(
@@ -112,10 +115,13 @@ class RecordingSession:
         meta: dict[str, Any] | None = None,
         writer: Callable[[Path, dict], RecordingWriter] = RecordingWriter,
         keep: str = "compact",
+        say: Callable[[str], None] | None = None,
     ) -> None:
         from torchdoctor.sampling.hostinfo import read_host_info
 
         self.path = path
+        self.mode = mode
+        self.say = say or _to_stderr
         self.interval = interval
         self.instrumented = instrumented
         self._own_gpus = gpus is None and sample_gpus
@@ -152,6 +158,8 @@ class RecordingSession:
         self._sink = None
         self._armed_here = False
         self._ended = False
+        self.auto_profile = None  # run.auto_profile.AutoProfile, while it watches
+        self._auto_profile_env: dict[str, str] | None = None  # the job's, once wired
 
     # -- the job's agents -------------------------------------------------------------------
 
@@ -171,6 +179,7 @@ class RecordingSession:
             # Where a profiler window's traces go, and where `torchdoctor profile` asks for
             # one (instrument/agent/profile.py): beside the recording.
             wired = {**wired, ENV_PROFILE_DIR: str(profile_folder(self.path))}
+            self._auto_profile_env = wired
         return wired
 
     @property
@@ -223,6 +232,33 @@ class RecordingSession:
         sampler = Sampler(HostReader(pid=pid), job, self.gpus)
         self.recorder = Recorder(sampler, self.writer, interval, follow_memory if memory else None)
         self.recorder.start()
+        if self._auto_profile_env is not None:
+            _safely(self._start_auto_profile)
+
+    def _start_auto_profile(self) -> None:
+        """Watch for a slow step with the GPU waiting (run/auto_profile.py): a job whose agents
+        read the profile folder, unless it is off; why not is kept in the metadata."""
+        from torchdoctor.config import ENV_THRESHOLDS
+        from torchdoctor.run.auto_profile import META_KEY, AutoProfile, off_reason
+        from torchdoctor.thresholds import load_thresholds
+
+        env = self._auto_profile_env or {}
+        try:
+            reason = off_reason(env, self.mode)
+            if reason is None and not (self.gpus is not None and self.gpus.status.available):
+                # No device to be idle: a step bound by the CPU is the host rules' to name.
+                reason = "no GPU"
+            thresholds = load_thresholds(env.get(ENV_THRESHOLDS)) if reason is None else None
+        except UserError as exc:  # a setting the job's environment or a file got wrong
+            reason = exc.message
+            self.say(f"torchdoctor: automatic profiling off: {reason}")
+        if reason is not None or thresholds is None:
+            self.writer.set_meta({META_KEY: {"state": "off", "reason": reason}})
+            return
+        self.auto_profile = AutoProfile(
+            self.path, thresholds, say=self.say, set_meta=self.writer.set_meta
+        )
+        self.auto_profile.start()
 
     def job_alive(self) -> bool:
         """Whether the recorded job's root process still runs (it is not ours to wait for)."""
@@ -247,6 +283,9 @@ class RecordingSession:
         if self._ended:
             return self.path
         self._ended = True
+        if self.auto_profile is not None:
+            # First: its reading connection must be gone before the writer folds the WAL.
+            _safely(self.auto_profile.stop)
         if self._agent is not None:
             agent, self._agent = self._agent, None
             _safely(lambda: agent.end_session(self._sink, self._armed_here))
@@ -297,6 +336,7 @@ def record_command(
     meta: dict[str, Any] | None = None,
     memory_cgroup: MemoryCgroup | None = None,
     keep: str = "compact",
+    say: Callable[[str], None] | None = None,
 ) -> int:
     """Start the command, sample it until it exits, close the recording; its exit status.
 
@@ -307,7 +347,7 @@ def record_command(
     recording. ``meta`` is added to the recording's metadata (``launch`` keeps its plan there).
     ``memory_cgroup``: the command is placed in it as soon as it runs (the queue's ``--mem``).
     ``keep``: "compact" folds older samples as written (recording.compaction), "full" keeps
-    every one.
+    every one. ``say`` is the session's (what it says while the job runs).
     """
     held = hold_signals()  # before any thread starts, so no thread swallows a Ctrl-C
     try:
@@ -321,6 +361,7 @@ def record_command(
             instrumented=instrument,
             meta=meta,
             keep=keep,
+            say=say,
         )
         env = session.wire_agent(env)
         if start_outputs is not None:
@@ -342,6 +383,10 @@ def record_command(
         return status
     finally:
         release_signals(held)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _safely(action: Callable[[], Any]) -> Any:
