@@ -27,9 +27,10 @@ from torchdoctor.units import fmt_bytes
 SETTINGS_LIMIT = 1 << 20
 
 
-def read_small_file(path: str | os.PathLike[str], what: str, limit: int = SETTINGS_LIMIT) -> bytes:
-    """The bytes of the regular file ``path`` (``what`` it is, for the message: "thresholds
-    file"), at most ``limit`` of them; else a one-line UserError."""
+def open_regular_file(path: str | os.PathLike[str], what: str) -> int:
+    """A descriptor open for reading on the regular file ``path`` (``what`` it is, for the
+    message), opened without blocking and checked on the descriptor; else a one-line
+    UserError. The caller closes it."""
     shown = repr(str(path))
     try:
         fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -39,9 +40,22 @@ def read_small_file(path: str | os.PathLike[str], what: str, limit: int = SETTIN
         raise UserError(f"cannot read the {what} {shown}: {exc.strerror or exc}") from None
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = file_kind(mode) or "not a regular file"
-            raise UserError(f"the {what} {shown} is {kind}, not a file: give the path of a file")
+    except OSError as exc:
+        os.close(fd)
+        raise UserError(f"cannot read the {what} {shown}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = file_kind(mode) or "not a regular file"
+        raise UserError(f"the {what} {shown} is {kind}, not a file: give the path of a file")
+    return fd
+
+
+def read_small_file(path: str | os.PathLike[str], what: str, limit: int = SETTINGS_LIMIT) -> bytes:
+    """The bytes of the regular file ``path`` (``what`` it is, for the message: "thresholds
+    file"), at most ``limit`` of them; else a one-line UserError."""
+    shown = repr(str(path))
+    fd = open_regular_file(path, what)
+    try:
         # One byte past the limit tells a file at the limit from a bigger one (st_size may lie
         # for a file still growing or on /proc).
         data = bytearray()

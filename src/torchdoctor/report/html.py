@@ -14,11 +14,13 @@ from importlib import resources
 from pathlib import Path
 
 import torchdoctor
+from torchdoctor.diagnosis.cuda_memory import recorded_snapshots
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.reader import open_recording, require_regular_file
 from torchdoctor.report.data import FINDING_CHARTS, Diagnose, build_report_data
+from torchdoctor.report.memory import render_memory
 from torchdoctor.report.model import Chart, Heatmap, ReportData
 from torchdoctor.report.profiles import render_profiles
 from torchdoctor.report.scales import fmt_clock, fmt_utc, fmt_value
@@ -61,6 +63,7 @@ def write_report(
     check_output_file(target, "-o", force=force, ours=is_report)
     with open_recording(source) as rec:
         data = build_report_data(rec, thresholds or Thresholds(), diagnose=diagnose)
+        data.memory = recorded_snapshots(rec)
     page = render_html(data)
     write_output_file(target, page, "-o", force=force, ours=is_report, errors="backslashreplace")
     return target, data
@@ -81,6 +84,7 @@ def render_html(data: ReportData) -> str:
             _summary(data),
             _findings(data),
             render_profiles(data.profiles),
+            render_memory(data.memory),
             _timelines(data),
             _processes(data),
             _settings(data),
@@ -142,6 +146,7 @@ def _nav(data: ReportData) -> str:
         ("summary", "Summary"),
         ("findings", f"Findings ({len(data.findings)})"),
         *([("profiles", "Profiled steps")] if data.profiles else []),
+        *([("memory", "CUDA memory")] if data.memory else []),
         ("timelines", "Timelines"),
         ("processes", "Processes"),
         ("settings", "Settings"),

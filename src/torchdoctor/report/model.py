@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torchdoctor.diagnosis.cuda_memory import RecordedSnapshot
 from torchdoctor.diagnosis.findings import Finding
 from torchdoctor.recording.profiles import WindowProfile
 from torchdoctor.report.downsample import Point
@@ -171,3 +172,5 @@ class ReportData:
     resolution_note: str | None = None
     # profiler windows (run --profile-steps), parsed or not; [] without any
     profiles: list[WindowProfile] = field(default_factory=list)
+    # memory snapshots the events name (run --memory-history), read or not; [] without any
+    memory: list[RecordedSnapshot] = field(default_factory=list)

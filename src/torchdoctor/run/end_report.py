@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.diagnosis.cuda_memory import RecordedSnapshot, phase_split
 from torchdoctor.errors import UserError
 from torchdoctor.recording.summary import RunSummary
 from torchdoctor.terminal import make_console, styled
@@ -149,6 +150,33 @@ def profile_line(window: dict) -> str:
     if window.get("state") == "cut" and window.get("reason"):
         line += f" (cut: {window['reason']})"
     return line
+
+
+def memory_line(snapshot: RecordedSnapshot) -> str:
+    """One line per memory snapshot (run --memory-history): the peak, reserved against
+    allocated, its phases, the line that held the most, the free memory, the failed request."""
+    when = "at the OOM" if snapshot.kind == "oom" else "at its end"
+    head = f"CUDA memory (pid {snapshot.pid}, snapshot {when})"
+    peak = snapshot.peak
+    if peak is None:
+        return f"{head}: not read: {snapshot.error}"
+    line = f"{head}: {fmt_bytes(peak.peak_allocated)} allocated"
+    if peak.peak_reserved is not None:
+        line += f", {fmt_bytes(peak.peak_reserved)} reserved"
+    line += f" at the peak; {phase_split(peak)}"
+    if peak.sites:
+        top = peak.sites[0]
+        line += f"; top: {top.where} {fmt_bytes(top.bytes)} ({top.phase})"
+    if peak.fragmentation is not None:
+        line += (
+            f"; at the snapshot {fmt_bytes(peak.fragmentation)} reserved but free, largest"
+            f" free block {fmt_bytes(peak.largest_free_block)}"
+        )
+    if peak.failed is not None:
+        line += f"; failed request {fmt_bytes(peak.failed.bytes)}"
+        if peak.failed.device_free is not None:
+            line += f" ({fmt_bytes(peak.failed.device_free)} free on the device)"
+    return f"{line}; {snapshot.path}"
 
 
 def _signal_name(signum: int) -> str:

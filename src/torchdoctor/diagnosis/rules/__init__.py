@@ -20,6 +20,7 @@ RULE_MODULES: tuple[str, ...] = (
     "vram_underused",
     "cuda_fragmentation",
     "cuda_oom",
+    "cuda_memory_peak",
     "no_mixed_precision",
     "pin_memory_off",
     "workers_not_persistent",

@@ -5,7 +5,10 @@ size and the caching allocator's statistics. Memory at that moment is split into
 (``params.bytes``), gradients (as large as the parameters once backward has run), optimizer
 state (Adam's two moments: twice the parameters, once the first step allocated them), the
 batch's activations (the rest of what was allocated) and fragmentation (reserved but not
-allocated: cached blocks too small for the request).
+allocated: cached blocks too small for the request). When the job ran with
+``--memory-history`` the agent's snapshot at the OOM measures that split instead (what was
+live at the peak by phase and by source line, diagnosis.cuda_memory), and the title names the
+line that held the most.
 
 The fix is sized from the allocator state at the OOM and the per-step memory recorded before
 it: the largest micro-batch that divides the batch and fits within the best range of the GPU,
@@ -20,11 +23,20 @@ from __future__ import annotations
 from typing import Any
 
 from torchdoctor.diagnosis.context import DiagnosisContext
+from torchdoctor.diagnosis.cuda_memory import (
+    ACTIVATIONS,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    PARAMETERS,
+    phase_split,
+)
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.diagnosis.rules import cuda_fragmentation
+from torchdoctor.diagnosis.rules._memory_peak import peak_evidence, snapshots, top_line
 from torchdoctor.units import fmt_bytes
 
 ID = "cuda-oom"
+CAUSES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS)  # what a cause may be named
 AFTER_OTHERS = True  # reads the cuda-fragmentation finding so the two say one thing
 STATE_FACTORS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adagrad": 1}
 STATE_NOTE = "two moments per parameter"
@@ -57,15 +69,21 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     phase = d.get("phase") or "forward"
     step = d.get("step") or 0
     total = _capacity(ctx, d)
-    parts = _parts(ctx, allocated, phase, step)
+    snapshot = next(
+        (s for s in snapshots(ctx, "oom") if s.pid == event["pid"] and s.t == event["t"]), None
+    )
+    measured = snapshot.peak if snapshot is not None else None
+    # A snapshot measures the split; without one it is inferred from the parameters' size.
+    parts = dict(measured.by_phase) if measured is not None else _parts(ctx, allocated, phase, step)
     fragmentation = max(0, reserved - allocated)
     largest = d.get("largest_free_block_bytes")
+    known = {k: v for k, v in parts.items() if k in CAUSES}
     if fragmentation >= requested > 0 and (largest is None or largest < requested):
         cause = "fragmentation"
     elif phase == "optimizer" and parts.get("optimizer state"):
         cause = "optimizer state"
     else:
-        cause = max(parts, key=lambda k: parts[k]) if parts else "activations"
+        cause = max(known, key=lambda k: known[k]) if known else "activations"
     evidence = [
         Evidence("phase", f"{phase} of step {step}", ""),
         Evidence("requested", requested, "B"),
@@ -75,8 +93,11 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     ]
     if largest is not None:
         evidence.append(Evidence("largest free cached block", largest, "B"))
-    for name, value in parts.items():
-        evidence.append(Evidence(name, value, "B"))
+    if snapshot is not None:
+        evidence += peak_evidence(snapshot)
+    else:
+        for name, value in parts.items():
+            evidence.append(Evidence(name, value, "B"))
     if total:
         evidence.append(Evidence("GPU memory", total, "B"))
     # What the device held beyond PyTorch's reservation (the CUDA context, other processes)
@@ -124,12 +145,18 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         Finding(
             id=ID,
             severity="critical",
-            title=f"CUDA out of memory in the {phase} of step {step}: {cause} held the memory",
+            title=f"CUDA out of memory in the {phase} of step {step}: {cause} held the memory"
+            + (f" ({top_line(measured)})" if measured is not None and measured.sites else ""),
             evidence=evidence,
             recommendation=rec,
             expected_effect=expected,
             confidence=0.8 if d.get("source") == "allocator" else 0.7,
             settings=settings,
+            details=(
+                f"At the peak the memory snapshot shows {phase_split(measured)}."
+                if measured is not None
+                else ""
+            ),
         )
     ]
 

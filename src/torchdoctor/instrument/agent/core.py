@@ -412,6 +412,12 @@ class Agent:
                     counter.steps_end_at_backward(at_exit=True)  # no optimizer step came
                 self._end_open_evaluation()
                 self._emit_pending_loaders()
+                if self.active and self.cuda is not None:
+                    import contextlib
+
+                    # run --memory-history: the end's snapshot; lost, never the final flush
+                    with contextlib.suppress(Exception):
+                        self.cuda.on_exit()
                 self.flush(final=True)
         except Exception:
             pass

@@ -6,6 +6,10 @@ from the Python stack), the requested size, the allocator's statistics (allocate
 active, inactive split, the largest free block) and, with TORCHDOCTOR_MEMORY_HISTORY=PATH
 (``torchdoctor run --memory-history``), a memory snapshot pickled to PATH with protocol 4, the
 one the memory_viz viewer reads. The OOM itself is never caught: the job fails as it would.
+With the history on and no OOM snapshot written, the process writes one more when it ends
+(``<recording>.cuda-memory-<pid>.pickle``, a ``cuda-memory-snapshot`` event): what was live at
+the job's peak, for ``diagnose``. The history starts when CUDA initialises (torch's lazy-init
+queue), so the model's parameters are in it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import sys
 
 ENV_MEMORY_HISTORY = "TORCHDOCTOR_MEMORY_HISTORY"
 HISTORY_ENTRIES = 100_000  # the allocator's ring of alloc/free events (several KB each)
+SNAPSHOT_EVENT = "cuda-memory-snapshot"  # the snapshot written at the end of the process
+# run names the OOM's file <recording>.cuda-oom-<pid>.pickle; the end's swaps this part.
+_OOM_PART, _END_PART = ".cuda-oom-", ".cuda-memory-"
 # Statistics kept at an OOM: torch.cuda.memory_stats keys -> the event's names.
 OOM_STATS = {
     "allocated_bytes.all.current": "allocated_bytes",
@@ -93,10 +100,27 @@ class CudaMemory:
         self.observer_attached = False
         self.oom_recorded_step: int | None = None
         self.history_path: str | None = None
+        self.history_started = False
+        self.snapshot_written = False  # an OOM's: the end of the process writes none then
 
-    def on_seen(self) -> None:
-        """CUDA is initialised: attach the out-of-memory observer (once per process)."""
-        self.seen = True
+    def watch_init(self) -> None:
+        """With the history asked for, start it inside CUDA's lazy init (before the first
+        allocation: the model's parameters are recorded); on_seen starts it otherwise."""
+        lazy_call = getattr(self.torch.cuda, "_lazy_call", None)
+        if lazy_call is not None and os.environ.get(ENV_MEMORY_HISTORY):
+            lazy_call(self._start_history_at_init)
+
+    def _start_history_at_init(self) -> None:
+        # Runs inside torch.cuda's lazy init, where an exception would fail the user's call.
+        try:
+            self._start_history()
+        except Exception:  # noqa: BLE001 - on_seen tries again and says why
+            self.history_started = False
+
+    def _start_history(self) -> None:
+        if self.history_started:
+            return
+        self.history_started = True
         wanted = os.environ.get(ENV_MEMORY_HISTORY) or None
         # One file per process: each rank of a job records its own device.
         self.history_path = wanted.replace("{pid}", str(os.getpid())) if wanted else None
@@ -108,6 +132,11 @@ class CudaMemory:
             except Exception as exc:
                 self.history_path = None
                 self.agent.event("memory-history-unavailable", {"error": f"{exc}"[:300]})
+
+    def on_seen(self) -> None:
+        """CUDA is initialised: attach the out-of-memory observer (once per process)."""
+        self.seen = True
+        self._start_history()
         attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is not None and not self.observer_attached and self.oom_observer is not None:
             self.observer_attached = True
@@ -178,7 +207,8 @@ class CudaMemory:
         detail["batch_size"] = counter.last_batch_size
         detail.update(self._allocator_state(device))
         if self.history_path:
-            detail["snapshot"] = self._dump_snapshot()
+            detail["snapshot"] = self._dump_snapshot(self.history_path)
+            self.snapshot_written = detail["snapshot"] is not None
         agent.event("cuda-oom", detail)
         agent.flush(final=True)
 
@@ -209,14 +239,30 @@ class CudaMemory:
             out["stats_error"] = f"{type(exc).__name__}: {exc}"[:300]
         return out
 
-    def _dump_snapshot(self) -> str | None:
+    def on_exit(self) -> None:
+        """The process ends: write what the history holds, unless an OOM's snapshot was."""
+        if not self.history_path or self.snapshot_written or not self.seen:
+            return
+        path = self.history_path
+        if _OOM_PART in path:
+            path = path.replace(_OOM_PART, _END_PART)
+        else:
+            root, ext = os.path.splitext(path)
+            path = f"{root}.exit{ext}"
+        if self._dump_snapshot(path) is not None:
+            self.snapshot_written = True
+            self.agent.event(SNAPSHOT_EVENT, {"snapshot": path, "reason": "exit"})
+
+    def _dump_snapshot(self, path: str) -> str | None:
         import pickle
 
         try:
             snapshot = self.torch.cuda.memory._snapshot()
-            with open(self.history_path, "wb") as f:
+            with open(path, "wb") as f:
                 pickle.dump(snapshot, f, protocol=4)  # 5 (3.14's default) breaks memory_viz
-            return self.history_path
+            return path
         except Exception as exc:
+            # Said once: no later OOM or the end of the process tries again.
+            self.history_path = None
             self.agent.event("memory-snapshot-failed", {"error": f"{exc}"[:300]})
             return None

@@ -110,6 +110,7 @@ def install(agent, torch) -> None:
         counter.loaders = loaders
         counter.backward_patch = BackwardPatch(agent, counter, torch)
         cuda.oom_observer = _oom_observer(agent, guard(agent, "cuda-oom", cuda.on_oom))
+        cuda.watch_init()  # run --memory-history: the history from CUDA's first allocation
         agent.counter, agent.loader_state, agent.cuda = counter, loaders, cuda
     counter, loaders, cuda = agent.counter, agent.loader_state, agent.cuda
     counter.start_ns = perf_ns()
