@@ -18,8 +18,9 @@ from torchdoctor.compare.verdict import compare
 from torchdoctor.exporters.jobstate import JobState
 from torchdoctor.recording import RecordingWriter, step_histogram
 from torchdoctor.recording.compaction import STEP_SUMMARIES, CompactionPolicy
-from torchdoctor.recording.reader import open_recording
+from torchdoctor.recording.reader import Recording, open_recording
 from torchdoctor.recording.records import StepRecord
+from torchdoctor.recording.salvage import salvage
 from torchdoctor.recording.steps import StepStats
 from torchdoctor.recording.tail import RecordingTail
 
@@ -225,3 +226,20 @@ def test_histogram_quantiles_are_within_one_bin() -> None:
     assert step_histogram.quantile(counts, 0.0) == 0.0  # below the floor: read as 0
     with pytest.raises(ValueError, match="ends inside a number"):
         step_histogram.decode(b"\x81")
+
+
+def test_a_damaged_folded_recording_read_through_salvage_counts_the_folded_steps(tmp_path):
+    """Salvage copies step_summaries with the step rows: a cut copy's step figures add the
+    folded steps it could read (here every page can be read: the figures are the file's)."""
+    folded = write(ranks_job(), tmp_path / "folded.sqlite", POLICY)
+    with open_recording(folded) as rec:
+        whole = rec.step_stats()
+    db, notes = salvage(folded, "a test")
+    rec = Recording(folded, db, 1, damage=notes)
+    try:
+        assert rec.folded_steps
+        salvaged = rec.step_stats()
+    finally:
+        rec.close()
+    assert whole is not None and salvaged is not None
+    same_stats(whole, salvaged)

@@ -58,11 +58,13 @@ META_POLICY = "compaction"
 META_THROUGH = "compacted_through"
 STEP_SUMMARIES = "step_summaries"
 # One row per process per bucket whose steps were folded: the figures of the rows left out.
-STEP_SUMMARIES_SQL = (
-    f"CREATE TABLE IF NOT EXISTS {STEP_SUMMARIES} (bucket INTEGER, pid INTEGER, rank INTEGER, "
-    "t_from REAL, t_to REAL, n INTEGER, wall_s REAL, data_wait_s REAL, samples INTEGER, "
-    "samples_unknown INTEGER, wall_min REAL, wall_max REAL, wall_hist BLOB, wait_hist BLOB)"
-)
+STEP_SUMMARY_COLUMNS = (
+    ("bucket", "INTEGER"), ("pid", "INTEGER"), ("rank", "INTEGER"), ("t_from", "REAL"),
+    ("t_to", "REAL"), ("n", "INTEGER"), ("wall_s", "REAL"), ("data_wait_s", "REAL"),
+    ("samples", "INTEGER"), ("samples_unknown", "INTEGER"), ("wall_min", "REAL"),
+    ("wall_max", "REAL"), ("wall_hist", "BLOB"), ("wait_hist", "BLOB"),
+)  # fmt: skip
+STEP_SUMMARIES_SQL = f"CREATE TABLE IF NOT EXISTS {STEP_SUMMARIES} ({', '.join(f'{n} {t}' for n, t in STEP_SUMMARY_COLUMNS)})"
 
 
 _FIELDS = ("bucket_s", "summary_s", "recent_s", "startup_s", "margin_s")

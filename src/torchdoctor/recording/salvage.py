@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 
 from torchdoctor.errors import NotARecordingError
+from torchdoctor.recording.compaction import (
+    STEP_SUMMARIES,
+    STEP_SUMMARIES_SQL,
+    STEP_SUMMARY_COLUMNS,
+)
 from torchdoctor.recording.schema import META_SQL, TABLES, quote, stored_columns
 from torchdoctor.units import fmt_duration
 
@@ -63,12 +68,30 @@ def salvage(path: Path, reason: str) -> tuple[sqlite3.Connection, list[str]]:
             notes.append(f"{name}: nothing could be read")
         elif gaps:
             notes.append(f"{name}: {copied:,} rows read; {_describe_gaps(dst, name, gaps)}")
+    notes += _copy_step_summaries(src, dst)
     coverage = _coverage(dst)
     if coverage:
         notes.insert(1, coverage)
     dst.commit()
     src.close()
     return dst, notes
+
+
+def _copy_step_summaries(src: sqlite3.Connection, dst: sqlite3.Connection) -> list[str]:
+    """The step summaries of a recording whose steps were folded (recording.compaction):
+    without them the step figures would count only the step rows kept. Notes of what was lost."""
+    if not stored_columns(src, STEP_SUMMARIES):
+        return []  # never folded a step (or the table's schema is lost with it)
+    dst.execute(STEP_SUMMARIES_SQL)
+    try:
+        copied, gaps = _copy(src, dst, STEP_SUMMARIES, [n for n, _ in STEP_SUMMARY_COLUMNS])
+    except sqlite3.Error as exc:
+        return [f"{STEP_SUMMARIES}: unreadable, the folded steps are not counted ({exc})"]
+    if gaps:
+        return [
+            f"{STEP_SUMMARIES}: {copied:,} rows read, some lost: fewer steps counted than taken"
+        ]
+    return []
 
 
 def _open_source(path: Path) -> sqlite3.Connection:
