@@ -17,6 +17,10 @@ default 0.5 s with a commit per second of run time, as the recorder commits:
            week's two ends: the file a writer holds after a week. Its bytes, and `diagnose` and
            `report` on it (peak RSS, wall time), are measured.
 
+The 8 ranks step once a sample (0.5 s, DDP's lock-step), written with the samples: the
+compacted week folds them too (step_summaries, a few rows a minute kept); its bytes with every
+step row kept are the compacted week's with the kept-full replay's step bytes per hour instead.
+
 Targets (issue 46): the week <= 200 MB; `diagnose` and `report` on it <= 256 MiB and <= 60 s.
 
     python benchmarks/node_week.py [--hours 1] [--days 7] [--runs 2]
@@ -40,8 +44,11 @@ from torchdoctor.recording import RecordingWriter, open_recording
 from torchdoctor.recording.compaction import (
     FOLDINGS,
     META_THROUGH,
+    STEP_SUMMARIES,
     CompactionPolicy,
 )
+from torchdoctor.recording.records import StepRecord
+from torchdoctor.sampling import roles
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -51,6 +58,33 @@ WORKERS = 8
 BYTES_TARGET_MB = 200
 RSS_TARGET_MIB = 256
 TIME_TARGET_S = 60
+STEP_S = 0.5  # each rank steps once a sample: DDP ranks in lock-step
+
+
+def rank_pids(infos: list) -> list[int]:
+    """The tree's ranks: its compute processes, else the launcher's children."""
+    ranks = sorted(p.pid for p in infos if p.role in roles.COMPUTE)
+    if len(ranks) != RANKS:
+        root = min(infos, key=lambda p: p.create_time).pid
+        ranks = sorted(p.pid for p in infos if p.ppid == root)
+    return ranks
+
+
+def rank_steps(ranks: list[int], i: int, t: float) -> list[StepRecord]:
+    """The step each rank ends at ``t`` (its ``i``-th): walls spread +-5 %, a data wait of
+    0-20 ms, DDP's figures on its sampled iterations (1-10, then every 100th)."""
+    out = []
+    for rank, pid in enumerate(ranks):
+        u = ((i * 7919 + rank * 104729) % 1000) / 1000  # spread, the same on every run
+        wall = STEP_S * (0.95 + 0.1 * u)
+        sampled = i <= 10 or i % 100 == 0
+        ddp = {"comm_s": 0.05, "comm_overlap_s": 0.04, "backward_compute_s": 0.2}
+        out.append(
+            StepRecord(
+                pid, rank, i, t - wall, t, wall, 0.02 * u, 32, 32, **(ddp if sampled else {})
+            )
+        )
+    return out
 
 
 def node_snapshots(n: int) -> tuple[list, list]:
@@ -68,6 +102,7 @@ def replay(path: Path, hours: float, snaps: list, infos: list, policy: Compactio
         compaction=policy,
     )
     n = int(hours * 3600 / INTERVAL_S)
+    ranks = rank_pids(infos)
     started = time.monotonic()
     cpu = time.process_time()
     for i in range(n):
@@ -79,6 +114,7 @@ def replay(path: Path, hours: float, snaps: list, infos: list, policy: Compactio
         for p in snap.processes:
             p.t = t
         snap.new_processes = [] if i else infos
+        writer.add_steps(rank_steps(ranks, i, t))
         writer.write_snapshot(snap)
         if i % 2 == 1:
             writer.flush()
@@ -117,6 +153,7 @@ def extend_compacted(src: Path, out: Path, days: float) -> None:
                     " WHERE t >= ? AND t < ?",
                     (k * block, lo, lo + block),
                 )
+        _extend_steps(db, policy, lo, block, copies)
         for folding in FOLDINGS:
             table = folding.summary
             cols = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
@@ -145,6 +182,60 @@ def extend_compacted(src: Path, out: Path, days: float) -> None:
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value))
             )
         db.execute("COMMIT")  # no VACUUM: the pages the replay's passes freed stay, as in a run
+    finally:
+        db.close()
+
+
+def _extend_steps(
+    db: sqlite3.Connection, policy: CompactionPolicy, lo: float, block: float, copies: int
+) -> None:
+    """The steps of the folded block (rows kept and step_summaries) repeated as the samples
+    are, each copy's step numbers after the block's (a rank steps once a sample)."""
+    extra, numbers = copies * block, int(round(block / STEP_S))
+    buckets = int(round(block / policy.bucket_s))
+    cols = [row[1] for row in db.execute("PRAGMA table_info(steps)")]
+    names = ", ".join(f'"{c}"' for c in cols)
+    db.execute(
+        "UPDATE steps SET t_start = t_start + ?, t_end = t_end + ?, step = step + ?"
+        " WHERE t_end >= ?",
+        (extra, extra, copies * numbers, lo + block),
+    )
+    moved = {"t_start": "t_start + ?", "t_end": "t_end + ?", "step": "step + ?"}
+    shifted = ", ".join(moved.get(c, f'"{c}"') for c in cols)
+    for k in range(1, copies + 1):
+        by = {"t_start": k * block, "t_end": k * block, "step": k * numbers}
+        db.execute(
+            f"INSERT INTO steps ({names}) SELECT {shifted} FROM steps"
+            " WHERE t_end >= ? AND t_end < ?",
+            (*(by[c] for c in cols if c in moved), lo, lo + block),
+        )
+    db.execute(
+        f"UPDATE {STEP_SUMMARIES} SET t_from = t_from + ?, t_to = t_to + ?, bucket = bucket + ?"
+        " WHERE t_from >= ?",
+        (extra, extra, copies * buckets, lo + block),
+    )
+    cols = [row[1] for row in db.execute(f"PRAGMA table_info({STEP_SUMMARIES})")]
+    names = ", ".join(f'"{c}"' for c in cols)
+    moved = {"bucket": "bucket + ?", "t_from": "t_from + ?", "t_to": "t_to + ?"}
+    shifted = ", ".join(moved.get(c, f'"{c}"') for c in cols)
+    for k in range(1, copies + 1):
+        by = {"bucket": k * buckets, "t_from": k * block, "t_to": k * block}
+        db.execute(
+            f"INSERT INTO {STEP_SUMMARIES} ({names}) SELECT {shifted} FROM {STEP_SUMMARIES}"
+            " WHERE t_from >= ? AND t_from < ?",
+            (*(by[c] for c in cols if c in moved), lo, lo + block),
+        )
+
+
+def step_bytes(path: Path) -> int:
+    """Bytes the steps take in the file: their rows, index and summaries (SQLite's dbstat)."""
+    db = sqlite3.connect(path)
+    try:
+        (size,) = db.execute(
+            "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (?, ?, ?)",
+            ("steps", "steps_i0", STEP_SUMMARIES),
+        ).fetchone()
+        return size
     finally:
         db.close()
 
@@ -195,10 +286,29 @@ def main() -> int:
         with open_recording(week) as rec:
             rows = rec.count("process_samples")
             spans = rec.summarised_spans()
+            step_rows = rec.count("steps")
+            stats = rec.step_stats()
         size = week.stat().st_size
         print(
             f"compacted week: {rows:,} process rows, {size / MB:.1f} MB,"
             f" {len(spans)} folded span(s); full week (extrapolated) {full_week / MB:,.0f} MB"
+        )
+        # Every step kept (no step folding): the kept-full replay's step bytes per hour
+        steps_full = step_bytes(folder / "full.sqlite") / (args.hours * 3600) * week_s
+        steps_week = step_bytes(week)
+        unfolded = size - steps_week + steps_full
+        assert stats is not None
+        print(
+            f"steps of the week: {stats.step_count:,} ({RANKS} ranks at {STEP_S:g} s),"
+            f" {step_rows:,} rows kept, {steps_week / MB:.1f} MB with their summaries;"
+            f" every step kept: {steps_full / MB:.0f} MB (extrapolated)"
+        )
+        card.info(
+            f"bytes of {args.days:g} days of the 72-process node job without step folding",
+            f"{unfolded / MB:.0f} MB: every step row kept ({steps_full / MB:.0f} MB of steps,"
+            f" from {args.hours:g} h kept full) beside the folded samples; folded:"
+            f" {steps_week / MB:.1f} MB of steps ({step_rows:,} rows kept of"
+            f" {stats.step_count:,}, median step {stats.median_step_s:.3f} s)",
         )
         card.check(
             f"bytes of {args.days:g} days of the 72-process node job ({procs} processes a sample)",

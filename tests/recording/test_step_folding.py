@@ -34,10 +34,14 @@ def rank_steps(pid: int, rank: int, n: int, *, wall: float = 0.1, seed: int = 0)
     for i in range(n):
         w = wall * (0.8 + 0.4 * rng.random()) + (3 * wall if i % 50 == 49 else 0.0)
         wait = 0.4 * w if i % 3 == 0 else 0.0
-        comm = 0.01 if i <= 10 or i % 100 == 0 else None
+        ddp = {"comm_s": 0.01, "comm_overlap_s": 0.008, "backward_compute_s": 0.03}
+        sampled = i <= 10 or i % 100 == 0
         steps.append(
-            StepRecord(pid, rank, i, t, t + w, w, wait, 32, 31 if i % 7 == 6 else 32, comm_s=comm)
-        )
+            StepRecord(
+                pid, rank, i, t, t + w, w, wait, 32, 31 if i % 7 == 6 else 32,
+                **(ddp if sampled else {}),
+            )
+        )  # fmt: skip
         t += w
     return steps
 
@@ -87,7 +91,9 @@ def same_stats(full: StepStats, folded: StepStats) -> None:
         assert b.p90_step_s == pytest.approx(a.p90_step_s, rel=0.02)
 
 
-def test_thinned_steps_give_the_step_figures_and_findings_of_the_full_recording(tmp_path):
+def test_thinned_steps_give_the_step_figures_and_findings_of_the_full_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = ranks_job(short=40)
     full = write(job, tmp_path / "full.sqlite", None)
     folded = write(job, tmp_path / "folded.sqlite", POLICY)
@@ -105,6 +111,7 @@ def test_thinned_steps_give_the_step_figures_and_findings_of_the_full_recording(
     expected = findings_of(full)
     assert "uneven-inputs" in [f.id for f in expected]  # its evidence is each rank's count
     same_findings(expected, findings_of(folded))
+    assert "failed on this recording" not in capsys.readouterr().err  # every rule judged
 
 
 def test_ranks_keep_the_same_step_numbers(tmp_path: Path) -> None:
