@@ -41,14 +41,17 @@ def peak_evidence(snapshot: RecordedSnapshot) -> list[Evidence]:
     for site in peak.sites[:LINES_SHOWN]:
         out.append(
             Evidence(
-                f"at the peak: {site.where} ({site.phase}, {site.blocks} blocks)", site.bytes, "B"
+                f"at the peak: {site.where} ({site.phase}, {site.blocks:,} "
+                f"block{'s' if site.blocks != 1 else ''})",
+                site.bytes,
+                "B",
             )
         )
     if peak.fragmentation is not None:
-        out.append(Evidence("reserved but free at the end (snapshot)", peak.fragmentation, "B"))
+        out.append(Evidence("reserved but free at the snapshot", peak.fragmentation, "B"))
     if peak.largest_free_block is not None:
         out.append(
-            Evidence("largest free block at the end (snapshot)", peak.largest_free_block, "B")
+            Evidence("largest free block at the snapshot", peak.largest_free_block, "B")
         )
     if peak.failed is not None:
         out.append(Evidence("request that failed (snapshot)", peak.failed.bytes, "B"))
