@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
-from tests.diagnosis.builders import T0, Job, Proc, const
+from tests.diagnosis.builders import T0, Job, Proc, const, make_steps
 from tests.recording.test_compaction import DURATION, POLICY, findings_of, same_findings, write
 from torchdoctor.compare.runs import run_figures
 from torchdoctor.compare.verdict import compare
@@ -250,3 +250,15 @@ def test_a_damaged_folded_recording_read_through_salvage_counts_the_folded_steps
         rec.close()
     assert whole is not None and salvaged is not None
     same_stats(whole, salvaged)
+
+
+def test_float16_steps_are_counted_with_the_folded_ones(tmp_path: Path) -> None:
+    """fp16-without-scaler's evidence counts the steps under float16 autocast: the folded
+    ones too."""
+    steps = make_steps(n=int((DURATION - 4) / 0.1), wall=0.1, autocast_dtype="float16")
+    job = Job(procs=[Proc(1000, cpu=const(100.0))], steps=steps, duration=DURATION)
+    full = write(job, tmp_path / "full.sqlite", None)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    expected = findings_of(full)
+    assert "fp16-without-scaler" in [f.id for f in expected]
+    same_findings(expected, findings_of(folded))
