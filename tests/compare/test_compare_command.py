@@ -172,3 +172,37 @@ def test_more_than_two_runs_are_each_compared_with_the_first(runs):
     # Any run that is not the same workload refuses the whole comparison, in one line.
     done = runs.compare(*three, p(runs, "batch2"))
     assert done.returncode == 2 and done.stdout == "" and len(done.stderr.splitlines()) == 1
+
+
+def test_a_computing_run_slowed_by_cpu_hogs_names_the_machine(runs, tmp_path):
+    # A neighbour busy on every CPU the job may use while a compute-bound job runs: the
+    # settings are equal, the job is slower, and compare names the saturated CPUs as the
+    # first reason; the gate fails it (the step is slower, whatever made it so).
+    job = [sys.executable, str(Path(__file__).parent / "jobs" / "busy_step.py"), "150"]
+
+    def record(name: str) -> str:
+        out = tmp_path / f"{name}.sqlite"
+        cmd = [*TORCHDOCTOR, "run", "--quiet", "--interval", "0.2", "-o", str(out), "--", *job]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=runs.env)
+        assert done.returncode == 0, done.stderr
+        return str(out)
+
+    quiet = record("quiet")
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(len(os.sched_getaffinity(0)))
+    ]
+    try:
+        hogged = record("hogged")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    done = runs.compare(quiet, hogged, "--fail-if-slower", "5")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stdout.startswith("slower: ")
+    why = done.stdout.split("Why\n", 1)[1].splitlines()
+    assert why[0].startswith("  during B the CPUs were") or why[1].startswith(
+        "  during B the CPUs were"
+    ), done.stdout
+    assert "Settings that differ" not in done.stdout

@@ -181,6 +181,22 @@ def test_compare_says_the_machine_was_busier_when_no_setting_changed():
     assert any("no setting changed, but the machine was busier" in e for e in c.explanations)
 
 
+def test_a_run_on_saturated_cpus_is_named_first_among_the_reasons():
+    # Other programs held 1.3 CPUs while the CPUs were 97 % busy during B: the verdict stands,
+    # and the first reason says the machine, not the job, may have made the difference.
+    a = figures()
+    b = figures(seed=2, step=0.03, wait=0.028, other_cpus=1.3, host_cpu_busy_pct=97.0)
+    c = compare(a, b)
+    assert c.verdict == SLOWER and c.contended == ["B"]
+    assert c.explanations[0] == (
+        "during B the CPUs were 97 % busy and other programs used 1.3 of them: a step that "
+        "computes moves with them"
+    )
+    # the job's own load on busy CPUs is no contention
+    own = figures(seed=2, step=0.03, wait=0.028, other_cpus=0.2, host_cpu_busy_pct=97.0)
+    assert compare(a, own).contended == []
+
+
 def test_unlike_workloads_and_short_runs_are_refused_in_one_line():
     a = figures()
     with pytest.raises(UserError) as refused:

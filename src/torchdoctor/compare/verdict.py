@@ -9,6 +9,7 @@ from typing import Any
 from torchdoctor.compare.runs import COMPUTE, DATA_WAIT, PHASE_LABELS, STEP, RunFigures
 from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap, typical_step
 from torchdoctor.errors import UserError
+from torchdoctor.thresholds import Thresholds
 
 # The names of the runs of a comparison: A is the baseline, B, C... are compared with it.
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -30,6 +31,13 @@ NO_CHANGE_BAND = 0.03
 MIN_STEADY_STEPS = 20
 # Other programs used this many more CPUs on average during B than during A: "busier".
 BUSIER_MARGIN_CPUS = 0.5
+# A run is "contended" when the CPUs it was allowed were saturated (busy at least the
+# cpu-contention rule's alert level on average) and other programs, not the job, held at least
+# this many of them. The verdict still stands (a job that waits on sleeps or I/O measures the
+# same on such a machine), but a compute-bound step's figure moves with the neighbours far
+# beyond one run's interval (compare_power on a 2-CPU VM whose other programs used 1.2-1.4
+# CPUs: equal runs at 0.66x and 1.47x), so compare says so first among the reasons.
+CONTENDED_OTHER_CPUS = 0.5
 
 # Which recorded differences can move which phase. A difference "explains" a phase when its
 # key starts with one of these.
@@ -100,6 +108,7 @@ class Comparison:
     a_other_cpus: float | None
     b_other_cpus: float | None
     busier: bool
+    contended: list[str]  # the runs ("A", "B") whose CPUs other programs saturated
     findings_appeared: list[str]
     findings_disappeared: list[str]
     mismatch: list[str] = field(default_factory=list)  # why not the same workload (--force)
@@ -138,6 +147,16 @@ def workload_mismatch(a: RunFigures, b: RunFigures) -> list[str]:
     ):
         why.append(f"model parameters {a.params_count} vs {b.params_count}")
     return why
+
+
+def is_contended(run: RunFigures) -> bool:
+    """Other programs saturated the CPUs ``run`` was allowed (see CONTENDED_OTHER_CPUS)."""
+    return (
+        run.host_cpu_busy_pct is not None
+        and run.other_cpus is not None
+        and run.host_cpu_busy_pct >= Thresholds().cpu_load_alert_pct
+        and run.other_cpus >= CONTENDED_OTHER_CPUS
+    )
 
 
 def verdict_of(ratio: Interval, band: float = NO_CHANGE_BAND) -> str:
@@ -217,6 +236,7 @@ def compare(
         and b.other_cpus is not None
         and b.other_cpus - a.other_cpus > BUSIER_MARGIN_CPUS
     )
+    contended = [name for name, run in (("A", a), ("B", b)) if is_contended(run)]
     verdict = verdict_of(ratio, band)
     fa, fb = set(findings_a or []), set(findings_b or [])
     return Comparison(
@@ -235,7 +255,13 @@ def compare(
         settings=settings,
         environment=environment,
         command=command,
-        explanations=_explain(verdict, changes, settings, environment, a, b, busier),
+        explanations=[
+            f"during {name} the CPUs were {run.host_cpu_busy_pct:.0f} % busy and other programs "
+            f"used {run.other_cpus:.1f} of them: a step that computes moves with them"
+            for name, run in (("A", a), ("B", b))
+            if name in contended and run.host_cpu_busy_pct is not None and run.other_cpus
+        ]
+        + _explain(verdict, changes, settings, environment, a, b, busier),
         a_peak_rss=a.peak_rss,
         b_peak_rss=b.peak_rss,
         a_peak_pss=a.peak_pss,
@@ -245,6 +271,7 @@ def compare(
         a_other_cpus=a.other_cpus,
         b_other_cpus=b.other_cpus,
         busier=busier,
+        contended=contended,
         findings_appeared=sorted(fb - fa),
         findings_disappeared=sorted(fa - fb),
         mismatch=mismatch,
