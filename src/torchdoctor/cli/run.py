@@ -65,9 +65,11 @@ from torchdoctor.units import shell_line
 @click.option(
     "--memory-history",
     is_flag=True,
-    help="Record CUDA allocations (torch.cuda.memory._record_memory_history) and, at a CUDA "
-    "out-of-memory error, write the memory snapshot next to the recording "
-    "(<recording>.cuda-oom-<pid>.pickle, for pytorch.org/memory_viz).",
+    help="Record CUDA allocations (torch.cuda.memory._record_memory_history) and write the "
+    "memory snapshot next to the recording at a CUDA out-of-memory error "
+    "(<recording>.cuda-oom-<pid>.pickle), else when the process ends "
+    "(<recording>.cuda-memory-<pid>.pickle): diagnose and show say what was live at the peak "
+    "by line and phase; pytorch.org/memory_viz opens them.",
 )
 @click.option(
     "--profile-steps",

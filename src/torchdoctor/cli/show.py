@@ -8,6 +8,7 @@ import click
 
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.recordings import RECORDING
+from torchdoctor.diagnosis.cuda_memory import recorded_snapshots
 from torchdoctor.recording import open_recording
 from torchdoctor.recording.reader import Recording
 from torchdoctor.recording.summary import summarize
@@ -24,16 +25,21 @@ def command(file: str, as_json: bool) -> None:
     with open_recording(file) as rec:
         summary = summarize(rec)
         folded = folded_lines(rec)
+        memory = recorded_snapshots(rec)  # run --memory-history: what was live at the peak
     if as_json:
-        dump_json("show", dataclasses.asdict(summary))
+        document = dataclasses.asdict(summary)
+        document["cuda_memory"] = [dataclasses.asdict(s) for s in memory]
+        dump_json("show", document)
         return
-    from torchdoctor.run.end_report import render_summary
+    from torchdoctor.run.end_report import memory_line, render_summary
     from torchdoctor.terminal import make_console
 
     console = make_console(soft_wrap=True)
     render_summary(summary, console)
     for line in folded:
         console.print(line)
+    for snapshot in memory:
+        console.print(memory_line(snapshot))
 
 
 def folded_lines(rec: Recording) -> list[str]:

@@ -1,0 +1,37 @@
+"""`show` (text and --json) and the HTML report of a recording whose cuda-oom event names a
+memory snapshot: the peak, its phases, the top line; a damaged one is one line."""
+
+from __future__ import annotations
+
+from tests.conftest import run_td
+from tests.helpers.schemas import assert_valid
+from tests.memory import snapshots as snap
+from tests.memory.test_cuda_memory import FIRST_STEP, WIDE, oom_recording, oom_snapshot_of
+
+
+def test_show_and_the_report_give_the_peak(tmp_path):
+    recording = oom_recording(tmp_path, oom_snapshot_of(FIRST_STEP))
+    done = run_td("show", str(recording))
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("CUDA memory"))
+    assert "8.25 GiB allocated, 9.25 GiB reserved at the peak" in line
+    assert f"top: {snap.TOP_LINE} 3.00 GiB (activations)" in line
+    assert "failed request 4.00 GiB" in line
+    document = assert_valid("show", run_td("show", "--json", str(recording)).stdout)
+    (memory,) = document["cuda_memory"]
+    assert memory["kind"] == "oom" and memory["peak"]["peak_allocated"] == snap.PEAK
+    assert memory["peak"]["sites"][0]["where"] == snap.TOP_LINE
+    html = tmp_path / "job.html"
+    assert run_td("report", str(recording), "-o", str(html)).returncode == 0
+    page = html.read_text()
+    assert '<section id="memory">' in page and snap.TOP_LINE in page
+
+
+def test_a_damaged_snapshot_is_one_line_and_the_finding_stays(tmp_path):
+    recording = oom_recording(tmp_path, b"\x80\x04garbage")
+    done = run_td("show", str(recording))
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("CUDA memory")]
+    assert "damaged or edited" in line
+    out = " ".join(run_td("diagnose", str(recording), env=WIDE).stdout.split())
+    assert "CUDA out of memory" in out and "not read:" in out
