@@ -23,6 +23,7 @@ from torchdoctor.recording.records import StepRecord
 from torchdoctor.recording.salvage import salvage
 from torchdoctor.recording.steps import StepStats
 from torchdoctor.recording.tail import RecordingTail
+from torchdoctor.report.tables import precision_rows
 
 
 def rank_steps(pid: int, rank: int, n: int, *, wall: float = 0.1, seed: int = 0) -> list:
@@ -262,3 +263,24 @@ def test_float16_steps_are_counted_with_the_folded_ones(tmp_path: Path) -> None:
     expected = findings_of(full)
     assert "fp16-without-scaler" in [f.id for f in expected]
     same_findings(expected, findings_of(folded))
+
+
+def test_a_cuda_peak_in_a_folded_step_is_the_reports_peak(tmp_path: Path) -> None:
+    """One step's CUDA peak, folded away with its row, is still the peak the report shows."""
+    n = int((DURATION - 4) / 0.1)
+    spike = n // 2  # in the folded part of the run, off the kept stride
+    steps = make_steps(
+        n=n,
+        wall=0.1,
+        cuda_allocated=1 << 30,
+        cuda_reserved=lambda i: (6 << 30) if i == spike else (3 << 30),
+        cuda_max_allocated=lambda i: (5 << 30) if i == spike else (2 << 30),
+    )
+    job = Job(procs=[Proc(1000, cpu=const(100.0))], steps=steps, duration=DURATION)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    with open_recording(folded) as rec:
+        rows = rec.rows("steps")
+        assert spike not in {r["step"] for r in rows}
+        table = dict(precision_rows(rows, rec.folded_steps.values()))
+    assert table["CUDA peak allocated in a step"] == "5.00 GiB"
+    assert table["CUDA reserved (peak)"] == "6.00 GiB"

@@ -28,7 +28,8 @@ numbers, which the rank rules compare step by step), its first steps (the warm-u
 steps a profiler window touched (``profiled``) and those that carry DDP's sampled figures
 (``comm_s``). The others go into one ``step_summaries`` row per process per bucket: their
 count, the sums of wall time, data wait (capped at the wall, as recording.steps counts it) and
-samples, their shortest and longest wall, and histograms of their walls and waits
+samples, their shortest and longest wall, their CUDA peaks (allocated within a step,
+reserved), and histograms of their walls and waits
 (recording.step_histogram), from which recording.steps gives back every step figure: counts,
 rates and shares exact, medians and p90s within 1.09 %. The table's last row is never deleted
 (SQLite numbers a new row after the highest one; the running totals count steps by rowid).
@@ -63,6 +64,7 @@ STEP_SUMMARY_COLUMNS = (
     ("t_to", "REAL"), ("n", "INTEGER"), ("wall_s", "REAL"), ("data_wait_s", "REAL"),
     ("samples", "INTEGER"), ("samples_unknown", "INTEGER"), ("wall_min", "REAL"),
     ("wall_max", "REAL"), ("wall_hist", "BLOB"), ("wait_hist", "BLOB"),
+    ("cuda_max_allocated", "INTEGER"), ("cuda_reserved", "INTEGER"),  # their peaks
 )  # fmt: skip
 STEP_SUMMARIES_SQL = f"CREATE TABLE IF NOT EXISTS {STEP_SUMMARIES} ({', '.join(f'{n} {t}' for n, t in STEP_SUMMARY_COLUMNS)})"
 
@@ -359,7 +361,8 @@ def _fold_table(
 
 
 _STEP_COLUMNS = ["pid", "rank", "step", "t_end", "wall_s", "data_wait_s", "samples",
-                 "batch_size", "profiled", "comm_s"]  # fmt: skip
+                 "batch_size", "profiled", "comm_s", "cuda_max_allocated",
+                 "cuda_reserved"]  # fmt: skip
 
 
 def _fold_steps(
@@ -406,7 +409,8 @@ def _fold_steps(
             (bucket, pid, rows[0][2], gone[0][4], gone[-1][4], len(gone), sum(walls), sum(waits),
              sum(n for n in counted if n is not None), counted.count(None), min(walls),
              max(walls), step_histogram.encode(step_histogram.histogram(walls)),
-             step_histogram.encode(step_histogram.histogram(waits)))
+             step_histogram.encode(step_histogram.histogram(waits)), max((r[11] for r in gone if r[11] is not None), default=None),
+             max((r[12] for r in gone if r[12] is not None), default=None))
         )  # fmt: skip
     if summaries:
         db.executemany(

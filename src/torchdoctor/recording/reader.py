@@ -41,6 +41,7 @@ from torchdoctor.recording.compaction import (
     FOLDINGS,
     META_POLICY,
     STEP_SUMMARIES,
+    STEP_SUMMARY_COLUMNS,
     CompactionPolicy,
     SummarisedSpan,
     summarised_spans,
@@ -359,35 +360,32 @@ class Recording:
         their count, sums and histograms. Empty when every step row is kept."""
         if not self._has_table(STEP_SUMMARIES):
             return {}
+        stored = stored_columns(self._db, STEP_SUMMARIES)
+        columns = [name for name, _ in STEP_SUMMARY_COLUMNS]
         out: dict[int, FoldedSteps] = {}
-        for (
-            pid,
-            t_from,
-            t_to,
-            n,
-            wall,
-            wait,
-            samples,
-            unknown,
-            low,
-            high,
-            walls,
-            waits,
-        ) in self._fetch(
-            "SELECT pid, t_from, t_to, n, wall_s, data_wait_s, samples, samples_unknown,"
-            f" wall_min, wall_max, wall_hist, wait_hist FROM {STEP_SUMMARIES} ORDER BY t_to"
+        for row in self._fetch(
+            f"SELECT {select_list(columns, stored)} FROM {STEP_SUMMARIES} ORDER BY t_to"
         ):
-            f = out.get(pid)
+            r = dict(zip(columns, row, strict=True))
+            f = out.get(r["pid"])
             if f is None:
-                f = out[pid] = FoldedSteps()
-            f.count += n
-            f.wall_s += wall
-            f.data_wait_s += wait
-            f.samples += samples
-            f.samples_unknown += unknown
-            f.add(FoldedSteps(wall_min_s=low, wall_max_s=high, spans=[(t_from, t_to, n)]))
-            step_histogram.decode(walls, f.walls)
-            step_histogram.decode(waits, f.waits)
+                f = out[r["pid"]] = FoldedSteps()
+            f.count += r["n"]
+            f.wall_s += r["wall_s"]
+            f.data_wait_s += r["data_wait_s"]
+            f.samples += r["samples"]
+            f.samples_unknown += r["samples_unknown"]
+            f.add(
+                FoldedSteps(
+                    wall_min_s=r["wall_min"],
+                    wall_max_s=r["wall_max"],
+                    spans=[(r["t_from"], r["t_to"], r["n"])],
+                    cuda_max_allocated=r["cuda_max_allocated"],
+                    cuda_reserved=r["cuda_reserved"],
+                )
+            )
+            step_histogram.decode(r["wall_hist"], f.walls)
+            step_histogram.decode(r["wait_hist"], f.waits)
         return out
 
     def step_stats(self) -> StepStats | None:

@@ -148,6 +148,8 @@ class FoldedSteps:
     wall_max_s: float | None = None
     walls: Counter[int] = field(default_factory=Counter)  # recording.step_histogram bins
     waits: Counter[int] = field(default_factory=Counter)
+    cuda_max_allocated: int | None = None  # the highest of the steps' CUDA peaks
+    cuda_reserved: int | None = None
     # (first end, last end, steps) of each bucket folded, in the order read
     spans: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -163,6 +165,10 @@ class FoldedSteps:
         self.walls.update(other.walls)
         self.waits.update(other.waits)
         self.spans.extend(other.spans)
+        for name in ("cuda_max_allocated", "cuda_reserved"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None and (mine is None or theirs > mine):
+                setattr(self, name, theirs)
 
 
 def _least(a: float | None, b: float | None) -> float | None:

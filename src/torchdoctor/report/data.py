@@ -164,7 +164,7 @@ def build_report_data(
         process_count=process_count,
         settings=settings_rows(settings, {p["pid"]: p["role"] for p in infos}),
         dataloaders=dataloader_rows(loaders),
-        precision=precision_rows(steps),
+        precision=precision_rows(steps, rec.folded_steps.values()),
         findings=findings,
         diagnosis_note=note,
         meta=meta_sections(meta, rec),

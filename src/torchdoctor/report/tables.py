@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchdoctor.recording.reader import EVERY_INSTANT, Instants, Recording, damaged
-from torchdoctor.recording.steps import decode_json
+from torchdoctor.recording.steps import FoldedSteps, decode_json
 from torchdoctor.report.model import (
     EventRow,
     MetaSection,
@@ -331,8 +331,10 @@ def _short_type(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def precision_rows(steps: list[dict]) -> list[tuple[str, str]]:
-    """How the recorded steps ran: autocast dtype, gradient scaler, CUDA allocator figures."""
+def precision_rows(steps: list[dict], folded: Iterable[FoldedSteps] = ()) -> list[tuple[str, str]]:
+    """How the recorded steps ran: autocast dtype, gradient scaler, CUDA allocator figures;
+    ``folded``: the steps the writer folded (their CUDA peaks count; the shares are those of
+    the rows, an evenly spread sample of the steps)."""
     if not steps:
         return []
     n = len(steps)
@@ -351,10 +353,13 @@ def precision_rows(steps: list[dict]) -> list[tuple[str, str]]:
     scaler = [s["grad_scaler"] for s in steps if s["grad_scaler"] is not None]
     if scaler:
         rows.append(("gradient scaler", "used" if any(scaler) else "not used"))
-    allocated = peak(s["cuda_max_allocated"] for s in steps)
+    folded = list(folded)
+    allocated = peak(
+        [*(s["cuda_max_allocated"] for s in steps), *(f.cuda_max_allocated for f in folded)]
+    )
     if allocated is not None:
         rows.append(("CUDA peak allocated in a step", fmt_value(allocated, BYTES)))
-    reserved = peak(s["cuda_reserved"] for s in steps)
+    reserved = peak([*(s["cuda_reserved"] for s in steps), *(f.cuda_reserved for f in folded)])
     if reserved is not None:
         rows.append(("CUDA reserved (peak)", fmt_value(reserved, BYTES)))
     retries = peak(s["cuda_alloc_retries"] for s in steps)
