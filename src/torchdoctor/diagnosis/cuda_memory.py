@@ -36,7 +36,6 @@ GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer state"
 BEFORE_HISTORY = "before the history"
 TEMPORARIES = "temporaries"  # only where estimate's snapshot says so
-PHASES = (PARAMETERS, ACTIVATIONS, GRADIENTS, OPTIMIZER_STATE, TEMPORARIES, BEFORE_HISTORY)
 # `torchdoctor estimate --memory-snapshot` names each allocation's category in its frame
 # ("aten.mm [activations]"); the batch's inputs are, like activations, memory that grows with
 # the batch.

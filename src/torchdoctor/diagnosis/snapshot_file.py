@@ -39,8 +39,9 @@ _REFUSED = (
     pickle.EXT1, pickle.EXT2, pickle.EXT4, pickle.PERSID, pickle.BINPERSID,
 )  # fmt: skip
 
-FRAMES_KEPT = 4096
-# What the reader may take out of the memo once an entry is handed over.
+FRAMES_KEPT = 4096  # frames summaries kept in the memo (see _frames_summary)
+# Memoised objects whose index the reader keeps, to take them out of the memo once the entry
+# that holds them is handed over (ints and floats are never memoised).
 _SHAREABLE = (dict, list, tuple, str, bytes)
 FORGOTTEN = object()  # what a later reference to a value taken out of the memo reads as
 EntryHandler = Callable[[list, dict], None]  # (the device's history list, the entry)
@@ -106,7 +107,7 @@ class _SnapshotUnpickler(pickle._Unpickler):  # the pure-Python one: its opcode 
         # memo indices of the frames summaries kept, the one named last at the end
         self.kept: OrderedDict[int, None] = OrderedDict()
         self.next_memo = 0
-        # id of each memoised list or dict -> its memo index (only while it is in the memo)
+        # id of each memoised _SHAREABLE object -> its memo index, while it is in the memo
         self.memo_index: dict[int, int] = {}
 
     def find_class(self, module: str, name: str) -> Any:
