@@ -75,7 +75,10 @@ def item_line() -> int:
 
 
 def test_a_slow_step_with_the_gpu_waiting_is_profiled_once(tmp_path, machine):
-    proc, out = record(tmp_path, machine, str(ON_GPU), UUID, str(COMPUTE), "14")
+    # 10 s, then until the window's trace is written and 4 s more: time to ask again, were
+    # the trigger to ask twice.
+    job = (str(ON_GPU), UUID, str(COMPUTE), "10", "--after-window", "4")
+    proc, out = record(tmp_path, machine, *job)
     asked = ASKED.findall(proc.stderr)
     assert len(asked) == 1, proc.stderr
     first, last = map(int, asked[0])

@@ -121,20 +121,21 @@ class Recent:
             self.steps.append((t_end, float(wall), min(float(wait or 0.0), float(wall))))
 
     def prune(self) -> None:
-        """Forget what is older than ``span_s`` before the newest sample (folded minutes the
-        compaction writes later carry their old times and go at once)."""
-        if not self.host:
+        """Keep the last ``span_s`` seconds before the newest reading, and at least the last
+        few steps. By time, not by arrival: the compaction appends folded minutes that carry
+        their old times (and a week-long job that never asks must not grow the deques)."""
+        times = [r[0] for r in self.host]
+        times += [r[0] for series in self.gpu.values() for r in series]
+        times += [r[0] for r in self.steps]
+        if not times:
             return
-        since = self.host[-1][0] - self.span_s
-        while self.host and self.host[0][0] < since:
-            self.host.popleft()
-        for t in [t for t in self.job_cores if t < since]:
-            del self.job_cores[t]
-        for series in self.gpu.values():
-            while series and series[0][0] < since:
-                series.popleft()
-        while len(self.steps) > MIN_RECENT_STEPS and self.steps[0][0] < since:
-            self.steps.popleft()
+        since = max(times) - self.span_s
+        self.host = deque(r for r in self.host if r[0] >= since)
+        self.job_cores = {t: v for t, v in self.job_cores.items() if t >= since}
+        self.gpu = {i: deque(r for r in series if r[0] >= since) for i, series in self.gpu.items()}
+        steps = sorted(self.steps)
+        recent = [r for r in steps if r[0] >= since]
+        self.steps = deque(recent if len(recent) >= MIN_RECENT_STEPS else steps[-MIN_RECENT_STEPS:])
 
     def assigned_gpus(self) -> list[int]:
         """The diagnosis' ``job_gpus``: where the job holds memory, else the only GPU when its
