@@ -17,6 +17,8 @@
 #    assert what NVML really reports, so they hold on a GPU machine as they do here).
 # 6b. a CUDA profile window (`run --profile-steps 5-7`): the trace's kernels, GPU busy/idle per
 #    step, and sync-points naming the loop's loss.item() line;
+# 6c. CUDA memory at the peak (`run --memory-history`): torch's own snapshots, at the end of a
+#    loop and at an OOM, read by show (the activations' line, the failed request);
 # 7. `torchdoctor doctor --json` on the real NVML (versions, topology, P2P, processes), and the
 #    NCCL all-reduce / all-gather / reduce-scatter sweep over every GPU (needs two or more).
 # Logs and the recording go to $OUT (or a temporary folder). Each step has its own time limit
@@ -318,6 +320,36 @@ timeout 120 "$PY" -m torchdoctor show "$OUT/profile.sqlite" 2>&1 | tee "$OUT/pro
 timeout 120 "$PY" -m torchdoctor diagnose "$OUT/profile.sqlite" 2>&1 | tee "$OUT/profile-diagnose.txt"
 grep -q "sync-points" "$OUT/profile-diagnose.txt" && grep -q "profile_train.py:11" "$OUT/profile-diagnose.txt" \
   || fail "sync-points did not name profile_train.py:11 on the CUDA window"
+fi
+
+if [ "$CUDA" = 1 ]; then
+step "CUDA memory at the peak: run --memory-history, a snapshot at the end and one at an OOM"
+# Issue 42: a real snapshot (torch's own, not one shaped like it) read by torchdoctor. The end
+# snapshot's peak must name the line that makes the activations; the OOM's (a tensor far larger
+# than the GPU, asked at line 6) must give the request that failed.
+cat > "$OUT/memory_train.py" <<'PYEOF'
+import sys, torch
+model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
+opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+for step in range(10):
+    if step == 5 and sys.argv[1:] == ["oom"]:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # line 6: more than any GPU
+    x = torch.randn(1024, 4096, device="cuda")  # line 7
+    model(x).square().mean().backward()  # line 8: the activations
+    opt.step()
+    opt.zero_grad()
+PYEOF
+for mode in end oom; do
+  timeout 300 "$PY" -m torchdoctor run --quiet --memory-history --out "$OUT/memory-$mode.sqlite" \
+      -- "$PY" "$OUT/memory_train.py" "$mode" > /dev/null
+  ls -la "$OUT"/memory-$mode.cuda-*.pickle 2>&1
+  timeout 300 "$PY" -m torchdoctor show "$OUT/memory-$mode.sqlite" 2>&1 | tee "$OUT/memory-$mode-show.txt"
+  timeout 300 "$PY" -m torchdoctor diagnose "$OUT/memory-$mode.sqlite" > "$OUT/memory-$mode-diagnose.txt" 2>&1
+done
+grep -q "snapshot at its end).*memory_train.py:8" "$OUT/memory-end-show.txt" \
+  || fail "the end snapshot's peak did not name memory_train.py:8"
+grep -q "snapshot at the OOM).*failed request 1.00 PiB" "$OUT/memory-oom-show.txt" \
+  || fail "the OOM snapshot did not give the 1 PiB request"
 fi
 
 if [ -f benchmarks/estimate_cuda_check.py ] && [ "$CUDA" = 1 ]; then
