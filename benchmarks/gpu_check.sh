@@ -334,7 +334,7 @@ opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 for step in range(10):
     if step == 5 and sys.argv[1:] == ["oom"]:
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # line 6: more than any GPU
-    x = torch.randn(1024, 4096, device="cuda")  # line 7
+    x = torch.randn(16384, 4096, device="cuda")  # line 7: 2 GiB of activations per step
     model(x).square().mean().backward()  # line 8: the activations
     opt.step()
     opt.zero_grad()
