@@ -72,6 +72,45 @@ def test_without_the_first_step_an_early_buffer_is_not_called_a_parameter(tmp_pa
     assert {s.where: s.phase for s in peak.sites}["train.py:10 main"] == "activations"
 
 
+def test_a_history_that_lost_its_start_places_live_blocks_by_the_stack_they_keep(tmp_path):
+    # A long job: torch's ring kept only the last step. The weights (built on the device) and
+    # Adam's state were allocated long before, but their blocks keep their stacks.
+    base = 0x7F0000000000
+    init = snap.frame(f"{snap.SITE}/nn/modules/linear.py", 106, "__init__")
+    model = snap.frame("/home/u/proj/model.py", 12, "__init__")
+
+    def block(addr, size, frames, state="active_allocated"):
+        return {"address": addr, "size": size, "requested_size": size, "state": state,
+                "frames": frames}  # fmt: skip
+
+    blocks = [
+        block(base, 2 * GiB, [init, snap.CALL, model, snap.TRAIN_8]),
+        block(base + 2 * GiB, 4 * GiB, [snap.ADAM, snap.TRAIN_20]),
+        block(base + 6 * GiB, GiB, []),  # no stack kept: before the history
+        block(base + 7 * GiB, GiB, [], "inactive"),
+    ]
+    history = [
+        {"action": "alloc", "addr": base + 7 * GiB, "size": GiB, "stream": 0,
+         "frames": [snap.LINEAR, snap.CALL, snap.MODEL_42, snap.TRAIN_17]},
+        {"action": "free_completed", "addr": base + 7 * GiB, "size": GiB, "stream": 0,
+         "frames": []},
+    ]  # fmt: skip
+    segment = {"device": 0, "address": base, "total_size": 8 * GiB, "stream": 0,
+               "segment_type": "large", "blocks": blocks}  # fmt: skip
+    path = write(tmp_path / "long.pickle", {"segments": [segment], "device_traces": [history]})
+    peak = analyse_snapshot(path)
+    assert peak.peak_allocated == 8 * GiB
+    assert peak.by_phase == {
+        "optimizer state": 4 * GiB, "parameters": 2 * GiB, "activations": GiB,
+        "before the history": GiB,
+    }  # fmt: skip
+    assert [(s.where, s.phase) for s in peak.sites] == [
+        ("train.py:20 train_step", "optimizer state"),
+        ("model.py:12 __init__", "parameters"),
+        ("model.py:42 forward", "activations"),
+    ]
+
+
 def test_the_users_line_is_the_first_frame_outside_torch_python_and_the_agent():
     assert frame_site([snap.ADAM, snap.AGENT, snap.TRAIN_20, snap.RUNPY]) == (
         "train.py:20 train_step", "optimizer state"

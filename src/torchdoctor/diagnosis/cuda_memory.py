@@ -10,9 +10,11 @@ come, so the make-up at the peak is a copy of those sums taken when the peak end
 with the distinct lines, never with the history's length.
 
 Memory allocated before the history began (the agent starts it when CUDA initialises; torch
-keeps a ring of the last entries) is known two ways: blocks still active in the segments that
-no entry allocated, and frees of blocks no entry allocated. Both were live from the start of
-the history until then, so they count at the peak as "before the history".
+keeps a ring of the last entries, so a long job's history holds only its last steps) is known
+two ways: blocks still active in the segments that no entry allocated, and frees of blocks no
+entry allocated. Both were live from the start of the history until then, so they count at the
+peak: an active block with the line and phase of the stack it keeps, the rest as "before the
+history".
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def frame_site(frames: list) -> tuple[str, str]:
     ``Tensor.backward``) -> gradients (the agent's own ``phase_of``); no Python frame at all
     -> gradients too, since backward runs its CUDA work on autograd's device threads, which
     have no Python stack (the training thread's forward and optimizer step always have one);
-    ``Module._apply`` (``.to()``, ``.cuda()``) -> parameters; else activations: what forward
-    made and kept. Allocations before the first step count as parameters by time instead
+    a frame that makes or moves parameters (``Module._apply`` for ``.to()``/``.cuda()``, a
+    module's ``__init__`` on the device, ``torch.nn.init``) -> parameters; else activations:
+    what forward made and kept. Allocations before the first step count as parameters by time instead
     (:class:`Replay`'s ``first_step_us``)."""
     files: list[str] = []
     where = ""
@@ -120,7 +123,7 @@ def frame_site(frames: list) -> tuple[str, str]:
         files.append(filename)
         if not phase and name.endswith("]") and "[" in name:
             phase = _ESTIMATE_CATEGORIES.get(name[name.rindex("[") + 1 : -1], "")
-        if not phase and name == "_apply" and filename.endswith("/torch/nn/modules/module.py"):
+        if not phase and _makes_parameters(filename, name):
             phase = PARAMETERS
         if not where and _is_user(filename):
             where = _where(filename, frame.get("line"), name)
@@ -139,6 +142,17 @@ def frame_site(frames: list) -> tuple[str, str]:
             else NO_STACK
         )
     return where, phase
+
+
+def _makes_parameters(filename: str, name: str) -> bool:
+    """A frame that makes or moves a model's parameters: ``Module._apply`` (``.to()``,
+    ``.cuda()``), a module's ``__init__``/``reset_parameters`` (a model built on the device),
+    ``torch.nn.init``."""
+    if "/torch/nn/" not in filename:
+        return False
+    if filename.endswith("/torch/nn/init.py"):
+        return True
+    return name in ("_apply", "__init__", "reset_parameters") and "/torch/nn/modules/" in filename
 
 
 def _is_user(filename: str) -> bool:
@@ -255,7 +269,11 @@ class Replay:
         self._keep_peak()
         have_segments = bool(segments)
         end_reserved = end_allocated = largest = None
-        static = 0  # active at the end, never allocated in the history
+        # Active at the end and never allocated in the history: live all along. Such a block
+        # keeps the stack it was allocated with (torch keeps it with the block, not in the
+        # ring), so it has its line where it has one; without, it is "before the history".
+        static: dict[tuple[str, str], list[int]] = {}
+        unplaced = 0
         if have_segments:
             end_reserved = end_allocated = largest = 0
             for segment in segments:
@@ -267,20 +285,29 @@ class Replay:
                     if block.get("state") in _ALLOCATED_STATES:
                         end_allocated += size
                         if block.get("address") not in self.live:
-                            static += size
+                            site = _block_site(block)
+                            if site is None:
+                                unplaced += size
+                            else:
+                                held = static.setdefault(site, [0, 0])
+                                held[0] += size
+                                held[1] += 1
                     else:
                         largest = max(largest, size)
         # No allocation in the history: the end is all there is.
         empty = ([], [], 0, self.unknown_freed, self.segments)
         sums, counts, known, freed_then, segments_then = self.at_peak or empty
-        before = static + (self.unknown_freed - freed_then)
-        peak = known + before
-        by_phase: dict[str, int] = {}
+        before = unplaced + (self.unknown_freed - freed_then)
+        peak = known + before + sum(size for size, _ in static.values())
+        for k, key in enumerate(self.key_list[: len(sums)]):
+            if sums[k] > 0:
+                held = static.setdefault(key, [0, 0])
+                held[0] += sums[k]
+                held[1] += counts[k]
         sites = [
-            SiteBytes(where, phase, sums[k], counts[k])
-            for k, (where, phase) in enumerate(self.key_list[: len(sums)])
-            if sums[k] > 0
+            SiteBytes(where, phase, n, blocks) for (where, phase), (n, blocks) in static.items()
         ]
+        by_phase: dict[str, int] = {}
         for site in sites:
             by_phase[site.phase] = by_phase.get(site.phase, 0) + site.bytes
         if before:
@@ -317,6 +344,16 @@ def phase_split(peak: MemoryPeak) -> str:
         f"{phase} {fmt_bytes(size)} ({100 * size / total:.0f} %)"
         for phase, size in peak.by_phase.items()
     )
+
+
+def _block_site(block: dict) -> tuple[str, str] | None:
+    """(where, phase) of a segment's block from the stack it keeps; None without one."""
+    frames = block.get("frames")
+    if type(frames) is tuple:  # the summary, where an entry read first shared the list
+        return frames
+    if type(frames) is list and frames:
+        return frame_site(frames)
+    return None
 
 
 def _addr(entry: dict) -> int:
