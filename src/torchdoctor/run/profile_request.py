@@ -46,7 +46,7 @@ class ProfileRequest:
     recording: Path
     first_step: int
     last_step: int
-    step_s: float  # the recent median step time it was planned with
+    step_s: float  # the recent mean step time (the pace) it was planned with
     path: Path  # the request file
 
 
@@ -101,7 +101,10 @@ def plan_window(recording: Path, steps: int, wait_s: float = 30.0) -> tuple[int,
                 f"past its first {PACE_FROM_STEP} in {wait_s:.0f} s: ask again once it trains"
             )
         time.sleep(0.5)
-    step_s = statistics.median(walls)
+    # The pace is the mean: on a busy machine steps alternate fast and preempted, and a
+    # median of the fast ones puts the window seconds later than LEAD_S (a short job could end
+    # before it).
+    step_s = statistics.fmean(walls)
     lead = max(MIN_LEAD_STEPS, math.ceil(LEAD_S / max(step_s, 1e-4)))
     return max(int(r["step"]) for r in latest) + lead, step_s
 
