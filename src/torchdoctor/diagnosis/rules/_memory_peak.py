@@ -50,9 +50,7 @@ def peak_evidence(snapshot: RecordedSnapshot) -> list[Evidence]:
     if peak.fragmentation is not None:
         out.append(Evidence("reserved but free at the snapshot", peak.fragmentation, "B"))
     if peak.largest_free_block is not None:
-        out.append(
-            Evidence("largest free block at the snapshot", peak.largest_free_block, "B")
-        )
+        out.append(Evidence("largest free block at the snapshot", peak.largest_free_block, "B"))
     if peak.failed is not None:
         out.append(Evidence("request that failed (snapshot)", peak.failed.bytes, "B"))
         if peak.failed.device_free is not None:
