@@ -10,6 +10,8 @@ is measured on the same tree wherever it appears:
   libtorch as real ones do (what makes PSS, smaps_rollup, dear: snapshot_cost.py).
 
 Each job prints ``ready`` once its whole tree runs and ends its tree when its stdin closes.
+``RecordedJob`` keeps a recording of a running tree as `torchdoctor run` does (scrape_cost.py,
+many_jobs.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+from torchdoctor.recording import RecordingWriter
+from torchdoctor.recording.compaction import CompactionPolicy
+from torchdoctor.recording.records import StepRecord
 from torchdoctor.sampling.host import HostReader
 from torchdoctor.sampling.job import JobReader
 from torchdoctor.sampling.sampler import Sampler
@@ -35,6 +41,7 @@ TRAINER_JOB = (
     "for k in kids: k.wait()\n"
 )
 
+RECORDING_INTERVAL_S = 0.5  # the recorder's default interval
 # Snapshots taken before the kept ones: the first readings have no rates yet.
 UNSETTLED = 3
 
@@ -94,3 +101,60 @@ def snapshots(pid: int, n: int, pause_s: float) -> tuple[list, list]:
         sampler.close()
     infos = [p for s in snaps for p in s.new_processes]
     return snaps[UNSETTLED:], infos
+
+
+class RecordedJob:
+    """A running job's recording as `torchdoctor run` keeps it: real snapshots of the tree
+    under ``pid`` and step records written through the recording writer, starting with
+    ``history_s`` of history; :meth:`advance` adds what more seconds of the job add."""
+
+    def __init__(
+        self,
+        pid: int,
+        path: Path,
+        *,
+        history_s: float,
+        steps_per_s: float,
+        compaction: CompactionPolicy | None = None,
+    ) -> None:
+        self.pid = pid
+        self.path = path
+        self.steps_per_s = steps_per_s
+        self.t = time.time() - history_s
+        self.writer = RecordingWriter(
+            path, {"started_at": self.t, "mode": "run"}, compaction=compaction
+        )
+        self.sampler = Sampler(HostReader(pid=pid), JobReader(pid), None)
+        self.steps = 0
+        self.advance(history_s)
+
+    def advance(self, seconds: float) -> None:
+        """Record ``seconds`` more of the job: a snapshot of its tree per interval, its steps."""
+        for k in range(1, round(seconds / RECORDING_INTERVAL_S) + 1):
+            snap = self.sampler.snapshot()
+            # On the job's clock, as the steps are: the history is recorded in a moment
+            t = self.t + k * RECORDING_INTERVAL_S
+            snap.t = t
+            if snap.host is not None:
+                snap.host.t = t
+            for p in snap.processes:
+                p.t = t
+            self.writer.write_snapshot(snap)
+        wall = 1.0 / self.steps_per_s
+        records = []
+        for _ in range(round(seconds * self.steps_per_s)):
+            t_start = self.t
+            self.t += wall
+            records.append(
+                StepRecord(
+                    pid=self.pid, rank=None, step=self.steps, t_start=t_start, t_end=self.t,
+                    wall_s=wall, data_wait_s=wall * 0.2, batch_size=32,
+                )
+            )  # fmt: skip
+            self.steps += 1
+        self.writer.add_steps(records)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.writer.close()

@@ -56,11 +56,11 @@ import psutil
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from job_trees import RecordedJob
 from scorecard import Scorecard
 
 CHILDREN = 14
 HISTORY_S = 60
-INTERVAL_S = 0.5
 STEPS_PER_S = 100
 TARGET_JOB_MS = 3.0  # steady scrape of one job, CPU
 TARGET_HOST_MS = 40.0  # steady scrape of the host exporter with --jobs (20) jobs, CPU
@@ -72,11 +72,6 @@ class _Job:
     """One running job tree and the recording torchdoctor keeps of it."""
 
     def __init__(self, folder: Path, index: int) -> None:
-        from torchdoctor.recording import RecordingWriter
-        from torchdoctor.sampling.host import HostReader
-        from torchdoctor.sampling.job import JobReader
-        from torchdoctor.sampling.sampler import Sampler
-
         self.proc = subprocess.Popen(
             ["/bin/sh", "-c", f"for i in $(seq {CHILDREN}); do sleep 3600 & done; wait"],
             start_new_session=True,
@@ -84,37 +79,15 @@ class _Job:
         while len(psutil.Process(self.proc.pid).children()) < CHILDREN:
             time.sleep(0.01)  # the shell is still forking: wait for its tree to be complete
         self.path = folder / f"bench-job-{index:02d}.sqlite"
-        self.t = time.time() - HISTORY_S
-        self.writer = RecordingWriter(self.path, {"started_at": self.t, "mode": "run"})
-        self.sampler = Sampler(HostReader(pid=self.proc.pid), JobReader(self.proc.pid), None)
-        self.steps = 0
-        self.advance(HISTORY_S)
+        self.recorded = RecordedJob(
+            self.proc.pid, self.path, history_s=HISTORY_S, steps_per_s=STEPS_PER_S
+        )
 
     def advance(self, seconds: float) -> None:
-        """Record ``seconds`` more of the job: real samples of its tree, step records."""
-        from torchdoctor.recording.records import StepRecord
-
-        for _ in range(round(seconds / INTERVAL_S)):
-            self.writer.write_snapshot(self.sampler.snapshot())
-        n = round(seconds * STEPS_PER_S)
-        wall = 1.0 / STEPS_PER_S
-        records = []
-        for _ in range(n):
-            t_start = self.t
-            self.t += wall
-            records.append(
-                StepRecord(
-                    pid=self.proc.pid, rank=None, step=self.steps, t_start=t_start,
-                    t_end=self.t, wall_s=wall, data_wait_s=wall * 0.2, batch_size=32,
-                )
-            )  # fmt: skip
-            self.steps += 1
-        self.writer.add_steps(records)
-        self.writer.flush()
+        self.recorded.advance(seconds)
 
     def close(self) -> None:
-        self.sampler.close()
-        self.writer.close()
+        self.recorded.close()
         os.killpg(self.proc.pid, 15)
         self.proc.wait()
 

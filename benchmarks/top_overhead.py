@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from scorecard import Scorecard
@@ -50,7 +51,12 @@ collector = TopCollector(th, interval_s=1.0)
 console = Console(file=open("/dev/null", "w"), force_terminal=True, width=120, height=40,
                   color_system="truecolor")
 state = UiState()
-print("ready", flush=True)
+# Ready after the first refresh: it classifies every process on the machine and diagnoses
+# every recorded job once (later runs are on the diagnosis' CPU budget), a start-up the
+# measured window leaves out. The line says how many jobs top found, how many recorded.
+readings = collector.read()
+print("ready", len(readings.jobs), sum(j.recording is not None for j in readings.jobs),
+      flush=True)
 next_t = time.monotonic()
 while True:
     readings = collector.read()
@@ -115,22 +121,45 @@ def torch_jobs() -> str:
     return f"{len(found.roots)} ({len(registry.active())} recorded by `torchdoctor run`)"
 
 
-def measure(argv: list[str], window: float, warmup: float, wait_ready: bool) -> float:
-    """Percent of one core the monitor used over ``window`` seconds after ``warmup``."""
+def measure(
+    argv: list[str],
+    window: float,
+    warmup: float,
+    wait_ready: bool,
+    tick: Callable[[], None] | None = None,
+) -> tuple[float, str]:
+    """Percent of one core the monitor used over ``window`` seconds after ``warmup``, and
+    what its ready line said after "ready". ``tick``, when given, runs once a second all the
+    while (what the machine's recorders add to the recordings meanwhile)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    said = ""
     try:
         if wait_ready:
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
+            line = proc.stdout.readline().split(maxsplit=1)
+            if not line or line[0] != "ready":
                 raise RuntimeError(f"{argv[0]} did not start")
-        time.sleep(warmup)  # benchmark timing, not synchronisation: leave start-up out
+            said = line[1].strip() if len(line) > 1 else ""
+        # benchmark timing, not synchronisation: leave start-up out
+        _pace(warmup, tick)
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(window)
+        _pace(window, tick)
         c1, t1 = cpu_seconds(proc.pid), time.monotonic()
-        return 100.0 * (c1 - c0) / (t1 - t0)
+        return 100.0 * (c1 - c0) / (t1 - t0), said
     finally:
         proc.kill()
         proc.wait()
+
+
+def _pace(seconds: float, tick: Callable[[], None] | None) -> None:
+    """Let ``seconds`` pass, running ``tick`` once a second meanwhile."""
+    end = next_tick = time.monotonic()
+    end += seconds
+    while (now := time.monotonic()) < end:
+        if tick is not None and now >= next_tick:
+            tick()
+            next_tick += 1.0
+        wake = min(end, next_tick) if tick is not None else end
+        time.sleep(max(0.0, wake - time.monotonic()))
 
 
 def main() -> int:
@@ -186,7 +215,7 @@ def main() -> int:
             results: dict[str, list[float]] = {name: [] for name in monitors}
             for _ in range(args.rounds):
                 for name, (argv, ready) in monitors.items():
-                    results[name].append(measure(argv, args.window, args.warmup, ready))
+                    results[name].append(measure(argv, args.window, args.warmup, ready)[0])
     finally:
         for p in extra:
             p.kill()
