@@ -78,7 +78,7 @@ def fake_torch(snapshot: dict, fail: bool = False):
 def test_the_agent_starts_the_history_at_cuda_init_and_writes_the_end_snapshot(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-oom-{pid}.pickle"))
+    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-{what}-{pid}.pickle"))
     torch, calls = fake_torch(end_snapshot())
     agent = _Agent(step=40, batch=64, in_backward=False)
     cuda = CudaMemory(agent, torch)
@@ -96,7 +96,7 @@ def test_the_agent_starts_the_history_at_cuda_init_and_writes_the_end_snapshot(
 
 
 def test_after_an_oom_snapshot_the_end_writes_none(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-oom-{pid}.pickle"))
+    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-{what}-{pid}.pickle"))
     torch, _ = fake_torch(snap.oom_snapshot())
     agent = _Agent(step=3, batch=64, in_backward=False)
     cuda = CudaMemory(agent, torch)
@@ -109,7 +109,7 @@ def test_after_an_oom_snapshot_the_end_writes_none(tmp_path, monkeypatch):
 
 
 def test_a_snapshot_that_fails_is_said_once_and_not_tried_again(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-oom-{pid}.pickle"))
+    monkeypatch.setenv(ENV_MEMORY_HISTORY, str(tmp_path / "job.cuda-{what}-{pid}.pickle"))
     torch, _ = fake_torch({}, fail=True)
     agent = _Agent(step=3, batch=64, in_backward=False)
     cuda = CudaMemory(agent, torch)

@@ -118,7 +118,8 @@ def command(
         console.print(f"torchdoctor: recording {shell_line(args)} into {path}")
     env = None
     if memory_history:
-        env = {**os.environ, ENV_MEMORY_HISTORY: f"{path.with_suffix('')}.cuda-oom-{{pid}}.pickle"}
+        template = f"{path.with_suffix('')}.cuda-{{what}}-{{pid}}.pickle"
+        env = {**os.environ, ENV_MEMORY_HISTORY: template}
     if profile_env:
         env = {**(env or os.environ), **profile_env}
     status = record_command(

@@ -5,7 +5,8 @@ An OOM event records the moment: the step, the phase (forward, backward, optimiz
 from the Python stack), the requested size, the allocator's statistics (allocated, reserved,
 active, inactive split, the largest free block) and, with TORCHDOCTOR_MEMORY_HISTORY=PATH
 (``torchdoctor run --memory-history``), a memory snapshot pickled to PATH with protocol 4, the
-one the memory_viz viewer reads. The OOM itself is never caught: the job fails as it would.
+one the memory_viz viewer reads (``{pid}`` in PATH is the process, ``{what}`` is ``oom`` or,
+for the snapshot at the end, ``memory``). The OOM itself is never caught: the job fails as it would.
 With the history on and no OOM snapshot written, the process writes one more when it ends
 (``<recording>.cuda-memory-<pid>.pickle``, a ``cuda-memory-snapshot`` event): what was live at
 the job's peak, for ``diagnose``. The history starts when CUDA initialises (torch's lazy-init
@@ -21,8 +22,8 @@ import sys
 ENV_MEMORY_HISTORY = "TORCHDOCTOR_MEMORY_HISTORY"
 HISTORY_ENTRIES = 100_000  # the allocator's ring of alloc/free events (several KB each)
 SNAPSHOT_EVENT = "cuda-memory-snapshot"  # the snapshot written at the end of the process
-# run names the OOM's file <recording>.cuda-oom-<pid>.pickle; the end's swaps this part.
-_OOM_PART, _END_PART = ".cuda-oom-", ".cuda-memory-"
+# What a snapshot is, for the path's {what}: run names them <recording>.cuda-{what}-<pid>.pickle.
+OOM_SNAPSHOT, EXIT_SNAPSHOT = "oom", "memory"
 # Statistics kept at an OOM: torch.cuda.memory_stats keys -> the event's names.
 OOM_STATS = {
     "allocated_bytes.all.current": "allocated_bytes",
@@ -207,7 +208,9 @@ class CudaMemory:
         detail["batch_size"] = counter.last_batch_size
         detail.update(self._allocator_state(device))
         if self.history_path:
-            detail["snapshot"] = self._dump_snapshot(self.history_path)
+            detail["snapshot"] = self._dump_snapshot(
+                self.history_path.replace("{what}", OOM_SNAPSHOT)
+            )
             self.snapshot_written = detail["snapshot"] is not None
         agent.event("cuda-oom", detail)
         agent.flush(final=True)
@@ -244,9 +247,9 @@ class CudaMemory:
         if not self.history_path or self.snapshot_written or not self.seen:
             return
         path = self.history_path
-        if _OOM_PART in path:
-            path = path.replace(_OOM_PART, _END_PART)
-        else:
+        if "{what}" in path:
+            path = path.replace("{what}", EXIT_SNAPSHOT)
+        else:  # a PATH set by hand names the OOM's file: the end's goes beside it
             root, ext = os.path.splitext(path)
             path = f"{root}.exit{ext}"
         if self._dump_snapshot(path) is not None:
