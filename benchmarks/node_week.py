@@ -32,6 +32,7 @@ import argparse
 import json
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -317,6 +318,20 @@ def main() -> int:
             f" {args.hours:g} h x {week_s / (args.hours * 3600):.0f}; x{full_week / size:.0f})",
             at_most=BYTES_TARGET_MB,
             target=f"<= {BYTES_TARGET_MB} MB",
+        )
+        # What the measured runs below found (they print nothing): the findings, and any rule
+        # that failed on the folded week
+        said = subprocess.run(
+            [sys.executable, "-m", "torchdoctor", "diagnose", "--json", str(week)],
+            capture_output=True,
+            text=True,
+        )
+        try:
+            ids = [f["id"] for f in json.loads(said.stdout)["findings"]]
+        except (ValueError, KeyError, TypeError):
+            ids = [f"unreadable output, exit {said.returncode}"]
+        print(
+            f"diagnose on the week found {ids or 'nothing'}; stderr: {said.stderr.strip() or '-'}"
         )
         for command in ("diagnose", "report"):
             extra = ["-o", str(folder / "week.html")] if command == "report" else []
