@@ -29,6 +29,7 @@ from torchdoctor.recording.records import StepRecord
 from torchdoctor.sampling.host import HostReader
 from torchdoctor.sampling.job import JobReader
 from torchdoctor.sampling.sampler import Sampler
+from torchdoctor.sampling.types import Snapshot
 
 # A 20-process job: one parent and 19 children that wake up now and then, like workers.
 TRAINER_JOB = (
@@ -103,6 +104,17 @@ def snapshots(pid: int, n: int, pause_s: float) -> tuple[list, list]:
     return snaps[UNSETTLED:], infos
 
 
+def stamped(snap: Snapshot, t: float) -> Snapshot:
+    """``snap`` (host and processes) as taken at ``t``: a replay writes real snapshots at
+    the times of the run it builds."""
+    snap.t = t
+    if snap.host is not None:
+        snap.host.t = t
+    for p in snap.processes:
+        p.t = t
+    return snap
+
+
 class RecordedJob:
     """A running job's recording as `torchdoctor run` keeps it: real snapshots of the tree
     under ``pid`` and step records written through the recording writer, starting with
@@ -131,14 +143,8 @@ class RecordedJob:
     def advance(self, seconds: float) -> None:
         """Record ``seconds`` more of the job: a snapshot of its tree per interval, its steps."""
         for k in range(1, round(seconds / RECORDING_INTERVAL_S) + 1):
-            snap = self.sampler.snapshot()
             # On the job's clock, as the steps are: the history is recorded in a moment
-            t = self.t + k * RECORDING_INTERVAL_S
-            snap.t = t
-            if snap.host is not None:
-                snap.host.t = t
-            for p in snap.processes:
-                p.t = t
+            snap = stamped(self.sampler.snapshot(), self.t + k * RECORDING_INTERVAL_S)
             self.writer.write_snapshot(snap)
         wall = 1.0 / self.steps_per_s
         records = []

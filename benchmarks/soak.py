@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 from job_trees import TRAINER_JOB, running, snapshots
 from scorecard import Scorecard
@@ -292,13 +293,13 @@ def week_vs_day(day: Path, days: int, folder: Path, card: Scorecard) -> None:
         )
 
 
-def peak_rss_of(*args: str) -> tuple[int, float]:
+def peak_rss_of(*args: str, stdout: IO[str] | None = None) -> tuple[int, float]:
     """Peak RSS and wall time of `torchdoctor ARGS` run to completion (what the end of a
-    run does)."""
+    run does); its output goes to ``stdout`` (a file), else nowhere."""
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchdoctor", *args],
-        stdout=subprocess.DEVNULL,
+        stdout=stdout if stdout is not None else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     _, status, usage = os.wait4(proc.pid, 0)
