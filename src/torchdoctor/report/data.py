@@ -11,6 +11,7 @@ import shlex
 import time
 from collections.abc import Callable
 
+from torchdoctor.diagnosis.cuda_memory import recorded_snapshots
 from torchdoctor.diagnosis.findings import SEVERITIES, Finding
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.profiles import read_profiles
@@ -171,6 +172,7 @@ def build_report_data(
         events=event_rows(events, t0),
         thresholds=threshold_rows(thresholds),
         profiles=read_profiles(rec),
+        memory=recorded_snapshots(rec),
     )
 
 

@@ -14,7 +14,6 @@ from importlib import resources
 from pathlib import Path
 
 import torchdoctor
-from torchdoctor.diagnosis.cuda_memory import recorded_snapshots
 from torchdoctor.diagnosis.findings import Evidence, Finding
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
@@ -63,7 +62,6 @@ def write_report(
     check_output_file(target, "-o", force=force, ours=is_report)
     with open_recording(source) as rec:
         data = build_report_data(rec, thresholds or Thresholds(), diagnose=diagnose)
-        data.memory = recorded_snapshots(rec)
     page = render_html(data)
     write_output_file(target, page, "-o", force=force, ours=is_report, errors="backslashreplace")
     return target, data
