@@ -191,8 +191,16 @@ def _extend_steps(
     db: sqlite3.Connection, policy: CompactionPolicy, lo: float, block: float, copies: int
 ) -> None:
     """The steps of the folded block (rows kept and step_summaries) repeated as the samples
-    are, each copy's step numbers after the block's (a rank steps once a sample)."""
-    extra, numbers = copies * block, int(round(block / STEP_S))
+    are, each copy's step numbers after the block's: shifted by the most steps a process took
+    in the block, rows and folded (ranks_day's ranks step at their own pace)."""
+    (numbers,) = db.execute(
+        "SELECT COALESCE(MAX(n), 0) FROM (SELECT pid, SUM(c) AS n FROM ("
+        " SELECT pid, COUNT(*) AS c FROM steps WHERE t_end >= ? AND t_end < ? GROUP BY pid"
+        f" UNION ALL SELECT pid, SUM(n) FROM {STEP_SUMMARIES} WHERE t_from >= ? AND t_from < ?"
+        " GROUP BY pid) GROUP BY pid)",
+        (lo, lo + block, lo, lo + block),
+    ).fetchone()
+    extra = copies * block
     buckets = int(round(block / policy.bucket_s))
     cols = [row[1] for row in db.execute("PRAGMA table_info(steps)")]
     names = ", ".join(f'"{c}"' for c in cols)
