@@ -231,7 +231,7 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=0.75, help="replayed per node (>= 0.6)")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--day-hours", type=float, default=24.0)
-    ap.add_argument("--runs", type=int, default=2, help="diagnose runs of each")
+    ap.add_argument("--runs", type=int, default=1, help="diagnose runs of each")
     args = ap.parse_args()
     world = args.nodes * RANKS_PER_NODE
     straggler = min(STRAGGLER, world - 1)
@@ -302,11 +302,13 @@ def main() -> int:
         )
         base_peak, base_s, _ = diagnosed([real], folder, args.runs)
         one_peak, one_s, _ = diagnosed([built["one"]], folder, args.runs)
-        job_peak, job_s, findings = diagnosed(nodes, folder, args.runs)
         print(
-            f"`torchdoctor diagnose`: {world} ranks {job_s:.1f} s, {job_peak / MIB:.0f} MiB;"
-            f" 1 rank {one_s:.1f} s, {one_peak / MIB:.0f} MiB; the real 2-rank job {base_s:.1f} s"
+            f"`torchdoctor diagnose`: 1 rank {one_s:.1f} s, {one_peak / MIB:.0f} MiB;"
+            f" the real 2-rank job {base_s:.1f} s, {base_peak / MIB:.0f} MiB",
+            flush=True,
         )
+        job_peak, job_s, findings = diagnosed(nodes, folder, args.runs)
+        print(f"`torchdoctor diagnose`: {world} ranks {job_s:.1f} s, {job_peak / MIB:.0f} MiB")
         named = [f for f in findings if f["id"] == "rank-straggler"]
         ranks_named = [f["settings"].get("rank") for f in named]
         card.check(
