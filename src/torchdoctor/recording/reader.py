@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import NotARecordingError, UserError
-from torchdoctor.recording import step_histogram
+from torchdoctor.recording import file_head, step_histogram
 from torchdoctor.recording.compaction import (
     FOLDINGS,
     META_POLICY,
@@ -700,20 +700,15 @@ def require_regular_file(path: Path) -> None:
 
 
 def _read_head(path: Path) -> bytes:
-    """The first 100 bytes (SQLite's header). Opened without blocking and checked again on
-    the open file: a FIFO put in the file's place after the check cannot hang the read."""
+    """The first 100 bytes (SQLite's header), through :mod:`.file_head` (never blocking, and
+    never releasing the locks of a writer in this process)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return file_head.read_head(path, 100)
+    except file_head.NotRegularFile:
+        require_regular_file(path)  # says what it is now
+        raise UserError(f"cannot read {str(path)!r}: not a regular file") from None
     except OSError as exc:
         raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            require_regular_file(path)  # says what it is now
-        return os.pread(fd, 100, 0)
-    except OSError as exc:
-        raise UserError(f"cannot read {str(path)!r}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
 
 
 def _decoded_meta(path: Path, rows: list[sqlite3.Row]) -> dict[str, Any]:
@@ -854,9 +849,7 @@ def _truncated(p: Path, head: bytes, wal_beside: bool) -> str | None:
 
 def _header_int(p: Path, offset: int) -> int | None:
     try:
-        with open(p, "rb") as fh:
-            fh.seek(offset)
-            return int.from_bytes(fh.read(4), "big")
+        return int.from_bytes(file_head.read_head(p, 4, offset), "big")
     except OSError:
         return None
 

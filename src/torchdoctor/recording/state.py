@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchdoctor.recording import file_head
 from torchdoctor.sampling import procfs
 from torchdoctor.units import fmt_duration
 
@@ -142,8 +143,7 @@ def missing_wal_hint(path: Path, every_s: float) -> str:
 def journal_is_wal(path: Path) -> bool:
     """The file header's read/write versions are 2 in WAL mode."""
     try:
-        with open(path, "rb") as fh:
-            header = fh.read(20)
+        header = file_head.read_head(path, 20)
     except OSError:
         return False
     return len(header) == 20 and header[18] == 2 and header[19] == 2

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from torchdoctor.errors import UserError
+from torchdoctor.recording import file_head
 from torchdoctor.recording.compaction import META_POLICY, CompactionPolicy, compact
 from torchdoctor.recording.paths import claim_recording_file
 from torchdoctor.recording.records import (
@@ -158,6 +159,9 @@ class RecordingWriter:
                 if self.path.stat().st_size == 0:
                     self.path.unlink()  # the file this recording claimed, never written
             raise UserError(f"cannot create the recording {str(self.path)!r}: {exc}") from None
+        # This process's own reads of the file's header share one descriptor from here on:
+        # closing another would release the connection's locks (recording.file_head).
+        self._held = file_head.hold(self.path)
 
     # -- adding data -------------------------------------------------------------------
     def write_snapshot(self, snap: Snapshot) -> None:
@@ -397,6 +401,7 @@ class RecordingWriter:
                 pass  # another reader holds the WAL open, or no space: the data is committed
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
+            file_head.release(self._held)
 
 
 def _number(value: Any) -> float | None:
