@@ -63,8 +63,11 @@ def top_pane(work: Path) -> str:
         [
             sys.executable,
             str(ROOT / "examples" / "train.py"),
+            # Long enough to still train when the picture is taken (ended by the finally
+            # below): at 100 steps it ended within the seconds top takes to fill its rates,
+            # and the picture showed no job.
             "--steps",
-            "100",
+            "5000",
             "--batch-size",
             "4",
         ],
