@@ -20,6 +20,9 @@ after = (
 )
 folder = Path(os.environ.get("TORCHDOCTOR_PROFILE_DIR", "/nonexistent"))
 torch.manual_seed(0)
+# One thread: on a 2-CPU test box torch's two would fill both CPUs, and diagnose would rightly
+# name cpu-saturated as what the GPU waits for instead of the step's own ops.
+torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
