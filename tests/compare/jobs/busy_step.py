@@ -10,9 +10,14 @@ import torch
 def main() -> None:
     steps = int(sys.argv[1])
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    # Steps of tens of milliseconds: each spans many of the scheduler's time slices, so a
+    # neighbour's share of the CPU shows in every step (1 ms steps ran whole inside the job's
+    # own slices and came out as fast beside a hog as without it).
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(256, 256), torch.randn(256, 1)
+    x, y = torch.randn(512, 1024), torch.randn(512, 1)
     for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
