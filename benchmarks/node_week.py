@@ -200,39 +200,38 @@ def _extend_steps(
         " GROUP BY pid) GROUP BY pid)",
         (lo, lo + block, lo, lo + block),
     ).fetchone()
-    extra = copies * block
     buckets = int(round(block / policy.bucket_s))
-    cols = [row[1] for row in db.execute("PRAGMA table_info(steps)")]
-    names = ", ".join(f'"{c}"' for c in cols)
+    _repeat_block(db, "steps", "t_end", {"t_start": block, "t_end": block, "step": numbers},
+                  lo, block, copies)  # fmt: skip
+    _repeat_block(db, STEP_SUMMARIES, "t_from",
+                  {"bucket": buckets, "t_from": block, "t_to": block}, lo, block, copies)  # fmt: skip
+
+
+def _repeat_block(
+    db: sqlite3.Connection,
+    table: str,
+    time_col: str,
+    per_copy: dict[str, float],
+    lo: float,
+    block: float,
+    copies: int,
+) -> None:
+    """Rows of ``table`` after the block moved past its ``copies`` copies, then the block's
+    rows (``time_col`` in [lo, lo + block)) inserted ``copies`` times, copy k with each column
+    of ``per_copy`` shifted by k times its value."""
+    moved = ", ".join(f"{c} = {c} + ?" for c in per_copy)
     db.execute(
-        "UPDATE steps SET t_start = t_start + ?, t_end = t_end + ?, step = step + ?"
-        " WHERE t_end >= ?",
-        (extra, extra, copies * numbers, lo + block),
+        f"UPDATE {table} SET {moved} WHERE {time_col} >= ?",
+        (*(copies * v for v in per_copy.values()), lo + block),
     )
-    moved = {"t_start": "t_start + ?", "t_end": "t_end + ?", "step": "step + ?"}
-    shifted = ", ".join(moved.get(c, f'"{c}"') for c in cols)
-    for k in range(1, copies + 1):
-        by = {"t_start": k * block, "t_end": k * block, "step": k * numbers}
-        db.execute(
-            f"INSERT INTO steps ({names}) SELECT {shifted} FROM steps"
-            " WHERE t_end >= ? AND t_end < ?",
-            (*(by[c] for c in cols if c in moved), lo, lo + block),
-        )
-    db.execute(
-        f"UPDATE {STEP_SUMMARIES} SET t_from = t_from + ?, t_to = t_to + ?, bucket = bucket + ?"
-        " WHERE t_from >= ?",
-        (extra, extra, copies * buckets, lo + block),
-    )
-    cols = [row[1] for row in db.execute(f"PRAGMA table_info({STEP_SUMMARIES})")]
+    cols = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
     names = ", ".join(f'"{c}"' for c in cols)
-    moved = {"bucket": "bucket + ?", "t_from": "t_from + ?", "t_to": "t_to + ?"}
-    shifted = ", ".join(moved.get(c, f'"{c}"') for c in cols)
+    shifted = ", ".join(f'"{c}" + ?' if c in per_copy else f'"{c}"' for c in cols)
     for k in range(1, copies + 1):
-        by = {"bucket": k * buckets, "t_from": k * block, "t_to": k * block}
         db.execute(
-            f"INSERT INTO {STEP_SUMMARIES} ({names}) SELECT {shifted} FROM {STEP_SUMMARIES}"
-            " WHERE t_from >= ? AND t_from < ?",
-            (*(by[c] for c in cols if c in moved), lo, lo + block),
+            f"INSERT INTO {table} ({names}) SELECT {shifted} FROM {table}"
+            f" WHERE {time_col} >= ? AND {time_col} < ?",
+            (*(k * per_copy[c] for c in cols if c in per_copy), lo, lo + block),
         )
 
 
