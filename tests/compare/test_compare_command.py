@@ -61,6 +61,7 @@ def runs(tmp_path_factory) -> Runs:
     r.record("short", "0", "16")
     r.record("batch2", "0", "30", "2")
     r.record("slowed", "0", STEPS, env={"SLOW_LOADER_DELAY_S": "0.08"})
+    r.record("workers_again", "2", STEPS)
     r.record("workers", "2", STEPS)
     r.record("base", "0", STEPS)
     r.record("again", "0", STEPS)
@@ -206,3 +207,38 @@ def test_a_computing_run_slowed_by_cpu_hogs_names_the_machine(runs, tmp_path):
         "  during B the CPUs were"
     ), done.stdout
     assert "Settings that differ" not in done.stdout
+
+
+def test_several_runs_a_side_are_compared_as_two_sides(runs):
+    require("jsonschema")
+    before = (p(runs, "base"), p(runs, "again"))
+    after = (p(runs, "workers"), p(runs, "workers_again"))
+    done = runs.compare(*before, "vs", *after)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("faster: B (2 runs)'s step takes 0."), done.stdout
+    assert "2 runs against 2, each one observation" in done.stdout
+    for line in (f"A1: {before[0]}", f"A2: {before[1]}", f"B1: {after[0]}", f"B2: {after[1]}"):
+        assert line in done.stdout.splitlines()
+    assert "data wait fell by" in done.stdout and "num_workers 0 -> 2" in done.stdout
+    doc = assert_valid("compare", runs.compare(*before, "vs", *after, "--json").stdout)
+    assert doc["method"] == "runs, several a side" and doc["band"] == 0.01
+    assert doc["a_runs"] == list(before) and doc["b_runs"] == list(after)
+    assert doc["ratio"]["low"] <= doc["ratio"]["estimate"] <= doc["ratio"]["high"] < 0.99
+    # The gate reads the same interval: the slower side fails it.
+    gate = runs.compare(*after, "vs", *before, "--fail-if-slower", "5")
+    assert gate.returncode == 4 and gate.stderr.startswith("torchdoctor: B is slower than A")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("base", "vs", "workers", "workers_again"), "1 run(s) before 'vs' and 2 after"),
+        (("base", "again", "vs", "workers"), "2 run(s) before 'vs' and 1 after"),
+        (("base", "again", "vs", "workers", "vs", "slowed"), "one 'vs' between the two sides"),
+        (("base", "again", "vs", "workers", "batch2"), "B2: batch size 1 vs 2"),
+    ],
+)
+def test_sides_that_cannot_be_compared_are_refused_in_one_line(runs, args, says):
+    done = runs.compare(*(a if a == "vs" else p(runs, a) for a in args))
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr

@@ -12,9 +12,18 @@ from rich.text import Text
 
 from torchdoctor.cli.exit_codes import REGRESSED
 from torchdoctor.cli.json_output import dump_json
-from torchdoctor.cli.recordings import RECORDING
-from torchdoctor.compare.runs import run_figures
-from torchdoctor.compare.verdict import FASTER, LETTERS, SLOWER, Comparison, compare, headline
+from torchdoctor.cli.recordings import RECORDING, RECORDING_OR_VERSUS, VERSUS
+from torchdoctor.compare.runs import RunFigures, run_figures
+from torchdoctor.compare.verdict import (
+    BY_RUNS,
+    FASTER,
+    LETTERS,
+    SLOWER,
+    Comparison,
+    compare,
+    compare_runs,
+    headline,
+)
 from torchdoctor.errors import UserError
 from torchdoctor.recording.reader import open_recording
 from torchdoctor.units import fmt_bytes, fmt_duration, one_line
@@ -28,7 +37,13 @@ def _percentage(ctx: click.Context, param: click.Parameter, value: float | None)
 
 @click.command("compare")
 @click.argument("a", type=RECORDING)
-@click.argument("others", nargs=-1, required=True, type=RECORDING, metavar="B [C ...]")
+@click.argument(
+    "others",
+    nargs=-1,
+    required=True,
+    type=RECORDING_OR_VERSUS,
+    metavar="B [C ...] | A2 ... vs B1 B2 ...",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option(
     "--force",
@@ -74,10 +89,17 @@ def command(
 
     With more runs (`compare A B C ...`) each is compared with A, one section each, and the
     limits apply to every one of them.
+
+    Several runs a side (`compare A1 A2 A3 vs B1 B2 B3`, at least 2 each): each run counts
+    as one observation, so the interval holds the spread between runs of the same command
+    too, which one run a side cannot see; use it where a few percent matter (a CI gate).
     """
     from torchdoctor.thresholds import load_thresholds
 
     thresholds = load_thresholds(None)
+    if VERSUS in others:
+        _compare_sides(ctx, a, others, as_json, force, fail_slower, fail_memory, thresholds)
+        return
     if len(others) + 1 > len(LETTERS):
         raise UserError(f"compare takes at most {len(LETTERS)} recordings")
     figures = []
@@ -125,6 +147,50 @@ def command(
                     click.echo()
                 click.echo(f"== {b} vs A " + "=" * 60)
             render(c, b)
+    if regressions:
+        for line in regressions:
+            click.echo(f"torchdoctor: {line}", err=True)
+        ctx.exit(REGRESSED)
+
+
+def _compare_sides(
+    ctx: click.Context,
+    first: str,
+    others: tuple[str, ...],
+    as_json: bool,
+    force: bool,
+    fail_slower: float | None,
+    fail_memory: float | None,
+    thresholds: Any,
+) -> None:
+    """``compare A1 A2 ... vs B1 B2 ...``: one comparison of the two sides."""
+    at = others.index(VERSUS)
+    side_a, side_b = [first, *others[:at]], list(others[at + 1 :])
+    if VERSUS in side_b:
+        raise UserError(f"compare takes one {VERSUS!r} between the two sides, not several")
+    if len(side_a) < 2 or len(side_b) < 2:
+        raise UserError(
+            f"{len(side_a)} run(s) before {VERSUS!r} and {len(side_b)} after: each side needs at "
+            f"least 2 (for one run a side leave out {VERSUS!r}: compare A B)"
+        )
+    complaints: list[str] = []
+    figures: list[list[RunFigures]] = [[], []]
+    findings: list[list[list[str]]] = [[], []]
+    for side, paths in enumerate((side_a, side_b)):
+        for path in paths:
+            with open_recording(path) as rec:
+                figures[side].append(run_figures(rec))
+                findings[side].append(_finding_ids(rec, thresholds, complaints.append))
+    c = compare_runs(figures[0], figures[1], findings[0], findings[1], force=force)
+    regressions = _regressions(c, fail_slower, fail_memory)
+    for line in complaints:
+        click.echo(f"torchdoctor: {line}", err=True)
+    if as_json:
+        document = c.to_dict()
+        document["regressions"] = regressions
+        dump_json("compare", document)
+    else:
+        render(c)
     if regressions:
         for line in regressions:
             click.echo(f"torchdoctor: {line}", err=True)
@@ -186,12 +252,23 @@ def render(c: Comparison, b: str = "B") -> None:
         Text(
             f"compared: {c.a_steps} steady steps of A's {c.a_step_count}, {c.b_steps} of {b}'s "
             f"{c.b_step_count} ({c.warmup_rule}); a run's figure is the median of the means "
-            "of its blocks of consecutive steps",
+            "of its blocks of consecutive steps"
+            + (
+                f"; {len(c.a_runs)} runs against {len(c.b_runs)}, each one observation "
+                "(Welch's t interval over the runs)"
+                if c.method == BY_RUNS
+                else ""
+            ),
             style="dim",
         )
     )
-    console.print(Text(f"A: {c.a}"))
-    console.print(Text(f"{b}: {c.b}"))
+    if c.method == BY_RUNS:
+        for side, paths in (("A", c.a_runs), (b, c.b_runs)):
+            for i, path in enumerate(paths, 1):
+                console.print(Text(f"{side}{i}: {path}"))
+    else:
+        console.print(Text(f"A: {c.a}"))
+        console.print(Text(f"{b}: {c.b}"))
     if b != "B":  # the reasons below are worded for a pair
         console.print(Text(f"(in the lines below, B is {b})", style="dim"))
     for note in c.notes:

@@ -50,6 +50,22 @@ class RecordingArg(click.ParamType):
 
 RECORDING = RecordingArg()
 
+# The word between the two sides of ``torchdoctor compare A1 A2 ... vs B1 B2 ...``.
+VERSUS = "vs"
+
+
+class RecordingOrVersus(RecordingArg):
+    """A recording, or the word ``vs`` between the sides of a comparison of several runs a
+    side (a recording named ``vs`` in the current folder is ``./vs``)."""
+
+    def convert(self, value, param, ctx):
+        if value == VERSUS:
+            return value
+        return super().convert(value, param, ctx)
+
+
+RECORDING_OR_VERSUS = RecordingOrVersus()
+
 
 def recording_line(path: Path, thresholds=None) -> Listed:
     """Work out ``path``'s line: its summary and its worst finding (a diagnosis)."""

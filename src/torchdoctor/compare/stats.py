@@ -170,3 +170,110 @@ def speedup(a: Sequence[float], b: Sequence[float]) -> Interval:
     if not (r.estimate > 0 and r.low > 0 and r.high > 0):
         return Interval(math.nan, math.nan, math.nan)
     return Interval(1 / r.estimate, 1 / r.high, 1 / r.low)
+
+
+# -- Several runs a side ---------------------------------------------------------------------
+#
+# One run a side sees only the noise *within* the two runs. Several runs of each side show the
+# noise *between* runs too (the machine's load, where the threads land, caches: about +-4 % on
+# a shared 2-CPU VM, compare_power), which is what decides whether a 5 % change is real. Each
+# run is then one observation, its figure :func:`typical_step`, and the interval is Welch's t
+# interval on the runs' figures: on their logarithms for the ratio of step times (a ratio is a
+# difference of logarithms, and step times spread in proportion to their size), on the figures
+# themselves for a phase's difference in seconds (a phase can be zero). Why t and not a
+# bootstrap over runs: with 2 to 10 runs a side, resampling runs gives intervals too narrow
+# (the bootstrap's variance is short by a factor (n - 1) / n and its quantiles are those of a
+# handful of distinct values); the t interval is exact for normal figures and close for the
+# near-normal means of many steps. Welch, not the pooled t: a change can also change the spread.
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz's
+    method), converging quickly for ``x < (a + 1) / (a + b + 2)``."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (0 < p < 1) of Student's t with ``df`` degrees of freedom, by
+    bisection on :func:`student_t_cdf` (to about 1e-10; t(0.975, 1) = 12.706)."""
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -student_t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return (lo + hi) / 2
+
+
+def welch_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+) -> Interval:
+    """mean(b) - mean(a) with Welch's t interval; each side needs at least 2 values. Two sides
+    without any spread give an interval of width zero."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        raise ValueError("Welch's interval needs at least 2 values a side")
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    va, vb = statistics.variance(a) / na, statistics.variance(b) / nb
+    se2 = va + vb
+    if se2 <= 0:
+        return Interval(diff, diff, diff)
+    # Welch-Satterthwaite's degrees of freedom; a side without spread adds none of its own.
+    df = se2 * se2 / sum(v * v / (n - 1) for v, n in ((va, na), (vb, nb)) if v > 0)
+    half = student_t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(se2)
+    return Interval(diff, diff - half, diff + half)
+
+
+def runs_step_ratio(a: Sequence[float], b: Sequence[float]) -> Interval:
+    """B's step time over A's from several runs a side, ``a`` and ``b`` each run's figure
+    (:func:`typical_step`, seconds, above zero): the ratio of their geometric means with
+    Welch's interval on the logarithms, back on the ratio scale (see above)."""
+    if any(v <= 0 for v in (*a, *b)):
+        return Interval(math.nan, math.nan, math.nan)
+    d = welch_interval([math.log(v) for v in a], [math.log(v) for v in b])
+    return Interval(math.exp(d.estimate), math.exp(d.low), math.exp(d.high))

@@ -7,7 +7,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchdoctor.compare.runs import COMPUTE, DATA_WAIT, PHASE_LABELS, STEP, RunFigures
-from torchdoctor.compare.stats import CONFIDENCE, Interval, PairedSeries, bootstrap, typical_step
+from torchdoctor.compare.stats import (
+    CONFIDENCE,
+    Interval,
+    PairedSeries,
+    bootstrap,
+    runs_step_ratio,
+    typical_step,
+    welch_interval,
+)
 from torchdoctor.errors import UserError
 from torchdoctor.thresholds import Thresholds
 
@@ -27,6 +35,14 @@ NO_CHANGE = "no significant change"
 # a change is called only when it is beyond the band with 95 % confidence (a minimum-effect
 # test). It still detects a 5 % change once the interval is narrower than +-2 %.
 NO_CHANGE_BAND = 0.03
+# With several runs a side the interval holds the noise between runs too (stats: Welch's t over
+# the runs' figures), so the band need not stand in for it: it only keeps a change smaller than
+# 1 % from being called, which no one acts on and which a CI gate should not fail on.
+RUNS_BAND = 0.01
+# How a comparison's interval was made: from blocks of steps of one run a side, or from several
+# runs a side (each run one observation).
+BY_BLOCKS = "blocks of steps, one run a side"
+BY_RUNS = "runs, several a side"
 # A run needs this many steady steps (5 blocks of 4) for its figure and interval to mean something.
 MIN_STEADY_STEPS = 20
 # Other programs used this many more CPUs on average during B than during A: "busier".
@@ -113,6 +129,11 @@ class Comparison:
     findings_disappeared: list[str]
     mismatch: list[str] = field(default_factory=list)  # why not the same workload (--force)
     notes: list[str] = field(default_factory=list)
+    # Every run of each side; ``a`` and ``b`` are the first. One each unless several runs a
+    # side were compared (``method`` BY_RUNS).
+    a_runs: list[str] = field(default_factory=list)
+    b_runs: list[str] = field(default_factory=list)
+    method: str = BY_BLOCKS
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -189,68 +210,123 @@ def compare(
 ) -> Comparison:
     """Compare run B with run A (the baseline). Raises UserError, one line, when the two are
     not the same workload (unless ``force``) or one has too few steady steps."""
-    mismatch = workload_mismatch(a, b)
+    return compare_runs([a], [b], [findings_a or []], [findings_b or []], force=force, band=band)
+
+
+def compare_runs(
+    a: list[RunFigures],
+    b: list[RunFigures],
+    findings_a: list[list[str]] | None = None,
+    findings_b: list[list[str]] | None = None,
+    *,
+    force: bool = False,
+    band: float | None = None,
+) -> Comparison:
+    """Compare side B with side A (the baseline), each one run or several runs of the same
+    command. One run a side: the block bootstrap of :mod:`.stats` and the band NO_CHANGE_BAND.
+    Several a side (at least 2 each): each run is one observation (Welch's t interval over the
+    runs' figures) and the band RUNS_BAND. ``findings_a[i]`` are the finding ids of ``a[i]``;
+    a finding belongs to a side when any of its runs has it.
+
+    Raises UserError, one line, when the runs are not all the same workload (unless
+    ``force``), one has too few steady steps, or a side of several has only one run."""
+    if not a or not b:
+        raise ValueError("each side needs a run")
+    by_runs = len(a) > 1 or len(b) > 1
+    if by_runs and min(len(a), len(b)) < 2:
+        raise UserError(
+            f"{len(a)} run(s) against {len(b)}: with several runs a side each side needs at "
+            "least 2 (the spread between a side's runs is what the interval is made of)"
+        )
+    band = band if band is not None else (RUNS_BAND if by_runs else NO_CHANGE_BAND)
+    names_a = _names("A", len(a))
+    names_b = _names("B", len(b))
+    mismatch: list[str] = []
+    for name, run in zip(names_a[1:] + names_b, a[1:] + b, strict=True):
+        why = workload_mismatch(a[0], run)
+        if by_runs:
+            why = [f"{name}: {w}" for w in why]
+        mismatch += why
     if mismatch and not force:
         raise UserError(
             "not the same workload: " + "; ".join(mismatch) + " (--force compares them anyway)"
         )
-    for name, run in (("A", a), ("B", b)):
+    for name, run in zip(names_a + names_b, a + b, strict=True):
         if run.steady_steps < MIN_STEADY_STEPS:
             raise UserError(
                 f"{name} ({run.path}) has {run.steady_steps} steady steps of {run.step_count} "
                 f"recorded; a comparison needs at least {MIN_STEADY_STEPS}: record a longer run"
             )
-    phases = [p for p in a.series if p in b.series]
-    ratio, deltas = bootstrap(
-        PairedSeries({p: a.series[p] for p in phases}, {p: b.series[p] for p in phases}), STEP
-    )
+    phases = [p for p in a[0].series if all(p in run.series for run in a + b)]
+    if by_runs:
+        per_run_a = {p: [typical_step(run.series[p]) for run in a] for p in phases}
+        per_run_b = {p: [typical_step(run.series[p]) for run in b] for p in phases}
+        ratio = runs_step_ratio(per_run_a[STEP], per_run_b[STEP])
+        deltas = {p: welch_interval(per_run_a[p], per_run_b[p]) for p in phases}
+        a_figure = {p: sum(v) / len(v) for p, v in per_run_a.items()}
+    else:
+        ratio, deltas = bootstrap(
+            PairedSeries({p: a[0].series[p] for p in phases}, {p: b[0].series[p] for p in phases}),
+            STEP,
+        )
+        a_figure = {p: typical_step(a[0].series[p]) for p in phases}
     # A phase "moved" when its whole interval lies beyond the band as a share of A's step (the
     # verdict's rule), not of the phase itself: a data wait from 0.1 ms to 0.2 ms doubles and
     # matters to no one.
-    margin = band * typical_step(a.series[STEP])
-    changes = []
-    for p in phases:
-        d = deltas[p]
-        am = typical_step(a.series[p])
-        changes.append(
-            PhaseChange(
-                phase=p,
-                label=PHASE_LABELS.get(p, p),
-                a_per_step_s=am,
-                b_per_step_s=am + d.estimate,
-                delta=d,
-                moved=d.low > margin or d.high < -margin,
-            )
+    margin = band * a_figure[STEP]
+    changes = [
+        PhaseChange(
+            phase=p,
+            label=PHASE_LABELS.get(p, p),
+            a_per_step_s=a_figure[p],
+            b_per_step_s=a_figure[p] + deltas[p].estimate,
+            delta=deltas[p],
+            moved=deltas[p].low > margin or deltas[p].high < -margin,
         )
-    notes = [f"A: {n}" for n in a.notes] + [f"B: {n}" for n in b.notes]
+        for p in phases
+    ]
+    notes = [
+        f"{name}: {n}"
+        for name, run in zip(names_a + names_b, a + b, strict=True)
+        for n in run.notes
+    ]
+    for side, runs in (("A", a), ("B", b)):
+        inside = sorted({d.key for run in runs[1:] for d in _diff(runs[0].settings, run.settings)})
+        if inside:
+            notes.append(f"{side}'s runs differ among themselves in {', '.join(inside)}")
+    first_a, first_b = a[0], b[0]
     # A run without settings (recorded with --no-instrument, or a damaged file that lost the
     # table) would show every setting of the other as changed: not compared, and said so.
-    unset = [name for name, run in (("A", a), ("B", b)) if not run.settings]
-    settings = _diff(a.settings, b.settings) if not unset else []
+    unset = [name for name, run in zip(names_a + names_b, a + b, strict=True) if not run.settings]
+    settings = _diff(first_a.settings, first_b.settings) if not unset else []
     if unset:
         notes.append(f"{' and '.join(unset)} holds no captured settings: settings not compared")
-    environment = _diff(a.environment, b.environment)
-    command = Difference("command", a.command, b.command) if a.command != b.command else None
-    busier = (
-        a.other_cpus is not None
-        and b.other_cpus is not None
-        and b.other_cpus - a.other_cpus > BUSIER_MARGIN_CPUS
+    environment = _diff(first_a.environment, first_b.environment)
+    command = (
+        Difference("command", first_a.command, first_b.command)
+        if first_a.command != first_b.command
+        else None
     )
-    contended = [name for name, run in (("A", a), ("B", b)) if is_contended(run)]
+    other_a, other_b = _mean_of(a, "other_cpus"), _mean_of(b, "other_cpus")
+    busier = other_a is not None and other_b is not None and other_b - other_a > BUSIER_MARGIN_CPUS
+    contended = [
+        (name, run) for name, run in zip(names_a + names_b, a + b, strict=True) if is_contended(run)
+    ]
     verdict = verdict_of(ratio, band)
-    fa, fb = set(findings_a or []), set(findings_b or [])
+    fa = {f for found in findings_a or [] for f in found}
+    fb = {f for found in findings_b or [] for f in found}
     return Comparison(
-        a=a.path,
-        b=b.path,
+        a=first_a.path,
+        b=first_b.path,
         verdict=verdict,
         ratio=ratio,
         confidence=CONFIDENCE,
         band=band,
-        a_steps=a.steady_steps,
-        b_steps=b.steady_steps,
-        a_step_count=a.step_count,
-        b_step_count=b.step_count,
-        warmup_rule=a.warmup_rule,
+        a_steps=sum(run.steady_steps for run in a),
+        b_steps=sum(run.steady_steps for run in b),
+        a_step_count=sum(run.step_count for run in a),
+        b_step_count=sum(run.step_count for run in b),
+        warmup_rule=first_a.warmup_rule,
         phases=changes,
         settings=settings,
         environment=environment,
@@ -258,25 +334,45 @@ def compare(
         explanations=[
             f"during {name} the CPUs were {run.host_cpu_busy_pct:.0f} % busy and other programs "
             f"used {run.other_cpus:.1f} of them: a step that computes moves with them"
-            for name, run in (("A", a), ("B", b))
-            if name in contended and run.host_cpu_busy_pct is not None and run.other_cpus
+            for name, run in contended
+            if run.host_cpu_busy_pct is not None and run.other_cpus
         ]
-        + _explain(verdict, changes, settings, environment, a, b, busier),
-        a_peak_rss=a.peak_rss,
-        b_peak_rss=b.peak_rss,
-        a_peak_pss=a.peak_pss,
-        b_peak_pss=b.peak_pss,
-        a_peak_vram=a.peak_vram,
-        b_peak_vram=b.peak_vram,
-        a_other_cpus=a.other_cpus,
-        b_other_cpus=b.other_cpus,
+        + _explain(verdict, changes, settings, environment, other_a, other_b, busier),
+        a_peak_rss=_max_of(a, "peak_rss"),
+        b_peak_rss=_max_of(b, "peak_rss"),
+        a_peak_pss=_max_of(a, "peak_pss"),
+        b_peak_pss=_max_of(b, "peak_pss"),
+        a_peak_vram=_max_of(a, "peak_vram"),
+        b_peak_vram=_max_of(b, "peak_vram"),
+        a_other_cpus=other_a,
+        b_other_cpus=other_b,
         busier=busier,
-        contended=contended,
+        contended=[name for name, _ in contended],
         findings_appeared=sorted(fb - fa),
         findings_disappeared=sorted(fa - fb),
         mismatch=mismatch,
         notes=notes,
+        a_runs=[run.path for run in a],
+        b_runs=[run.path for run in b],
+        method=BY_RUNS if by_runs else BY_BLOCKS,
     )
+
+
+def _names(side: str, n: int) -> list[str]:
+    """A side's runs as the lines name them: "A" for one run, "A1", "A2"... for several."""
+    return [side] if n == 1 else [f"{side}{i}" for i in range(1, n + 1)]
+
+
+def _mean_of(runs: list[RunFigures], name: str) -> float | None:
+    """The mean of a figure over a side's runs; None unless every run has it."""
+    values = [getattr(run, name) for run in runs]
+    return None if any(v is None for v in values) else sum(values) / len(values)
+
+
+def _max_of(runs: list[RunFigures], name: str) -> int | None:
+    """A side's peak: the highest of its runs' (memory peaks: the worst run decides)."""
+    values = [v for v in (getattr(run, name) for run in runs) if v is not None]
+    return max(values) if values else None
 
 
 def _explain(
@@ -284,8 +380,8 @@ def _explain(
     phases: list[PhaseChange],
     settings: list[Difference],
     environment: list[Difference],
-    a: RunFigures,
-    b: RunFigures,
+    a_other_cpus: float | None,
+    b_other_cpus: float | None,
     busier: bool,
 ) -> list[str]:
     """One line per phase that moved: which recorded difference can explain it, or that the
@@ -294,9 +390,9 @@ def _explain(
     moved = [p for p in phases if p.moved and p.phase != STEP]
     moved.sort(key=lambda p: -abs(p.delta.estimate))
     busy_line = (
-        f"the machine was busier: other programs used {b.other_cpus:.1f} CPUs on average "
-        f"during B vs {a.other_cpus:.1f} during A"
-        if busier and a.other_cpus is not None and b.other_cpus is not None
+        f"the machine was busier: other programs used {b_other_cpus:.1f} CPUs on average "
+        f"during B vs {a_other_cpus:.1f} during A"
+        if busier and a_other_cpus is not None and b_other_cpus is not None
         else None
     )
     for p in moved:
@@ -329,6 +425,9 @@ def headline(c: Comparison, a: str = "A", b: str = "B") -> str:
     r = c.ratio
     if not math.isfinite(r.estimate):
         return f"{c.verdict}: {a}'s step time is zero"
+    if c.method == BY_RUNS:
+        a = f"{a} ({len(c.a_runs)} runs)"
+        b = f"{b} ({len(c.b_runs)} runs)"
     ratio = f"{b}'s step takes {r.estimate:.3f}x {a}'s (95 % interval {r.low:.3f} to {r.high:.3f})"
     if c.verdict == FASTER:
         return f"faster: {ratio}, {1 / r.estimate:.2f}x the speed"
