@@ -53,6 +53,7 @@ class Proc:
     read: Fn = const(0.0)
     write: Fn = const(0.0)
     gpu_memory: Fn | None = None
+    shm: Fn | None = None  # bytes of shared memory (RssShmem and /dev/shm files alike)
     start: float = 0.0  # seconds after the job start
     end: float | None = None
 
@@ -172,6 +173,8 @@ class Job:
                 read_bytes_per_s=p.read(rel),
                 write_bytes_per_s=p.write(rel),
                 gpu_memory=int(p.gpu_memory(rel)) if p.gpu_memory else (0 if self.gpus else None),
+                shmem=int(p.shm(rel)) if p.shm else None,
+                dev_shm=int(p.shm(rel)) if p.shm else None,
             )
             for p in alive
         ]

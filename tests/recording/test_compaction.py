@@ -241,6 +241,19 @@ def test_show_counts_folded_samples_and_their_peak(tmp_path: Path) -> None:
     assert small.job_rss.mean == pytest.approx(whole.job_rss.mean, rel=0.05)
 
 
+def test_a_shared_memory_peak_in_a_folded_minute_is_kept(tmp_path: Path) -> None:
+    """The hand-off sizes /dev/shm from the job's shared-memory peak (sizing): a burst of
+    batches in flight that a folded minute's mean would hide is still the peak."""
+    burst = Proc(1000, shm=lambda t: 2 * GiB if 200 <= t < 200.5 else 64 * MiB)
+    job = Job(duration=DURATION, procs=[burst])
+    full = write(job, tmp_path / "full.sqlite", None)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    with open_recording(full) as a, open_recording(folded) as b:
+        whole, small = summarize(a), summarize(b)
+    assert whole.job_dev_shm.peak == small.job_dev_shm.peak == 2 * GiB
+    assert whole.job_rss_shmem.peak == small.job_rss_shmem.peak == 2 * GiB
+
+
 def test_show_means_of_a_folded_recording_are_the_full_ones(tmp_path: Path) -> None:
     """Means over rows would weigh the minutes kept whole (start-up, recent past) far above
     the folded ones; the summary takes one instant a bucket throughout."""

@@ -213,6 +213,9 @@ FOLDINGS: tuple[Folding, ...] = (
             ("uss", "max"),
             ("swap", "max"),
             ("gpu_memory", "max"),
+            # the shared memory a hand-off sizes /dev/shm from (sizing): its peak, not a mean
+            ("dev_shm", "max"),
+            ("shmem", "max"),
         ),
         _PROCESS_LAST - {"create_time"},
     ),  # fmt: skip

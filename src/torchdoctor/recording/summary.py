@@ -161,8 +161,8 @@ def summarize(rec: Recording) -> RunSummary:
         recording_state=rec.state.kind,
         damage=list(rec.damage),
         instrumentation_off=rec.instrumentation_off(),
-        job_dev_shm=_stat(shm, "dev_shm"),
-        job_rss_shmem=_stat(shm, "shmem"),
+        job_dev_shm=_with_folded_peak(rec, _stat(shm, "dev_shm"), "dev_shm"),
+        job_rss_shmem=_with_folded_peak(rec, _stat(shm, "shmem"), "shmem"),
         profiles=[window_summary(w) for w in read_profiles(rec)],
     )
 
@@ -209,14 +209,20 @@ def _folded_samples(rec: Recording) -> int:
     return int(row["extra"] or 0)
 
 
-def _with_folded_peak(rec: Recording, stat: Stat) -> Stat:
-    """The job's RSS peak, the folded minutes included: their rows hold means, their
-    summaries each process's peak per period; the sum of those is never below the job's true
-    peak in the period (the sizing of a hand-off must not come out short)."""
+def _with_folded_peak(rec: Recording, stat: Stat, column: str = "rss") -> Stat:
+    """The job's peak of a per-process ``column`` (RSS, shared memory), the folded minutes
+    included: their rows hold means, their summaries each process's peak per period; the sum
+    of those is never below the job's true peak in the period (the sizing of a hand-off must
+    not come out short). A recording folded before the column's peak was kept has only the
+    means."""
+    name = f"{column}_max"
     if rec.compaction is None:
         return stat
+    kept = rec.query("SELECT name FROM pragma_table_info('process_sample_summaries')")
+    if name not in {r["name"] for r in kept}:
+        return stat
     (row,) = rec.query(
-        "SELECT MAX(s) AS peak FROM (SELECT SUM(rss_max) AS s FROM process_sample_summaries"
+        f"SELECT MAX(s) AS peak FROM (SELECT SUM({name}) AS s FROM process_sample_summaries"
         " GROUP BY period)"
     )
     peak = row["peak"]
