@@ -84,6 +84,46 @@ class _Proc:
                 setattr(self, name, None)
 
 
+class SlowBudget:
+    """The CPU the slow tier (PSS/USS from smaps_rollup) may spend: a bucket of CPU seconds
+    refilled at ``share`` of one core (None: no cap), holding at most ``burst`` seconds so
+    that a new job gets its first readings without waiting; ``tokens``: what it holds at
+    first, when that is more (a start that reads every job on the machine once), until
+    :meth:`trim`.
+
+    One bucket may be shared by several readers: ``top`` follows every job on the machine and
+    gives them one, so that their slow reads together, start-up burst included, stay within
+    it (a burst per reader let a hundred jobs spend a hundred bursts at once)."""
+
+    __slots__ = ("share", "burst", "tokens", "_mono")
+
+    def __init__(
+        self, share: float | None, burst: float | None = None, tokens: float | None = None
+    ) -> None:
+        self.share = share
+        self.burst = _SLOW_BURST_S if burst is None else burst
+        self.tokens = self.burst if tokens is None else tokens
+        self._mono = time.monotonic()
+
+    def refill(self, mono: float) -> None:
+        """Add what the share earned since the last refill (any reader's)."""
+        if mono > self._mono:
+            if self.share is not None and self.tokens < self.burst:
+                self.tokens = min(self.burst, self.tokens + self.share * (mono - self._mono))
+            self._mono = mono
+
+    def trim(self) -> None:
+        """Drop what it holds above the burst: a start's allowance is not carried on."""
+        self.tokens = min(self.tokens, self.burst)
+
+    def left(self) -> bool:
+        return self.share is None or self.tokens > 0
+
+    def spend(self, cpu_s: float) -> None:
+        if self.share is not None:
+            self.tokens -= cpu_s
+
+
 class JobReader:
     """The processes of the tree rooted at ``root_pid``.
 
@@ -97,7 +137,11 @@ class JobReader:
     every ``slow_refresh_s`` per process (the longest-waiting first) and carried over in
     between, and all refreshes together may use at most ``slow_budget`` of one core (0.001 =
     0.1 %), so a large job gets its PSS less often instead of a busy sampler. ``None`` lifts
-    the cap.
+    the cap. ``slow_pool``: a :class:`SlowBudget` shared with other readers, drawn from
+    instead of a budget of this reader's own (``slow_budget`` then sets the pool's share).
+
+    ``read(table)``: a :class:`~torchdoctor.sampling.procfs.ProcTable` shared by the readers
+    of one refresh, for what every reader would otherwise read about the machine itself.
     """
 
     def __init__(
@@ -107,15 +151,12 @@ class JobReader:
         slow_refresh_s: float = 5.0,
         include_root: bool = True,
         slow_budget: float | None = 0.001,
+        slow_pool: SlowBudget | None = None,
     ) -> None:
         self.root_pid = root_pid
         self.slow_refresh_s = slow_refresh_s
         self.include_root = include_root
-        self.slow_budget = slow_budget
-        # CPU seconds the slow tier may spend now; refilled at slow_budget per second. The cap
-        # lets a new job get its first PSS readings without waiting, but bounds that burst.
-        self._slow_tokens = _SLOW_BURST_S
-        self._slow_mono = time.monotonic()
+        self._slow = slow_pool if slow_pool is not None else SlowBudget(slow_budget)
         self._procs: dict[int, _Proc] = {}
         self._outside: set[int] = set()  # PIDs known not to belong to the job
         self._outside_reset = time.monotonic() + _FULL_RESCAN_S
@@ -143,6 +184,21 @@ class JobReader:
             self._close_root()
 
     # -- public ------------------------------------------------------------------------------
+
+    @property
+    def slow_budget(self) -> float | None:
+        """The share of one core the slow tier may use (None: no cap)."""
+        return self._slow.share
+
+    @slow_budget.setter
+    def slow_budget(self, share: float | None) -> None:
+        self._slow.share = share
+
+    def slow_waiting_since(self) -> float:
+        """When the slow tier's longest-waiting process became due (monotonic; -1 for a
+        process never read, or a reader that has read nothing yet): readers sharing a
+        :class:`SlowBudget` read in this order, so that none is starved."""
+        return min((p.slow_due for p in self._procs.values()), default=-1.0)
 
     @property
     def pids(self) -> set[int]:
@@ -175,7 +231,9 @@ class JobReader:
             os.close(self._loadavg_fd)
             self._loadavg_fd = None
 
-    def read(self) -> tuple[list[ProcessSample], list[ProcessInfo], list[int]]:
+    def read(
+        self, table: procfs.ProcTable | None = None
+    ) -> tuple[list[ProcessSample], list[ProcessInfo], list[int]]:
         t = time.time()
         mono = time.monotonic()
         procs = self._procs
@@ -207,8 +265,10 @@ class JobReader:
             if st.comm != p.comm:
                 self._exec_changed(p, st)
 
-        last_pid = self._read_last_pid()
-        listing: set[int] | None = None
+        if table is None:
+            table = procfs.ProcTable(loadavg_fd=self._loadavg_fd)
+        last_pid = table.last_pid
+        listing: frozenset[int] | None = None
         if (
             last_pid is None
             or last_pid != self._last_pid
@@ -216,15 +276,12 @@ class JobReader:
             or mono >= self._outside_reset
             or not procs
         ):
-            try:
-                listing = {int(n) for n in os.listdir("/proc") if n.isdigit()}
-            except OSError:
-                listing = set()
+            listing = table.pids
 
         # 2. New members: unclassified PIDs whose parent is in the job.
         new: list[_Proc] = []
         if listing is not None:
-            new = self._discover(listing, mono, self._last_pid, last_pid)
+            new = self._discover(listing, table, mono, self._last_pid, last_pid)
             if new:
                 self._roles_dirty = True
         self._last_pid = last_pid
@@ -285,16 +342,13 @@ class JobReader:
     def _is_root(self, p: _Proc) -> bool:
         return p.pid == self.root_pid and p.starttime == self._root_start
 
-    def _read_last_pid(self) -> int | None:
-        if self._loadavg_fd is None:
-            return None
-        try:
-            return int(procfs.pread_single(self._loadavg_fd, 256).split()[4])
-        except (OSError, ValueError, IndexError):
-            return None
-
     def _discover(
-        self, listing: set[int], mono: float, prev_last: int | None, last: int | None
+        self,
+        listing: frozenset[int],
+        table: procfs.ProcTable,
+        mono: float,
+        prev_last: int | None,
+        last: int | None,
     ) -> list[_Proc]:
         procs = self._procs
         outside = self._outside
@@ -305,18 +359,14 @@ class JobReader:
             outside &= listing
             if prev_last is not None and last is not None and outside:
                 # PIDs handed out since the previous read may be reused ones: check them again.
-                if prev_last <= last:
-                    outside.difference_update([p for p in outside if prev_last < p <= last])
-                else:  # the allocator wrapped around pid_max
-                    outside.difference_update([p for p in outside if p > prev_last or p <= last])
+                outside.difference_update(procfs.handed_out(outside, prev_last, last))
         unknown = listing - procs.keys() - outside
         if not unknown:
             return []
         found: dict[int, procfs.PidStat] = {}
         for pid in unknown:
-            try:
-                st = procfs.parse_pid_stat(procfs.read_path(f"/proc/{pid}/stat", 1024))
-            except (OSError, ValueError, IndexError):
+            st = table.stat(pid)
+            if st is None:
                 continue  # gone already (or never readable): nothing to remember
             is_root = pid == self.root_pid and st.starttime == self._root_start
             if st.state in _DEAD_STATES or (pid == self.root_pid and not is_root):
@@ -479,18 +529,14 @@ class JobReader:
         """Re-read PSS/USS of the processes due, within the CPU budget; returns the PIDs
         found gone on the way."""
         gone: list[int] = []
-        budget = self.slow_budget
-        if budget is not None:
-            self._slow_tokens = min(
-                _SLOW_BURST_S, self._slow_tokens + budget * (mono - self._slow_mono)
-            )
-            self._slow_mono = mono
+        slow = self._slow
+        slow.refill(mono)
         due = [p for p in self._procs.values() if mono >= p.slow_due]
         if not due:
             return gone
         due.sort(key=lambda p: p.slow_due)  # never read first, then the longest waiting
         for p in due:
-            if budget is not None and self._slow_tokens <= 0:
+            if not slow.left():
                 break
             cpu0 = time.thread_time()
             try:
@@ -523,8 +569,7 @@ class JobReader:
                 if cmdline and cmdline != p.cmdline:
                     self._exec_changed(p, p.stat)
             p.slow_due = mono + self.slow_refresh_s
-            if budget is not None:
-                self._slow_tokens -= time.thread_time() - cpu0
+            slow.spend(time.thread_time() - cpu0)
         return gone
 
     def _sample(self, p: _Proc, t: float, mono: float) -> ProcessSample | None:

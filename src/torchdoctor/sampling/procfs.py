@@ -14,6 +14,7 @@ instead). Readers raise ``OSError`` (``FileNotFoundError``, ``ProcessLookupError
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -305,6 +306,77 @@ def parse_pid_stat(data: bytes) -> PidStat:
         int(f[19]),
         int(f[21]),
     )
+
+
+def handed_out(pids: Iterable[int], prev_last: int, last: int) -> list[int]:
+    """Those of ``pids`` the kernel may have handed out again since its last PID was
+    ``prev_last`` (it is ``last`` now): PIDs are handed out in turn, wrapping at pid_max, so a
+    PID outside that range still names the process it named then."""
+    if prev_last <= last:
+        return [p for p in pids if prev_last < p <= last]
+    return [p for p in pids if p > prev_last or p <= last]  # wrapped around pid_max
+
+
+class ProcTable:
+    """One look at /proc shared by every reader of one refresh: the last PID handed out, the
+    PIDs listed and the stat of each PID asked about, each read at most once, when first
+    asked. ``top`` follows every job on the machine with a JobReader each; without it each
+    reader listed /proc and read the stat of every new PID itself (a hundred jobs, a hundred
+    times). Take a new one per refresh: what it read is as of its first read. ``loadavg_fd``:
+    a descriptor of /proc/loadavg the caller keeps open, read instead of opening the file."""
+
+    __slots__ = ("_proc", "_loadavg_fd", "_last_read", "_last_pid", "_pids", "_stats")
+
+    def __init__(self, proc: str = "/proc", loadavg_fd: int | None = None) -> None:
+        self._proc = proc
+        self._loadavg_fd = loadavg_fd
+        self._last_read = False
+        self._last_pid: int | None = None
+        self._pids: frozenset[int] | None = None
+        self._stats: dict[int, PidStat | None] = {}
+
+    @property
+    def last_pid(self) -> int | None:
+        """The last PID the kernel handed out (5th field of loadavg); None if unreadable."""
+        if not self._last_read:
+            self._last_read = True
+            try:
+                fd = self._loadavg_fd
+                data = (
+                    pread_single(fd, 256)
+                    if fd is not None
+                    else read_path(f"{self._proc}/loadavg", 256)
+                )
+                self._last_pid = int(data.split()[4])
+            except (OSError, ValueError, IndexError):
+                self._last_pid = None
+        return self._last_pid
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """Every PID in /proc (empty when it cannot be listed)."""
+        if self._pids is None:
+            # The last PID first: a PID handed out after it is listed or newer than it, and a
+            # reader that keeps the last PID lists /proc again once it changes.
+            _ = self.last_pid
+            try:
+                self._pids = frozenset(int(n) for n in os.listdir(self._proc) if n.isdigit())
+            except OSError:
+                self._pids = frozenset()
+        return self._pids
+
+    def stat(self, pid: int) -> PidStat | None:
+        """``pid``'s stat, None when it is gone or cannot be read."""
+        try:
+            return self._stats[pid]
+        except KeyError:
+            pass
+        try:
+            st: PidStat | None = parse_pid_stat(read_path(f"{self._proc}/{pid}/stat", 1024))
+        except (OSError, ValueError, IndexError):
+            st = None
+        self._stats[pid] = st
+        return st
 
 
 def parse_pid_status(data: bytes) -> tuple[int | None, int | None, int | None]:
