@@ -140,6 +140,63 @@ def test_watcher_gives_step_rate_and_data_wait_of_the_recent_window(tmp_path):
         live.close()
 
 
+def test_the_window_read_piecemeal_is_the_window_read_whole(tmp_path):
+    """Each refresh reads only the steps appended since the last one: the figures are those of
+    the window's steps read whole, as the recording grows, with late batches and old steps."""
+    from torchdoctor.recording.steps import step_stats
+    from torchdoctor.recording.tail import RecordingTail
+    from torchdoctor.top.recordings import _STEP_COLUMNS
+
+    now = time.time()
+    path = tmp_path / "live.sqlite"
+    writer = write_recording(path, 4242, steps=100, wall=0.1, wait=0.04, end=now)
+
+    def steps(pid, first, n, wall, wait, start):
+        writer.add_steps(
+            StepRecord(
+                pid=pid, rank=None, step=first + i, t_start=start + i * wall,
+                t_end=start + (i + 1) * wall, wall_s=wall, data_wait_s=wait, batch_size=32,
+            )
+            for i in range(n)
+        )  # fmt: skip
+        writer.flush()
+
+    watcher = RecordingWatcher(Thresholds())
+    whole = RecordingTail(path)
+
+    def check(at):
+        status = watcher.status(path, now=at)
+        rows = whole.recent_rows("steps", _STEP_COLUMNS, by="t_end", since=at - 10.0)
+        assert watcher._watched[path].window == rows
+        if len(rows) >= 4 and status.stalled_s is None:  # else the last steps, however old
+            expected = step_stats(rows, [], [])
+            assert status.step_rate_per_s == pytest.approx(expected.steps_per_s)
+            shares = [r.data_wait_fraction for r in expected.per_rank]
+            assert status.data_wait_share == pytest.approx(max(shares))
+        return status
+
+    try:
+        assert check(now).step_rate_per_s == pytest.approx(10.0, rel=0.05)
+        steps(4242, 100, 30, 0.2, 0.0, now)  # slower steps, no wait, up to now + 6
+        late = check(now + 6)
+        assert late.data_wait_share < 0.4
+        # A second process's batch, ended before the first's last step, arrives late; and a
+        # step that ended before the window is appended: counted, and not.
+        steps(5151, 0, 40, 0.1, 0.05, now + 1)
+        steps(6161, 0, 1, 0.5, 0.5, now - 20)
+        both = check(now + 6)
+        assert both.data_wait_share == pytest.approx(0.5, rel=0.05)  # the late batch's
+        # Time passes with nothing new: steps leave the window, all of them in the end.
+        check(now + 12)
+        check(now + 15)
+        assert check(now + 40).stalled_s == pytest.approx(34.0, abs=0.5)
+        assert watcher._watched[path].window == []
+    finally:
+        whole.close()
+        watcher.close()
+        writer.close()
+
+
 def test_a_job_under_torchdoctor_run_shows_step_rate_and_starvation(
     runtime_dir, tmp_path, torch_job
 ):

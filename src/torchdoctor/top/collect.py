@@ -12,13 +12,12 @@ import pwd
 import socket
 import time
 from collections import deque
-from pathlib import Path
 
 from torchdoctor.recording import registry
 from torchdoctor.sampling import procfs
 from torchdoctor.sampling.gpus import GpuReader
 from torchdoctor.sampling.host import HostReader
-from torchdoctor.sampling.job import JobReader
+from torchdoctor.sampling.job import JobReader, SlowBudget
 from torchdoctor.sampling.types import ProcessInfo
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.discover import TorchProcessFinder
@@ -34,8 +33,12 @@ from torchdoctor.top.recordings import RecordingWatcher
 
 HISTORY = 120  # samples kept per process for the detail sparklines
 # PSS comes from smaps_rollup, which costs the kernel ~5 ms for a trainer (a walk of all its
-# mappings): all jobs together may spend this share of one core on it.
+# mappings): all jobs together may spend this share of one core on it, from one bucket (a
+# bucket per job let 100 jobs spend 100 start-up bursts at once: 5 % of a core for a minute).
 PSS_CPU_SHARE = 0.003
+# ... except at the first refresh, when every job's processes get their first PSS at once (~3
+# ms each for a process that imported torch: 300 of them in 1 s); later jobs share the burst.
+PSS_FIRST_S = 1.0
 # Each JobReader re-checks every PID on the machine for new members of its job this often
 # (in case a PID was reused) and refreshes PSS no more often than this: slower than the
 # recorder's tier, since a live view reads every job on the machine.
@@ -69,6 +72,7 @@ class TopCollector:
         self.host = HostReader()
         self.gpu = gpu_reader if gpu_reader is not None else GpuReader()
         self.finder = TorchProcessFinder()
+        self._slow = SlowBudget(PSS_CPU_SHARE, tokens=PSS_FIRST_S)  # every job's readers
         self.recordings = RecordingWatcher(thresholds)
         self._jobs: dict[int, JobReader] = {}  # by root PID
         self._history: dict[int, _History] = {}
@@ -90,7 +94,8 @@ class TopCollector:
     def read(self, detail_pid: int | None = None) -> TopReadings:
         t = time.time()
         host = self.host.read()
-        found = self.finder.scan()
+        table = procfs.ProcTable()  # what every reader of this refresh reads about /proc
+        found = self.finder.scan(table)
         notes: list[str] = []
 
         jobs: list[JobReading] = []
@@ -101,15 +106,20 @@ class TopCollector:
         for root in found.roots:
             if root not in self._jobs:
                 try:
-                    reader = JobReader(root, slow_refresh_s=JOB_SLOW_REFRESH_S)
+                    reader = JobReader(
+                        root, slow_refresh_s=JOB_SLOW_REFRESH_S, slow_pool=self._slow
+                    )
                 except OSError:
                     continue  # gone between the scan and now
                 self._jobs[root] = reader
         infos = self._infos
-        for reader in self._jobs.values():
-            reader.slow_budget = PSS_CPU_SHARE / len(self._jobs)
-        for root, reader in sorted(self._jobs.items()):
-            samples, new_infos, ended = reader.read()
+        # The readers share the PSS budget: the one whose process has waited longest for its
+        # PSS reads first, so that no job's PSS waits behind others' for ever.
+        order = sorted(self._jobs.items(), key=lambda item: item[1].slow_waiting_since())
+        read = {root: reader.read(table) for root, reader in order}
+        self._slow.trim()  # the start's allowance is for the first refresh's readings only
+        for root in sorted(read):
+            samples, new_infos, ended = read[root]
             for info in new_infos:
                 infos[info.pid] = info
             for pid in ended:
@@ -184,7 +194,7 @@ class TopCollector:
             notes.append(f"recordings of `torchdoctor run` not shown: {exc}")
             return
         by_pid = {e.pid: e for e in entries}
-        in_use: set[Path] = set()
+        recorded: list[tuple[JobReading, registry.RegistryEntry]] = []
         for job in jobs:
             entry = None
             for p in job.processes:
@@ -202,9 +212,13 @@ class TopCollector:
                         break
                     parent = ppid.get(parent)
             if entry is not None:
-                job.recording = self.recordings.status(entry.recording_path)
-                in_use.add(entry.recording_path)
-        self.recordings.forget_except(in_use)
+                recorded.append((job, entry))
+        # Every recording followed shares the diagnosis' CPU budget: counted before the first
+        # status (counting them one by one gave the first ones most of the budget).
+        followed = len({entry.recording_path for _, entry in recorded})
+        for job, entry in recorded:
+            job.recording = self.recordings.status(entry.recording_path, followed=followed)
+        self.recordings.forget_except({entry.recording_path for _, entry in recorded})
 
     def _registry_entries(self) -> list[registry.RegistryEntry]:
         """registry.active(), re-read when an entry was added or removed, else every few s."""

@@ -8,7 +8,9 @@ workers); :class:`~torchdoctor.sampling.job.JobReader` then follows everything u
 Reading the maps of every process at every refresh would cost more than the rest of ``top``,
 so each process is classified once and re-checked only when it may have changed: a Python
 process that has not imported torch yet is looked at again every few seconds (often while
-young), any other process only when its name changes (an ``exec``).
+young), any other process only when its name changes (an ``exec``). What is known of a PID
+holds while its start time does: a PID the kernel may have handed out again since the last
+scan (the last PID handed out tells which) has its start time read again.
 """
 
 from __future__ import annotations
@@ -45,13 +47,13 @@ class Discovery:
     unreadable: int  # processes whose maps could not be read (other users' without privilege)
 
 
-def maps_mention(pid: int, marker: bytes = MARKER) -> tuple[bool, bool]:
+def maps_mention(pid: int, marker: bytes = MARKER, proc: str = "/proc") -> tuple[bool, bool]:
     """(``marker`` is mapped, python is mapped) for ``pid``; raises OSError when unreadable.
 
     Reads in chunks and stops at the marker: a trainer's maps run to hundreds of KiB and
     libtorch sits early in them (libraries loaded late get low addresses).
     """
-    fd = procfs.open_ro(f"/proc/{pid}/maps")
+    fd = procfs.open_ro(f"{proc}/{pid}/maps")
     try:
         python = False
         tail = b""
@@ -93,29 +95,46 @@ class TorchProcessFinder:
         self.other_every_s = other_every_s
         self._proc = proc
         self._seen: dict[int, _Seen] = {}
+        self._last_pid: int | None = None  # the last PID handed out, as of the previous scan
         self._self_pid = os.getpid()
         self._btime = procfs.boot_time()
 
-    def scan(self) -> Discovery:
+    def scan(self, table: procfs.ProcTable | None = None) -> Discovery:
+        """``table``: the refresh's look at /proc, shared with the job readers."""
         now = time.monotonic()
-        try:
-            listing = {int(n) for n in os.listdir(self._proc) if n.isdigit()}
-        except OSError:
-            listing = set()
+        if table is None:
+            table = procfs.ProcTable(self._proc)
+        listing = table.pids
         seen = self._seen
         for pid in seen.keys() - listing:
             del seen[pid]
+        # A process is known by its PID until that PID may have been handed out again: then
+        # its start time says whether it is still the process classified (a PyTorch process
+        # that ended and whose PID went to another program within one refresh is not a job).
+        last = table.last_pid
+        if last is None or self._last_pid is None:
+            recheck = set(seen)  # no last PID to go by: any PID may have been reused
+        elif last != self._last_pid:
+            recheck = set(procfs.handed_out(seen, self._last_pid, last))
+        else:
+            recheck = set()
+        self._last_pid = last
         uptime_now = time.time() - self._btime
         for pid in listing:
             entry = seen.get(pid)
-            if entry is not None and (entry.torch or now < entry.next_check):
+            known = entry is not None and (entry.torch or now < entry.next_check)
+            if known and pid not in recheck:
                 continue
-            st = self._stat(pid)
+            st = table.stat(pid)
+            if st is not None and st.state in ("Z", "X", "x"):
+                st = None
             if st is None:
                 seen.pop(pid, None)
                 continue
             if entry is not None and entry.starttime == st.starttime:
                 entry.ppid = st.ppid
+                if entry.torch or now < entry.next_check:
+                    continue  # the same process, looked at again only for its PID's sake
                 if not entry.python and entry.comm == st.comm:
                     entry.next_check = now + self.other_every_s
                     continue
@@ -128,17 +147,10 @@ class TorchProcessFinder:
         unreadable = sum(1 for e in seen.values() if not e.readable)
         return Discovery(roots=roots, torch_pids=torch_pids, ppid=ppid, unreadable=unreadable)
 
-    def _stat(self, pid: int) -> procfs.PidStat | None:
-        try:
-            st = procfs.parse_pid_stat(procfs.read_path(f"{self._proc}/{pid}/stat", 1024))
-        except (OSError, ValueError, IndexError):
-            return None
-        return None if st.state in ("Z", "X", "x") else st
-
     def _classify(self, pid: int, st: procfs.PidStat, now: float, uptime: float) -> _Seen:
         readable = True
         try:
-            torch, python = maps_mention(pid)
+            torch, python = maps_mention(pid, proc=self._proc)
         except OSError:
             # Kernel threads have empty maps; other users' processes refuse us (EACCES).
             torch = python = False

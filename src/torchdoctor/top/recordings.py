@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
 from torchdoctor.recording.steps import step_stats
@@ -49,6 +50,11 @@ class _Watched:
     path: Path
     tail: RecordingTail | None
     error: str | None
+    # The steps that ended in the window at the last read, in order of their end. Each read
+    # adds the rows appended since (the tail's position) instead of reading the window again:
+    # compaction never touches the recent past, so rows in the window stay as they were read.
+    window: list[dict[str, Any]] = field(default_factory=list)
+    window_since: float | None = None  # the start of the window last read; None: never read
 
 
 class RecordingWatcher:
@@ -60,7 +66,11 @@ class RecordingWatcher:
         self._watched: dict[Path, _Watched] = {}
         self._diagnosis = BudgetedDiagnosis(thresholds)
 
-    def status(self, path: Path, now: float | None = None) -> RecordingStatus:
+    def status(
+        self, path: Path, now: float | None = None, followed: int | None = None
+    ) -> RecordingStatus:
+        """What ``path`` says now; ``followed``: the recordings followed in all, which share
+        the diagnosis' CPU budget (default: those watched so far)."""
         now = time.time() if now is None else now
         w = self._watched.get(path)
         if w is None:
@@ -80,10 +90,10 @@ class RecordingWatcher:
         with contextlib.suppress(sqlite3.Error):  # the steps below say what cannot be read
             status.recording_note = _recording_note(w.tail, path, now)
         try:
-            self._steps(w.tail, now, status)
+            self._steps(w, now, status)
         except sqlite3.Error as exc:
             status.unavailable["steps"] = f"cannot read the steps of {path}: {exc}"
-        latest = self._diagnosis.latest(path, len(self._watched))
+        latest = self._diagnosis.latest(path, followed or len(self._watched))
         status.findings = [
             FindingBrief(
                 id=f.id, severity=f.severity, title=f.title, recommendation=f.recommendation
@@ -120,12 +130,14 @@ class RecordingWatcher:
             return _Watched(path, None, getattr(exc, "message", None) or str(exc))
         return _Watched(path, tail, None)
 
-    def _steps(self, tail: RecordingTail, now: float, status: RecordingStatus) -> None:
+    def _steps(self, w: _Watched, now: float, status: RecordingStatus) -> None:
+        tail = w.tail
+        assert tail is not None
         status.steps = tail.count("steps")
         if status.steps == 0:
             status.unavailable["steps"] = _no_steps_reason(tail.refresh_meta())
             return
-        rows = tail.recent_rows("steps", _STEP_COLUMNS, by="t_end", since=now - self.window_s)
+        rows = w.window = self._window(w, tail, status.steps, now - self.window_s)
         if len(rows) < MIN_STEPS:
             # Slow steps (seconds each): the last few steps, however long ago they ended.
             rows = tail.recent_rows("steps", _STEP_COLUMNS, by="t_end", last=MIN_STEPS * 2)
@@ -145,21 +157,47 @@ class RecordingWatcher:
         shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
         status.data_wait_share = max(shares) if shares else None
 
+    @staticmethod
+    def _window(w: _Watched, tail: RecordingTail, count: int, since: float) -> list[dict[str, Any]]:
+        """The steps that ended at ``since`` or later, in order of their end."""
+        last_since, w.window_since = w.window_since, since
+        if last_since is None or since < last_since:  # the first read (or a window back in time)
+            select = tail.selection("steps", _STEP_COLUMNS)
+            found = tail.query(
+                f"SELECT rowid, {select} FROM steps WHERE t_end >= ? ORDER BY t_end", (since,)
+            )
+            # On from the last row read, or the last row counted if later: a row appended
+            # between the count and the query is in ``found`` or ended before the window.
+            tail.seek("steps", max([count, *(r[0] for r in found)]))
+            return [dict(zip(_STEP_COLUMNS, r[1:], strict=True)) for r in found]
+        rows = w.window
+        added = tail.new_tuples("steps", _STEP_COLUMNS)
+        if added:
+            rows = rows + [dict(zip(_STEP_COLUMNS, r, strict=True)) for r in added]
+            rows.sort(key=_t_end)  # a process's batch may end before another's last step
+        start = 0
+        while start < len(rows) and _t_end(rows[start]) < since:
+            start += 1
+        return rows[start:] if start else rows
+
+
+def _t_end(row: dict[str, Any]) -> float:
+    t = row["t_end"]
+    return t if t is not None else float("-inf")  # never in a window (SQL: NULL >= t is not)
+
 
 def _recording_note(tail: RecordingTail, path: Path, now: float) -> str | None:
     """A line when the recording is cut short (its recorder died while the job runs on) or has
     had no sample for many intervals; None while it is written as it should be."""
-    from torchdoctor.recording.state import (
-        IN_PROGRESS,
-        describe_state,
-        journal_is_wal,
-        recording_state,
-    )
+    from torchdoctor.recording.state import IN_PROGRESS, describe_state, recording_state
     from torchdoctor.units import fmt_duration
 
     meta = tail.refresh_meta()
     last = tail.newest("host_samples", "t")
-    state = recording_state(meta, last, journal_is_wal(path), wal_beside=True)
+    # The tail reads the -wal beside the file, so whether the file is in WAL mode tells
+    # nothing here (it names a copy left without its -wal): its header is not read, which
+    # opened and closed every recording at every refresh.
+    state = recording_state(meta, last, journal_is_wal=False, wal_beside=True)
     interval = float(meta.get("interval_s") or 0.5)
     if state.kind == IN_PROGRESS:
         if last is None or now - last < max(STALE_INTERVALS * interval, STALE_MIN_S):
