@@ -156,9 +156,17 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
+_boot_id_read: str | None = None
+
+
 def _boot_id() -> str | None:
-    try:
-        with open(_BOOT_ID) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
+    """This boot's id, read once: it cannot change under a running process, and a reader
+    that follows many recordings (``top``, the exporter) asks at every refresh of each."""
+    global _boot_id_read
+    if _boot_id_read is None:
+        try:
+            with open(_BOOT_ID) as fh:
+                _boot_id_read = fh.read().strip()
+        except OSError:
+            return None
+    return _boot_id_read

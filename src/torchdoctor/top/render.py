@@ -297,24 +297,30 @@ def _jobs(view: View, width: int, room: int) -> list[Text]:
             lines.append(Text("no PyTorch process running on this machine", "dim"))
         lines += [Text(n, "dim") for n in view.notes]
         return lines
-    body: list[tuple[Text, int | None]] = []
+    # A process's line is made only if it is shown (a box of 100 jobs has ten times the lines
+    # a screen holds): the body holds its row until then, and its PID.
+    body: list[tuple[Text | ProcessRow, int | None]] = []
     for job in view.jobs:
         body += [(line, None) for line in _job_lines(job)]
-        for row in job.rows:
-            body.append((_process_line(row, view.state.selected_pid == row.pid), row.pid))
+        body += [(row, row.pid) for row in job.rows]
     for note in view.notes:
         body.append((Text(note, "dim"), None))
+    selected_pid = view.state.selected_pid
+
+    def made(item: Text | ProcessRow) -> Text:
+        return item if isinstance(item, Text) else _process_line(item, item.pid == selected_pid)
+
     space = room - 1
     if len(body) > space:
         # Keep the selected row on screen: scroll just enough.
-        selected = next((i for i, (_, pid) in enumerate(body) if pid == view.state.selected_pid), 0)
+        selected = next((i for i, (_, pid) in enumerate(body) if pid == selected_pid), 0)
         start = max(0, min(selected - space + 2, len(body) - space + 1))
         shown = body[start : start + space - 1]
         hidden = len(body) - len(shown)
-        lines += [t for t, _ in shown]
+        lines += [made(item) for item, _ in shown]
         lines.append(Text(f"… {hidden} more lines (up/down to scroll)", "dim"))
     else:
-        lines += [t for t, _ in body]
+        lines += [made(item) for item, _ in body]
     return lines
 
 
