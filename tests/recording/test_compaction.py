@@ -12,7 +12,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_td
-from tests.diagnosis.builders import T0, GiB, Job, MiB, Proc, _json, const, loader, make_steps
+from tests.diagnosis.builders import (
+    T0,
+    GiB,
+    Gpu,
+    Job,
+    MiB,
+    Proc,
+    _json,
+    const,
+    loader,
+    make_steps,
+)
 from tests.diagnosis.test_host_rules import io_job, swap_job, threads_job
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.diagnosis.findings import Finding
@@ -252,6 +263,31 @@ def test_a_shared_memory_peak_in_a_folded_minute_is_kept(tmp_path: Path) -> None
         whole, small = summarize(a), summarize(b)
     assert whole.job_dev_shm.peak == small.job_dev_shm.peak == 2 * GiB
     assert whole.job_rss_shmem.peak == small.job_rss_shmem.peak == 2 * GiB
+
+
+def test_gpu_processes_are_folded_and_their_peaks_kept(tmp_path: Path) -> None:
+    """The per-process GPU rows (every process on every GPU, every sample) are folded like the
+    others, and the job's VRAM peak, the device's memory and busy peaks a folded minute hid
+    are still the peaks `show`, the report and the hand-off read."""
+    spike = Gpu(
+        used=lambda t: 70 * GiB if 200 <= t < 200.5 else 40 * GiB,
+        util=lambda t: 100.0 if 200 <= t < 200.5 else 60.0,
+    )
+    job = Job(duration=DURATION, procs=[Proc(1000)], gpus=[spike])
+    full = write(job, tmp_path / "full.sqlite", None)
+    folded = write(job, tmp_path / "folded.sqlite", POLICY)
+    with open_recording(full) as a, open_recording(folded) as b:
+        whole, small = summarize(a).gpus[0], summarize(b).gpus[0]
+        rows = [
+            rec.query(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]
+            for rec in (a, b)
+            for table in ("gpu_process_samples", "process_samples")
+        ]
+    assert small.job_memory_peak == whole.job_memory_peak == 70 * GiB - 500 * MiB
+    assert small.memory_used.peak == whole.memory_used.peak == 70 * GiB
+    assert small.utilization_gpu.peak == whole.utilization_gpu.peak == 100.0
+    # one process on one GPU: folded as its process rows are (a row a bucket)
+    assert rows[2] == rows[3] < rows[0] / 2, rows
 
 
 def test_show_means_of_a_folded_recording_are_the_full_ones(tmp_path: Path) -> None:

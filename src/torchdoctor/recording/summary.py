@@ -218,8 +218,7 @@ def _with_folded_peak(rec: Recording, stat: Stat, column: str = "rss") -> Stat:
     name = f"{column}_max"
     if rec.compaction is None:
         return stat
-    kept = rec.query("SELECT name FROM pragma_table_info('process_sample_summaries')")
-    if name not in {r["name"] for r in kept}:
+    if not _has_columns(rec, "process_sample_summaries", (name,)):
         return stat
     (row,) = rec.query(
         f"SELECT MAX(s) AS peak FROM (SELECT SUM({name}) AS s FROM process_sample_summaries"
@@ -260,17 +259,48 @@ def _gpus(rec: Recording) -> list[GpuSummary]:
         " FROM gpu_process_samples WHERE in_job = 1 GROUP BY gpu_index, t) GROUP BY gpu_index"
     )
     job_peak = {r["i"]: r["peak"] for r in job_mem}
+    # Where samples were folded their rows hold means; the summaries keep the peaks.
+    device_peak: dict[int, tuple[Any, Any]] = {}
+    if rec.compaction is not None:
+        for r in rec.query(
+            'SELECT "index" AS i, MAX(utilization_gpu_max) AS u, MAX(memory_used_max) AS m'
+            ' FROM gpu_sample_summaries GROUP BY "index"'
+        ):
+            device_peak[r["i"]] = (r["u"], r["m"])
+        if _has_columns(rec, "gpu_process_sample_summaries", ("used_memory_max", "in_job")):
+            for r in rec.query(
+                "SELECT gpu_index AS i, MAX(s) AS peak FROM (SELECT gpu_index, period,"
+                " SUM(used_memory_max) AS s FROM gpu_process_sample_summaries WHERE in_job = 1"
+                " GROUP BY gpu_index, period) GROUP BY gpu_index"
+            ):
+                job_peak[r["i"]] = _higher(job_peak.get(r["i"]), r["peak"])
     return [
         GpuSummary(
             index=r["i"],
             name=names.get(r["i"]),
-            utilization_gpu=_stat(r, "u"),
-            memory_used=_stat(r, "m"),
+            utilization_gpu=Stat(
+                r["u_mean"], _higher(r["u_peak"], device_peak.get(r["i"], (None,))[0])
+            ),
+            memory_used=Stat(
+                r["m_mean"], _higher(r["m_peak"], device_peak.get(r["i"], (None, None))[1])
+            ),
             memory_total=r["total"],
             job_memory_peak=job_peak.get(r["i"]),
         )
         for r in rows
     ]
+
+
+def _higher(a: Any, b: Any) -> Any:
+    """The higher of two peaks, either of which may be unknown (None)."""
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _has_columns(rec: Recording, table: str, names: tuple[str, ...]) -> bool:
+    """``table`` (a summary table, which the reader's schema does not list) exists in this
+    file with ``names`` among its columns: one folded by an older writer may lack them."""
+    kept = {r["name"] for r in rec.query(f"SELECT name FROM pragma_table_info('{table}')")}
+    return set(names) <= kept
 
 
 def _steps(rec: Recording) -> dict[str, Any] | None:
