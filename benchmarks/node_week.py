@@ -17,13 +17,18 @@ default 0.5 s with a commit per second of run time, as the recorder commits:
            week's two ends: the file a writer holds after a week. Its bytes, and `diagnose` and
            `report` on it (peak RSS, wall time), are measured.
 
+With --gpus N (default 8: the node of an LLM fine-tune) each sample also holds N GPUs, each
+with one rank's process on it (NVML's device and per-process rows, as the GPU reader writes
+them: busy 88-99 %, memory drifting within 2 GiB of 60 GiB), which the writer folds as it
+folds the processes.
+
 The 8 ranks step once a sample (0.5 s, DDP's lock-step), written with the samples: the
 compacted week folds them too (step_summaries, a few rows a minute kept); its bytes with every
 step row kept are the compacted week's with the kept-full replay's step bytes per hour instead.
 
 Targets (issue 46): the week <= 200 MB; `diagnose` and `report` on it <= 256 MiB and <= 60 s.
 
-    python benchmarks/node_week.py [--hours 1] [--days 7] [--runs 2]
+    python benchmarks/node_week.py [--hours 1] [--days 7] [--runs 2] [--gpus 8]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from torchdoctor.recording.compaction import (
 )
 from torchdoctor.recording.records import StepRecord
 from torchdoctor.sampling import roles
+from torchdoctor.sampling.types import GpuProcessSample, GpuSample
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -88,13 +94,37 @@ def rank_steps(ranks: list[int], i: int, t: float) -> list[StepRecord]:
     return out
 
 
+def gpu_rows(ranks: list[int], gpus: int, i: int, t: float) -> tuple[list, list]:
+    """The ``i``-th sample of ``gpus`` devices, rank k's process on device k (k < gpus):
+    NVML's device rows and per-process rows as the GPU reader writes them."""
+    devices, procs = [], []
+    for g in range(gpus):
+        u = ((i * 6007 + g * 7919) % 1000) / 1000
+        used = int((60 + 2 * u) * (1 << 30))
+        devices.append(
+            GpuSample(t, g, f"GPU-{g:08d}", 88 + 11 * u, 40 + 20 * u, used, 80 << 30,
+                      300 + 100 * u, 400.0, 60 + 10 * u, 1410.0, [], 8e9 * u, 2e9 * u, 0, 0, [],
+                      0)
+        )  # fmt: skip
+        if g < len(ranks):
+            procs.append(GpuProcessSample(t, g, ranks[g], ranks[g], used - (500 << 20), True))
+    return devices, procs
+
+
 def node_snapshots(n: int) -> tuple[list, list]:
     """``n`` snapshots of a real 73-process tree (the launcher and its 72 processes)."""
     with running(node_job(RANKS, WORKERS)) as job:
         return snapshots(job.pid, n, 0.1)
 
 
-def replay(path: Path, hours: float, snaps: list, infos: list, policy: CompactionPolicy | None):
+def replay(
+    path: Path,
+    hours: float,
+    snaps: list,
+    infos: list,
+    policy: CompactionPolicy | None,
+    gpus: int = 0,
+):
     t0 = time.time() - hours * 3600
     writer = RecordingWriter(
         path,
@@ -115,6 +145,8 @@ def replay(path: Path, hours: float, snaps: list, infos: list, policy: Compactio
         for p in snap.processes:
             p.t = t
         snap.new_processes = [] if i else infos
+        if gpus:
+            snap.gpus, snap.gpu_processes = gpu_rows(ranks, gpus, i, t)
         writer.add_steps(rank_steps(ranks, i, t))
         writer.write_snapshot(snap)
         if i % 2 == 1:
@@ -248,6 +280,20 @@ def step_bytes(path: Path) -> int:
         db.close()
 
 
+def table_bytes(path: Path) -> dict[str, int]:
+    """Bytes per table in the file, its indexes counted with it (SQLite's dbstat)."""
+    db = sqlite3.connect(path)
+    try:
+        tables = {name: tbl for name, tbl in db.execute("SELECT name, tbl_name FROM sqlite_master")}
+        out: dict[str, int] = {}
+        for name, size in db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
+            table = tables.get(name, name)
+            out[table] = out.get(table, 0) + size
+        return out
+    finally:
+        db.close()
+
+
 def best_of(runs: int, *args: str) -> tuple[int, float]:
     got = [peak_rss_of(*args) for _ in range(runs)]
     return max(p for p, _ in got), min(s for _, s in got)
@@ -258,20 +304,21 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=1.0, help="replayed run time (>= 0.5)")
     parser.add_argument("--days", type=float, default=7.0, help="the week's length")
     parser.add_argument("--runs", type=int, default=2, help="diagnose/report runs each")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default 8)")
     args = parser.parse_args()
     card = Scorecard("node_week")
     policy = CompactionPolicy()
     print(f"load before: {load()}")
     snaps, infos = node_snapshots(20)
     procs = len(snaps[0].processes)
-    print(f"a real node tree: {procs} processes a sample")
+    print(f"a real node tree: {procs} processes a sample, {args.gpus} GPUs")
     with tempfile.TemporaryDirectory(prefix="td-node-") as tmp:
         folder = Path(tmp)
         sizes = {}
         cpu_s = {}
         for name, pol in (("full", None), ("compact", policy)):
             path = folder / f"{name}.sqlite"
-            n, wall, cpu_s[name] = replay(path, args.hours, snaps, infos, pol)
+            n, wall, cpu_s[name] = replay(path, args.hours, snaps, infos, pol, args.gpus)
             sizes[name] = path.stat().st_size
             with open_recording(path) as rec:
                 rows = rec.count("process_samples")
@@ -301,6 +348,8 @@ def main() -> int:
             f"compacted week: {rows:,} process rows, {size / MB:.1f} MB,"
             f" {len(spans)} folded span(s); full week (extrapolated) {full_week / MB:,.0f} MB"
         )
+        biggest = sorted(table_bytes(week).items(), key=lambda kv: -kv[1])[:6]
+        print("  by table: " + ", ".join(f"{name} {size / MB:.1f} MB" for name, size in biggest))
         # Every step kept (no step folding): the kept-full replay's step bytes per hour
         steps_full = step_bytes(folder / "full.sqlite") / (args.hours * 3600) * week_s
         steps_week = step_bytes(week)
@@ -321,8 +370,8 @@ def main() -> int:
         card.check(
             f"bytes of {args.days:g} days of the 72-process node job ({procs} processes a sample)",
             size / MB,
-            f"{size / MB:.0f} MB compacted (kept full: {full_week / MB:,.0f} MB, from"
-            f" {args.hours:g} h x {week_s / (args.hours * 3600):.0f}; x{full_week / size:.0f})",
+            f"{size / MB:.0f} MB compacted, {args.gpus} GPUs (kept full: {full_week / MB:,.0f} MB,"
+            f" from {args.hours:g} h x {week_s / (args.hours * 3600):.0f}; x{full_week / size:.0f})",
             at_most=BYTES_TARGET_MB,
             target=f"<= {BYTES_TARGET_MB} MB",
         )
