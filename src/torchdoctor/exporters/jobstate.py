@@ -25,6 +25,7 @@ from torchdoctor.recording.totals import (
     PROCESS_COLUMNS,
     STEP_COLUMNS,
     TABLES,
+    TOTALS_KEY,
     RankSteps,
     RoleTotals,
     RunningTotals,
@@ -150,7 +151,7 @@ class JobState:
         else; process rows are then read on by :meth:`update`)."""
         self._caught_up = True
         tail = self.tail
-        saved = RunningTotals.from_json(tail.meta.get("totals"))
+        saved = RunningTotals.from_json(tail.meta.get(TOTALS_KEY))
         if saved is not None:
             self.sums = saved
             through = saved.through["process_samples"]
@@ -179,7 +180,7 @@ class JobState:
     def _take_saved(self) -> bool:
         """Take the totals the writer saved, if they sum at least the rows read so far; the
         gauges then come from the latest sample they include. False: read the rows."""
-        saved = self.tail.meta.get("totals")
+        saved = self.tail.meta.get(TOTALS_KEY)
         if saved is None:
             return False
         if saved is self._saved:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+TOTALS_KEY = "totals"  # where the writer keeps them in the recording's meta
+
 # Read as tuples in these orders (the loops below unpack them by position).
 PROCESS_COLUMNS = [
     "t",

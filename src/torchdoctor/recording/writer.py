@@ -51,7 +51,12 @@ from torchdoctor.recording.schema import (
     to_row,
 )
 from torchdoctor.recording.state import writer_identity
-from torchdoctor.recording.totals import PROCESS_COLUMNS, STEP_COLUMNS, RunningTotals
+from torchdoctor.recording.totals import (
+    PROCESS_COLUMNS,
+    STEP_COLUMNS,
+    TOTALS_KEY,
+    RunningTotals,
+)
 from torchdoctor.sampling.types import Snapshot
 from torchdoctor.units import fmt_bytes
 
@@ -345,7 +350,7 @@ class RecordingWriter:
         if processes or pending["steps"] or pending["events"]:
             # Rowids of a table only appended to follow each other from 1.
             totals.through = {t: self.rows_written[t] for t in totals.through}
-            self._set_meta_locked({"totals": totals.to_json()})
+            self._set_meta_locked({TOTALS_KEY: totals.to_json()})
 
     def _write_locked(self, work: Callable[[], None]) -> None:
         """One transaction; a failure stops the recording (said once), never raises."""

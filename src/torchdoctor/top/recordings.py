@@ -20,6 +20,7 @@ from typing import Any
 from torchdoctor.diagnosis.rediagnosis import BudgetedDiagnosis
 from torchdoctor.recording.steps import step_stats
 from torchdoctor.recording.tail import RecordingTail
+from torchdoctor.recording.totals import TOTALS_KEY
 from torchdoctor.thresholds import Thresholds
 from torchdoctor.top.model import FindingBrief, RecordingStatus
 
@@ -125,7 +126,8 @@ class RecordingWatcher:
         try:
             # Validates that this is a recording this torchdoctor can read.
             open_recording(path).close()
-            tail = RecordingTail(path)
+            # The running totals are the exporter's, rewritten at every flush: not decoded.
+            tail = RecordingTail(path, meta_skip=(TOTALS_KEY,))
         except (UserError, sqlite3.Error, OSError) as exc:
             return _Watched(path, None, getattr(exc, "message", None) or str(exc))
         return _Watched(path, tail, None)
