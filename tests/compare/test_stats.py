@@ -197,6 +197,25 @@ def test_a_run_on_saturated_cpus_is_named_first_among_the_reasons():
     assert compare(a, own).contended == []
 
 
+def test_where_the_job_measured_its_wait_for_a_cpu_that_decides():
+    # Measured on this VM: on CPUs saturated by two hogs a compute loop's main thread waited
+    # for a CPU 72 % of its steady steps, a loop that sleeps for its data 4.5 %.
+    a = figures()
+    saturated = {"other_cpus": 1.8, "host_cpu_busy_pct": 100.0}
+    starved = figures(seed=2, step=0.03, wait=0.001, run_queue_wait=0.72, **saturated)
+    c = compare(a, starved)
+    assert c.contended == ["B"]
+    assert c.explanations[0] == (
+        "during B the job waited for a CPU 72 % of its time while other programs used 1.8 "
+        "CPUs: a step that computes moves with them"
+    )
+    sleeping = figures(seed=2, run_queue_wait=0.045, **saturated)
+    assert compare(a, sleeping).contended == []
+    # its own threads outnumbering the CPUs: it waits, but not for other programs
+    crowded = figures(seed=2, run_queue_wait=0.5, other_cpus=0.1, host_cpu_busy_pct=100.0)
+    assert compare(a, crowded).contended == []
+
+
 def test_unlike_workloads_and_short_runs_are_refused_in_one_line():
     a = figures()
     with pytest.raises(UserError) as refused:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from tests.helpers.engines import engine
@@ -516,3 +517,38 @@ def test_reused_pid_is_a_new_process(jobtree):
     # create_time has clock-tick resolution (10 ms): a fast machine can hand the PID out again
     # within the same tick, so it cannot be the only thing that tells the two apart.
     assert s.create_time >= old_create
+
+
+def test_a_model_process_sharing_its_cpu_is_seen_waiting_for_it(tmp_path):
+    # A trainer pinned to one CPU beside a spinning neighbour pinned to the same CPU gets
+    # about half of it and waits on the run queue the other half (/proc/<pid>/schedstat):
+    # the measure compare uses to tell a job starved of CPU from one that sleeps.
+    spin = [sys.executable, "-c", "while True: pass"]
+    trainer = subprocess.Popen(spin)
+    neighbour = subprocess.Popen(spin)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        cpu = min(os.sched_getaffinity(0))
+        for pid in (trainer.pid, neighbour.pid):
+            os.sched_setaffinity(pid, {cpu})
+        job, quiet = JobReader(trainer.pid), JobReader(sleeper.pid)
+        (before,), (rested,) = job.read()[0], quiet.read()[0]
+        assert before.role == "trainer" and before.run_delay_s is not None
+        # until the trainer has run 0.3 s of CPU, however long the machine takes to give it
+        # (polled: there is no event for CPU time; the pause keeps this test off the CPUs)
+        deadline = time.monotonic() + 120
+        while True:
+            (after,) = job.read()[0]
+            if after.cpu_user_s + after.cpu_system_s - before.cpu_user_s >= 0.3:
+                break
+            assert time.monotonic() < deadline, "the trainer got no CPU in 120 s"
+            time.sleep(0.05)
+        ran = after.cpu_user_s + after.cpu_system_s - before.cpu_user_s - before.cpu_system_s
+        waited = after.run_delay_s - before.run_delay_s
+        assert waited >= 0.3 * ran, (waited, ran)
+        (later,) = quiet.read()[0]
+        assert later.run_delay_s - rested.run_delay_s < 0.05
+    finally:
+        for p in (trainer, neighbour, sleeper):
+            p.kill()
+            p.wait()

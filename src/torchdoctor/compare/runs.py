@@ -69,6 +69,9 @@ class RunFigures:
     host_cpu_busy_pct: float | None  # mean over the run, percent of the allowed CPUs
     job_cpus: float | None  # mean CPUs the job itself used
     other_cpus: float | None  # mean CPUs everything else on the machine used
+    # Share of the run the model processes' main threads waited on a run queue, runnable but
+    # without a CPU (/proc/<pid>/schedstat); None in a recording made before it was read.
+    run_queue_wait: float | None = None
     notes: list[str] = field(default_factory=list)  # what the figures rest on (cut short...)
 
 
@@ -177,7 +180,34 @@ def run_figures(rec: Recording) -> RunFigures:
         job_cpus=job_cpus,
         other_cpus=other,
         notes=notes,
+        run_queue_wait=run_queue_wait(rec, _span(steady)),
     )
+
+
+def _span(steps: list[Any]) -> tuple[float, float] | None:
+    """From the first steady step's start to the last one's end: the time compared."""
+    starts = [r["t_start"] for r in steps if r["t_start"] is not None]
+    ends = [r["t_end"] for r in steps if r["t_end"] is not None]
+    return (min(starts), max(ends)) if starts and ends else None
+
+
+def run_queue_wait(rec: Recording, span: tuple[float, float] | None) -> float | None:
+    """The share of their time the model processes (trainers, ranks) waited on a run queue
+    for a CPU during ``span`` (the steady steps: start-up's imports wait too on a busy
+    machine, and say nothing of the steps): their waits added up over their times added up.
+    None when no such process's waits were read in it (an older recording, a kernel without
+    schedstat, a span shorter than the sampling interval)."""
+    if span is None or "run_delay_s" not in rec.stored_columns("process_samples"):
+        return None
+    rows = rec.query(
+        "SELECT MAX(run_delay_s) - MIN(run_delay_s) AS waited, MAX(t) - MIN(t) AS span"
+        " FROM process_samples WHERE run_delay_s IS NOT NULL AND t >= ? AND t <= ?"
+        " GROUP BY pid, create_time",
+        span,
+    )
+    waited = sum(r["waited"] for r in rows if r["span"])
+    span = sum(r["span"] for r in rows if r["span"])
+    return waited / span if span > 0 else None
 
 
 def _int(value: float | None) -> int | None:

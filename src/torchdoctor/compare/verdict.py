@@ -54,6 +54,12 @@ BUSIER_MARGIN_CPUS = 0.5
 # beyond one run's interval (compare_power on a 2-CPU VM whose other programs used 1.2-1.4
 # CPUs: equal runs at 0.66x and 1.47x), so compare says so first among the reasons.
 CONTENDED_OTHER_CPUS = 0.5
+# Where the recording has it, the job's own measure decides instead of the host's: its model
+# processes' main threads waited on a run queue for a CPU at least this share of the run
+# (/proc/<pid>/schedstat), while other programs held CONTENDED_OTHER_CPUS. A job that sleeps
+# (waits for data, I/O) on a saturated machine waits little there and is not contended; one
+# whose own threads outnumber the CPUs waits, but not because of other programs.
+CONTENDED_WAIT_SHARE = 0.10
 
 # Which recorded differences can move which phase. A difference "explains" a phase when its
 # key starts with one of these.
@@ -171,12 +177,30 @@ def workload_mismatch(a: RunFigures, b: RunFigures) -> list[str]:
 
 
 def is_contended(run: RunFigures) -> bool:
-    """Other programs saturated the CPUs ``run`` was allowed (see CONTENDED_OTHER_CPUS)."""
+    """Other programs took the CPUs ``run`` needed: its model processes waited for a CPU
+    (CONTENDED_WAIT_SHARE) where that was measured, else the CPUs it was allowed were
+    saturated; and other programs held CONTENDED_OTHER_CPUS of them either way."""
+    if run.other_cpus is None or run.other_cpus < CONTENDED_OTHER_CPUS:
+        return False
+    if run.run_queue_wait is not None:
+        return run.run_queue_wait >= CONTENDED_WAIT_SHARE
     return (
         run.host_cpu_busy_pct is not None
-        and run.other_cpus is not None
         and run.host_cpu_busy_pct >= Thresholds().cpu_load_alert_pct
-        and run.other_cpus >= CONTENDED_OTHER_CPUS
+    )
+
+
+def _contended_line(name: str, run: RunFigures) -> str:
+    """Why ``run`` (named ``name``) counts as contended, in one line."""
+    if run.run_queue_wait is not None:
+        return (
+            f"during {name} the job waited for a CPU {run.run_queue_wait * 100:.0f} % of its "
+            f"time while other programs used {run.other_cpus:.1f} CPUs: a step that computes "
+            "moves with them"
+        )
+    return (
+        f"during {name} the CPUs were {run.host_cpu_busy_pct:.0f} % busy and other programs "
+        f"used {run.other_cpus:.1f} of them: a step that computes moves with them"
     )
 
 
@@ -331,12 +355,7 @@ def compare_runs(
         settings=settings,
         environment=environment,
         command=command,
-        explanations=[
-            f"during {name} the CPUs were {run.host_cpu_busy_pct:.0f} % busy and other programs "
-            f"used {run.other_cpus:.1f} of them: a step that computes moves with them"
-            for name, run in contended
-            if run.host_cpu_busy_pct is not None and run.other_cpus
-        ]
+        explanations=[_contended_line(name, run) for name, run in contended]
         + _explain(verdict, changes, settings, environment, other_a, other_b, busier),
         a_peak_rss=_max_of(a, "peak_rss"),
         b_peak_rss=_max_of(b, "peak_rss"),

@@ -169,7 +169,7 @@ class Folding:
 # figures that do not move within a run.
 _PROCESS_LAST = frozenset(
     {"ppid", "create_time", "name", "role", "rank", "cpu_user_s", "cpu_system_s",
-     "read_bytes", "write_bytes", "unavailable"}
+     "read_bytes", "write_bytes", "unavailable", "run_delay_s"}
 )  # fmt: skip
 _HOST_LAST = frozenset(
     {"mem_total", "swap_total", "per_core", "per_core_ids", "unavailable", "ctx_switches",

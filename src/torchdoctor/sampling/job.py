@@ -613,6 +613,17 @@ class JobReader:
             p.slow_due = min(p.slow_due, mono)
         if swap is None:
             unavailable["swap"] = "no VmSwap in /proc/<pid>/status"
+        run_delay = None
+        if p.role in roles.COMPUTE:
+            # By path, not a kept descriptor: a few model processes a job, one read each.
+            try:
+                run_delay = procfs.parse_schedstat(
+                    procfs.read_path(f"/proc/{p.pid}/schedstat", 128)
+                )
+            except (OSError, ValueError) as e:
+                unavailable["run_delay_s"] = (
+                    f"/proc/{p.pid}/schedstat: {getattr(e, 'strerror', None) or e}"
+                )
 
         cpu_ticks = st.utime + st.stime
         cpu_pct = vol_s = invol_s = read_s = write_s = None
@@ -656,6 +667,7 @@ class JobReader:
             write_bytes=write_b,
             unavailable=unavailable,
             shmem=shmem,
+            run_delay_s=run_delay,
         )
 
 

@@ -408,6 +408,16 @@ def parse_rss_shmem(data: bytes) -> int | None:
     return None if kb is None else kb * 1024
 
 
+def parse_schedstat(data: bytes) -> float:
+    """Seconds the task waited on a run queue, runnable but not running, since it started:
+    the second of /proc/<pid>/schedstat's three figures (nanoseconds; the task is the
+    process's main thread). Raises ValueError when the text is not three integers."""
+    fields = data.split()
+    if len(fields) != 3:
+        raise ValueError(f"schedstat {data[:40]!r}")
+    return int(fields[1]) / 1e9
+
+
 DEV_SHM = "/dev/shm/"
 _DEV_SHM_B = b" /dev/shm/"
 

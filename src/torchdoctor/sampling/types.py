@@ -135,6 +135,10 @@ class ProcessSample:
     # sample (on the first process of the job found holding it): the job's sum is the /dev/shm
     # space it needs.
     dev_shm: int | None = None
+    # Seconds the process's main thread waited on a run queue, runnable but not given a CPU,
+    # since it started (cumulative; /proc/<pid>/schedstat). Read for the processes that run
+    # the model only: it tells a step starved of CPU by other programs from one that sleeps.
+    run_delay_s: float | None = None
 
 
 @dataclass(slots=True)
