@@ -13,13 +13,19 @@ from functools import cached_property
 from typing import Any
 
 from torchdoctor.diagnosis.findings import Finding
-from torchdoctor.diagnosis.ranks import RankJob
+from torchdoctor.diagnosis.ranks import RankJob, RankSteps, compared_share
 from torchdoctor.diagnosis.series import Span, nearest, sustained_span
 from torchdoctor.recording.compaction import META_THROUGH
 from torchdoctor.recording.frame import SampleFrame
 from torchdoctor.recording.profiles import WindowProfile, read_profiles
 from torchdoctor.recording.reader import Recording
-from torchdoctor.recording.steps import FoldedSteps, StepStats, decode_json, measured_steps
+from torchdoctor.recording.steps import (
+    FoldedSteps,
+    ProcessSteps,
+    StepStats,
+    decode_json,
+    measured_steps,
+)
 from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus
 from torchdoctor.thresholds import Thresholds
@@ -53,6 +59,11 @@ class JobContext:
     @cached_property
     def ranks(self) -> RankJob:
         return RankJob.from_contexts(self.contexts)
+
+    @cached_property
+    def compared_share(self) -> float:
+        """The share of step numbers the rank rules compare step by step (diagnosis.ranks)."""
+        return compared_share(self.contexts)
 
 
 class DiagnosisContext:
@@ -175,7 +186,7 @@ class DiagnosisContext:
     def compute_pids(self) -> list[int]:
         """Processes that run the model: trainers and ranks, plus any process that recorded steps."""
         pids = {pid for pid in self.samples_by_pid if self.role_of(pid) in roles.COMPUTE}
-        pids |= {s["pid"] for s in self.steps}
+        pids |= set(self.step_rows)
         pids |= {p for p, info in self.processes.items() if info["role"] in roles.COMPUTE}
         return sorted(pids)
 
@@ -264,7 +275,7 @@ class DiagnosisContext:
 
     def step_count(self, pid: int | None = None) -> int:
         """Steps ``pid`` took (every process's when None), folded ones included."""
-        rows = sum(1 for s in self.steps if pid is None or s["pid"] == pid)
+        rows = sum(self.step_rows.values()) if pid is None else self.step_rows.get(pid, 0)
         folded = self.recording.folded_steps
         return rows + sum(f.count for p, f in folded.items() if pid is None or p == pid)
 
@@ -272,17 +283,38 @@ class DiagnosisContext:
         """(times, steps ``pid`` had ended by each): its step ends in order, the folded
         steps of a bucket counted at the bucket's last folded end (a minute's resolution
         there). For growth or rates per step over the run, without a value per step."""
-        ends = [(float(s["t_end"]), 1) for s in self.steps if s["pid"] == pid]
-        ends += [(t_to, n) for _, t_to, n in self.folded(pid).spans]
-        ends.sort()
+        rows = sorted(self.recording.step_ends(pid))
+        spans = sorted((t_to, n) for _, t_to, n in self.folded(pid).spans)
         times: list[float] = []
         done: list[int] = []
-        total = 0
-        for t, n in ends:
+        total = j = 0
+        # the two merged in time order, a row before a bucket that ends with it
+        for t in rows:
+            while j < len(spans) and spans[j][0] < t:
+                total += spans[j][1]
+                times.append(spans[j][0])
+                done.append(total)
+                j += 1
+            total += 1
+            times.append(t)
+            done.append(total)
+        for t, n in spans[j:]:
             total += n
             times.append(t)
             done.append(total)
         return times, done
+
+    @cached_property
+    def step_rows(self) -> dict[int, int]:
+        """Step rows per pid that stepped (SQL counts them: no row is read)."""
+        rows = self.recording.query("SELECT pid, COUNT(*) AS n FROM steps GROUP BY pid")
+        return {r["pid"]: r["n"] for r in rows}
+
+    @cached_property
+    def step_autocast_dtypes(self) -> set[str | None]:
+        """The autocast dtypes the step rows name (None: a step without autocast)."""
+        rows = self.recording.query("SELECT DISTINCT autocast_dtype AS d FROM steps")
+        return {r["d"] for r in rows}
 
     @cached_property
     def steady_steps(self) -> list[dict[str, Any]]:
@@ -301,7 +333,24 @@ class DiagnosisContext:
     def step_summary(self) -> StepStats | None:
         """The recording's step summary (the one ``show`` prints); None when fewer than
         ``MIN_STEADY_STEPS`` steady steps carry it, too few for a verdict on steps."""
-        return self.verdict_ready(self.recording.step_stats())
+        return self.verdict_ready(self._step_pass[0])
+
+    @cached_property
+    def _step_pass(self) -> tuple[StepStats | None, dict[int, tuple[int | None, RankSteps]]]:
+        """The step summary and each process's rank figures, from one read of the steps
+        (one process at a time): (StepStats, pid -> (its first rank, RankSteps))."""
+        share = self.job_context.compared_share
+        ranks: dict[int, tuple[int | None, RankSteps]] = {}
+
+        def rank_figures(proc: ProcessSteps) -> None:
+            ranks[proc.pid] = (proc.first_rank(), RankSteps.of(proc, share))
+
+        return self.recording.step_stats(each=rank_figures), ranks
+
+    def rank_steps(self) -> dict[int, tuple[int | None, RankSteps]]:
+        """Per pid that stepped: its first rank and what the rank rules read of its steps
+        (diagnosis.ranks), read with the step summary."""
+        return self._step_pass[1]
 
     @cached_property
     def profiles(self) -> list[WindowProfile]:
@@ -383,7 +432,9 @@ class DiagnosisContext:
 
     @cached_property
     def steps_use_cuda(self) -> bool:
-        return any((s["cuda_reserved"] or 0) > 0 for s in self.steps)
+        # SQL finds the first such row: a CPU job's steps are not read for it
+        rows = self.recording.query("SELECT 1 AS x FROM steps WHERE cuda_reserved > 0 LIMIT 1")
+        return bool(rows)
 
     @cached_property
     def param_devices(self) -> list[str]:

@@ -30,7 +30,8 @@ import os
 import sqlite3
 import stat
 import typing
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,13 @@ from torchdoctor.recording.state import (
     missing_wal_hint,
     recording_state,
 )
-from torchdoctor.recording.steps import FoldedSteps, StepStats, step_stats
+from torchdoctor.recording.steps import (
+    FIGURE_COLUMNS,
+    FoldedSteps,
+    ProcessSteps,
+    StepStats,
+    process_step_stats,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,7 @@ class Recording:
         self._state: RecordingState | None = None
         self.meta: dict[str, Any] = _decoded_meta(path, self._fetch("SELECT key, value FROM meta"))
         self._stored: dict[str, set[str]] = {}
+        self._step_stats: tuple[tuple, StepStats] | None = None  # (the steps' mark, stats)
 
     # -- generic access ----------------------------------------------------------------
     def tables(self) -> list[str]:
@@ -388,20 +396,62 @@ class Recording:
             step_histogram.decode(r["wait_hist"], f.waits)
         return out
 
-    def step_stats(self) -> StepStats | None:
+    def step_pids(self) -> list[int]:
+        """The processes that recorded steps, in the order their first step ended."""
+        rows = self._fetch("SELECT pid FROM steps GROUP BY pid ORDER BY MIN(t_end), MIN(rowid)")
+        return [r[0] for r in rows]
+
+    def process_steps(
+        self, pids: Iterable[int] | None = None, columns: Sequence[str] = FIGURE_COLUMNS
+    ) -> Iterator[ProcessSteps]:
+        """Each process's step rows (``pids``, by default every one that stepped), one
+        process at a time, column by column (:class:`~torchdoctor.recording.steps.
+        ProcessSteps`): a reader that keeps only what it computes from each holds one
+        process's columns at a time, however long the recording. Rows written after the
+        first is read are left out (a live recorder's)."""
+        last = self._fetch("SELECT MAX(rowid) FROM steps")[0][0] or 0
+        names = list(dict.fromkeys(("step", *columns)))
+        select = self._select_list("steps", names)
+        # In step order; rows of one step as Recording.rows orders them (by their end)
+        sql = f"SELECT {select} FROM steps WHERE pid = ? AND rowid <= ? ORDER BY step, t_end, rowid"
+        folded = self.folded_steps
+        for pid in self.step_pids() if pids is None else pids:
+            yield ProcessSteps.from_chunks(
+                pid, names, self._iter_chunks(sql, (pid, last)), folded.get(pid)
+            )
+
+    def step_ends(self, pid: int) -> array:
+        """The ends of ``pid``'s step rows, in no set order (read off the index on t_end)."""
+        return array("d", self._iter_plain("SELECT t_end FROM steps WHERE pid = ?", (pid,)))
+
+    def step_stats(self, each: Callable[[ProcessSteps], None] | None = None) -> StepStats | None:
         """The job's step summary (:mod:`torchdoctor.recording.steps`), None without steps.
 
-        ``show``, ``diagnose`` and ``report`` all print this one summary of the recording."""
-        steps = self.frame("steps")  # a day of steps as dicts would be gigabytes
-        if not steps:
+        ``show``, ``diagnose`` and ``report`` all print this one summary of the recording.
+        Read one process at a time (a day of steps as dicts would be gigabytes); kept until
+        the steps change (``diagnose --json`` prints the one its rules read). ``each``: also
+        called with each process's steps as they are read (the rank rules' summaries): the
+        steps are then read again even where the summary is kept."""
+        # The steps' mark: their last row, and the folded ones' (a compaction pass adds some)
+        key: tuple = (self._fetch("SELECT MAX(rowid) FROM steps")[0][0],)
+        if self._has_table(STEP_SUMMARIES):
+            key += (self._fetch(f"SELECT MAX(rowid) FROM {STEP_SUMMARIES}")[0][0],)
+        if each is None and self._step_stats is not None and self._step_stats[0] == key:
+            return self._step_stats[1]
+        if key[0] is None:
             return None
         loaders, settings = self.rows("dataloaders"), self.rows("settings")
         try:
-            return step_stats(steps, loaders, settings, self.folded_steps)
+            processes = self.process_steps()
+            if each is not None:
+                processes = _calling(each, processes)
+            stats = process_step_stats(processes, loaders, settings)
         except (TypeError, ValueError) as exc:
             # A step without a figure every step has (its time NULL, or text read as NULL):
             # edited, and every reader of the summary would fail on it, each rule on its own.
             raise damaged(self.path, f"a step lacks a figure ({exc})") from None
+        self._step_stats = (key, stats)
+        return stats
 
     def profile_windows(self) -> list[ProfileWindow]:
         """The profiler windows of the job (``run --profile-steps``, ``torchdoctor profile``),
@@ -574,6 +624,22 @@ class Recording:
                 if not self._salvage_after(exc):
                     raise
 
+    def _iter_chunks(self, sql: str, params: tuple | list = ()) -> Iterator[list[tuple]]:
+        """The rows of ``sql`` as lists of tuples, streamed (as :meth:`_iter_tuples`)."""
+        done = 0
+        while True:
+            try:
+                cur = self._db.cursor()
+                cur.row_factory = None
+                cur.execute(f"{sql} LIMIT -1 OFFSET ?", (*params, done))
+                while rows := cur.fetchmany(8192):
+                    done += len(rows)
+                    yield rows
+                return
+            except sqlite3.DatabaseError as exc:
+                if not self._salvage_after(exc):
+                    raise
+
     def _salvage_after(self, exc: sqlite3.DatabaseError) -> bool:
         """Switch to the readable part of a damaged file; False when that cannot help."""
         if self.damage or not is_damage(exc):
@@ -607,6 +673,12 @@ class Recording:
         if table not in TABLES:
             raise UserError(f"unknown table {table!r}; tables are: {', '.join(TABLES)}")
         return table
+
+
+def _calling(each: Callable[[ProcessSteps], None], processes: Iterable[ProcessSteps]):
+    for proc in processes:
+        each(proc)
+        yield proc
 
 
 @functools.cache

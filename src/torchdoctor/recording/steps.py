@@ -47,8 +47,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,7 +124,7 @@ class StepStats:
 WARMUP_RULE = "first max(1, min(5, n // 10)) steps of each process excluded"
 
 
-def quantile(values: list[float], q: float) -> float:
+def quantile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile (numpy's default) of ``values``; NaN when there are none."""
     ordered = sorted(values)
     if not ordered:
@@ -175,6 +176,124 @@ def _least(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
 
 
+# The columns the step figures (StepStats) and the rank rules (diagnosis.ranks) read.
+FIGURE_COLUMNS = (
+    "step", "rank", "t_start", "t_end", "wall_s", "data_wait_s", "batch_size", "samples",
+    "profiled", "forward_s", "backward_s", "optimizer_s", "comm_s", "comm_overlap_s",
+    "backward_compute_s",
+)  # fmt: skip
+NAN = math.nan
+
+
+def _doubles(values: Sequence[Any]) -> array:
+    """A column as doubles, NaN for NULL (SQLite never stores NaN as a number). A text in
+    it (only a damaged file holds one) raises TypeError."""
+    try:
+        return array("d", values)
+    except TypeError:
+        return array("d", (NAN if v is None else v for v in values))
+
+
+class ProcessSteps:
+    """The step rows of one process in step order, one array of doubles per column (NaN
+    where NULL): what its figures are computed from without a Python object per row. A rank
+    of a compacted day at 64 ms keeps 150,000 rows; as dicts that is over 100 MB a rank."""
+
+    __slots__ = ("pid", "columns", "folded", "length")
+
+    def __init__(self, pid: int, columns: dict[str, array], folded: FoldedSteps | None) -> None:
+        self.pid = pid
+        self.columns = columns
+        self.folded = folded or FoldedSteps()
+        self.length = len(columns["step"])
+        if any(v != v for v in columns["step"]):
+            raise TypeError("a step has no number")
+
+    @classmethod
+    def from_chunks(
+        cls,
+        pid: int,
+        names: Sequence[str],
+        chunks: Iterable[Sequence[tuple]],
+        folded: FoldedSteps | None = None,
+    ) -> ProcessSteps:
+        """From rows as tuples of ``names`` (chunks of them, already in step order)."""
+        columns = {n: array("d") for n in names}
+        arrays = [columns[n] for n in names]
+        for chunk in chunks:
+            for col, values in zip(arrays, zip(*chunk, strict=True), strict=True):
+                col.extend(_doubles(values))
+        return cls(pid, columns, folded)
+
+    @classmethod
+    def from_rows(
+        cls, pid: int, rows: Iterable[Mapping[str, Any]], folded: FoldedSteps | None = None
+    ) -> ProcessSteps:
+        """From the process's rows as dicts (or a frame's row views), in any order: sorted
+        by step (a stable sort: rows of one step keep their order)."""
+        ordered = sorted(rows, key=lambda r: r["step"])
+        chunk = [tuple(r.get(n) for n in FIGURE_COLUMNS) for r in ordered]
+        return cls.from_chunks(pid, FIGURE_COLUMNS, [chunk] if chunk else [], folded)
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def count(self) -> int:
+        """Steps the process took: its rows and the folded ones."""
+        return self.length + self.folded.count
+
+    @property
+    def rank(self) -> int | None:
+        """The rank of its first row (None when that row has none)."""
+        ranks = self.columns.get("rank")
+        if not ranks or ranks[0] != ranks[0]:
+            return None
+        return int(ranks[0])
+
+    def first_rank(self) -> int | None:
+        """The first rank any of its rows names."""
+        for v in self.columns.get("rank", ()):
+            if v == v:
+                return int(v)
+        return None
+
+    def measured(self) -> Sequence[int]:
+        """Indices of the rows its figures count (:func:`measured_steps`)."""
+        first = min(warmup_steps(self.count), self.length)
+        profiled = self.columns.get("profiled")
+        if profiled is None or not any(p == p != 0 for p in profiled):
+            return range(first, self.length)
+        # NaN (not profiled: NULL) compares unequal to itself
+        return [i for i in range(first, self.length) if not (profiled[i] == profiled[i] != 0)]
+
+    def take(self, indices: Sequence[int]) -> ProcessSteps:
+        """The rows at ``indices`` (in that order), without the folded steps."""
+        columns = {n: array("d", (col[i] for i in indices)) for n, col in self.columns.items()}
+        return ProcessSteps(self.pid, columns, None)
+
+    def values(self, name: str, indices: Iterable[int] | None = None) -> list[float]:
+        """The column's measured values (not NULL) at ``indices`` (every row by default)."""
+        col = self.columns[name]
+        if indices is None:
+            return [v for v in col if v == v]
+        return [v for i in indices if (v := col[i]) == v]
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as a dict like ``Recording.rows`` gives (None for NULL), numbers that
+        are whole as ints where the column is an integer one."""
+        out: dict[str, Any] = {"pid": self.pid}
+        for name, col in self.columns.items():
+            v = col[i]
+            out[name] = None if v != v else int(v) if name in _INTEGER_COLUMNS else v
+        if out.get("profiled") is not None:
+            out["profiled"] = bool(out["profiled"])
+        return out
+
+
+_INTEGER_COLUMNS = frozenset(("step", "rank", "batch_size", "samples", "profiled"))
+
+
 def measured_steps(
     rows: list[Mapping[str, Any]], count: int | None = None
 ) -> list[Mapping[str, Any]]:
@@ -221,7 +340,7 @@ def _loader_value(key: str, value: Any) -> Any:
 
 
 def _quantiles(
-    values: list[float], folded: Counter[int] | None
+    values: Sequence[float], folded: Counter[int] | None
 ) -> tuple[float | None, float | None]:
     """(median, p90) of ``values`` and the folded steps' histogram: exact where nothing was
     folded, else read from the histogram of both (within one bin, 1.09 %)."""
@@ -234,37 +353,67 @@ def _quantiles(
     return statistics.median(values), quantile(values, 0.9)
 
 
-def _process_stats(
-    pid: int,
-    rows: list[Mapping[str, Any]],
-    fallback_batch: int | None,
-    folded: FoldedSteps | None,
-) -> RankStats:
-    rows = sorted(rows, key=lambda r: r["step"])
-    folded = folded or FoldedSteps()
-    measured = measured_steps(rows, len(rows) + folded.count)
-    walls = [float(r["wall_s"]) for r in measured]
-    total_wall = sum(walls) + folded.wall_s
-    total_wait = sum(step_wait_s(r) for r in measured) + folded.data_wait_s
-    count = len(measured) + folded.count
+@dataclass(slots=True)
+class _Measured:
+    """The measured rows of one process, as the figures read them."""
+
+    index: Sequence[int]
+    walls: array
+    waits: array  # each at most its wall (step_wait_s)
+    wall_bins: Counter[int] | None = None  # the walls' histogram, where it was needed
+
+
+def _measured(proc: ProcessSteps) -> _Measured:
+    index = proc.measured()
+    wall_col, wait_col = proc.columns["wall_s"], proc.columns["data_wait_s"]
+    walls = array("d", (wall_col[i] for i in index))
+    if any(w != w for w in walls):
+        raise TypeError("a step has no wall time")
+    # step_wait_s, over columns: a NULL wait (NaN) is none, and a wait is at most its wall
+    waits = array("d", (wait_col[i] for i in index))
+    for j, (wait, wall) in enumerate(zip(waits, walls, strict=True)):
+        if not wait <= wall:
+            waits[j] = 0.0 if wait != wait else wall
+    return _Measured(index, walls, waits)
+
+
+def _process_stats(proc: ProcessSteps, fallback_batch: int | None, m: _Measured) -> RankStats:
+    folded = proc.folded
+    total_wall = sum(m.walls) + folded.wall_s
+    total_wait = sum(m.waits) + folded.data_wait_s
+    count = len(m.index) + folded.count
     # Steps follow each other: their walls add up to the time from the first one's start to
     # the last one's end, less the evaluations between them (not training).
     steps_per_s = count / total_wall if total_wall > 0 else None
     samples = folded.samples
     known = not folded.samples_unknown or fallback_batch is not None
     samples += folded.samples_unknown * (fallback_batch or 0)
-    for r in measured if known else ():
-        n = step_samples(r, fallback_batch)
-        if n is None:
-            known = False
-            break
-        samples += n
+    if known:
+        # step_samples, over columns: the samples counted, else the batch size, else the
+        # DataLoader's
+        own, size = proc.columns["samples"], proc.columns["batch_size"]
+        for i in m.index:
+            n = own[i]
+            if n != n:
+                n = size[i]
+                if n != n:
+                    if fallback_batch is None:
+                        known = False
+                        break
+                    n = fallback_batch
+            samples += int(n)
     samples_per_s = samples / total_wall if known and total_wall > 0 else None
-    median, p90 = _quantiles(walls, folded.walls)
+    if folded.walls:  # read from the histogram of its rows' walls and the folded ones'
+        counts = m.wall_bins = step_histogram.histogram(m.walls)
+        counts = counts + folded.walls
+        median = step_histogram.quantile(counts, 0.5)
+        p90 = step_histogram.quantile(counts, 0.9)
+    else:
+        median, p90 = _quantiles(m.walls, None)
     return RankStats(
-        pid=pid,
-        rank=rows[0].get("rank"),
-        step_count=len(rows) + folded.count,
+        pid=proc.pid,
+        rank=proc.rank,
+        step_count=proc.count,
         measured_steps=count,
         median_step_s=median,
         p90_step_s=p90,
@@ -286,15 +435,54 @@ def step_stats(
     by_pid: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
     for row in steps_rows:
         by_pid[row["pid"]].append(row)
+    processes = (ProcessSteps.from_rows(pid, rows, folded.get(pid)) for pid, rows in by_pid.items())
+    return process_step_stats(processes, dataloader_rows, settings_rows)
+
+
+def process_step_stats(
+    processes: Iterable[ProcessSteps],
+    dataloader_rows: list[dict[str, Any]],
+    settings_rows: list[dict[str, Any]],
+) -> StepStats:
+    """:func:`step_stats` over the processes' steps given one process at a time (as
+    ``Recording.process_steps`` reads them): what it keeps of each is its figures, so a long
+    recording costs one process's columns at a time."""
     loaders_by_pid: dict[int, list[dict]] = defaultdict(list)
     for row in dataloader_rows:
         loaders_by_pid[row["pid"]].append(row)
 
     per_rank = []
-    for pid, rows in by_pid.items():
-        sizes = {r["batch_size"] for r in loaders_by_pid.get(pid, []) if r.get("batch_size")}
+    # Every folded step of a process that has rows (the rows hold its first steps).
+    gone = FoldedSteps()
+    # The walls of processes that folded none (exact figures where no process folded),
+    # and the histogram of the others' (the job's quantiles are then the histogram's)
+    walls, wall_bins = array("d"), Counter()
+    waits, wait_bins = array("d"), Counter()
+    batch_sizes: Counter[int] = Counter()  # in the order met, as statistics.mode counts
+    t_start = t_end = None
+    measured, total_wall, total_wait = 0, 0.0, 0.0
+    for proc in processes:
+        sizes = {r["batch_size"] for r in loaders_by_pid.get(proc.pid, []) if r.get("batch_size")}
         fallback = sizes.pop() if len(sizes) == 1 else None
-        per_rank.append(_process_stats(pid, rows, fallback, folded.get(pid)))
+        m = _measured(proc)
+        per_rank.append(_process_stats(proc, fallback, m))
+        gone.add(proc.folded)
+        if m.wall_bins is None:
+            walls.extend(m.walls)
+        else:
+            wall_bins.update(m.wall_bins)
+        measured += len(m.index)
+        total_wall = sum(m.walls, total_wall)  # one sum over every row, in order
+        total_wait = sum(m.waits, total_wait)
+        if proc.folded.waits:
+            wait_bins.update(step_histogram.histogram(m.waits))
+        else:
+            waits.extend(m.waits)
+        size, t0, t1 = proc.columns["batch_size"], proc.columns["t_start"], proc.columns["t_end"]
+        batch_sizes.update(int(b) for i in m.index if (b := size[i]) == b and b)
+        t_start = _least(t_start, min((v for i in m.index if (v := t0[i]) == v), default=None))
+        last = max((v for i in m.index if (v := t1[i]) == v), default=None)
+        t_end = t_end if last is None else last if t_end is None else max(t_end, last)
     per_rank.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0, s.pid))
 
     main_pid = _main_pid(per_rank, settings_rows)
@@ -309,27 +497,13 @@ def step_stats(
         if main_pid is None or row["pid"] == main_pid
     ]
 
-    # Every folded step of a process that has rows (the rows hold its first steps).
-    gone = FoldedSteps()
-    measured_rows = []
-    for pid, rows in by_pid.items():
-        f = folded.get(pid)
-        if f is not None:
-            gone.add(f)
-        count = len(rows) + (f.count if f is not None else 0)
-        measured_rows.extend(measured_steps(sorted(rows, key=lambda r: r["step"]), count))
-    walls = [float(r["wall_s"]) for r in measured_rows]
-    waits = [step_wait_s(r) for r in measured_rows]
-    measured = len(measured_rows) + gone.count
-    total_wall = sum(walls) + gone.wall_s
-    total_wait = sum(waits) + gone.data_wait_s
+    measured += gone.count
+    total_wall += gone.wall_s
+    total_wait += gone.data_wait_s
     rates = [s.steps_per_s for s in per_rank if s.steps_per_s is not None]
     samples = [s.samples_per_s for s in per_rank]
-    batch_sizes = [r["batch_size"] for r in measured_rows if r.get("batch_size")]
-    starts = [r["t_start"] for r in measured_rows if r.get("t_start") is not None]
-    ends = [r["t_end"] for r in measured_rows if r.get("t_end") is not None]
-    median, p90 = _quantiles(walls, gone.walls)
-    median_wait, p90_wait = _quantiles(waits, gone.waits)
+    median, p90 = _quantiles(walls, wall_bins + gone.walls)
+    median_wait, p90_wait = _quantiles(waits, wait_bins + gone.waits)
     return StepStats(
         step_count=sum(s.step_count for s in per_rank),
         measured_steps=measured,
@@ -339,13 +513,13 @@ def step_stats(
         data_wait_fraction=(total_wait / total_wall) if total_wall > 0 else None,
         steps_per_s=statistics.fmean(rates) if rates else None,
         samples_per_s=sum(samples) if samples and None not in samples else None,
-        batch_size=statistics.mode(batch_sizes) if batch_sizes else None,
+        batch_size=batch_sizes.most_common(1)[0][0] if batch_sizes else None,
         mean_step_s=total_wall / measured if measured else None,
         mean_data_wait_s=total_wait / measured if measured else None,
         median_data_wait_s=median_wait,
         p90_data_wait_s=p90_wait,
-        t_start=min(starts) if starts else None,
-        t_end=max(ends) if ends else None,
+        t_start=t_start,
+        t_end=t_end,
         per_rank=per_rank,
         settings=settings,
         dataloaders=dataloaders,

@@ -28,6 +28,8 @@ def expandable_on(ctx: DiagnosisContext) -> bool:
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
+    if not ctx.steps_use_cuda:
+        return []  # no step reserved CUDA memory: none is kept below
     steps = [s for s in ctx.steady_steps if s["cuda_reserved"] and s["cuda_max_allocated"]]
     if len(steps) < 3:
         return []

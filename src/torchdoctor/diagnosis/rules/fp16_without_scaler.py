@@ -16,6 +16,8 @@ MIN_STEPS = 3
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
+    if "float16" not in ctx.step_autocast_dtypes:
+        return []  # no step under float16 autocast: the rows are not read
     steps = ctx.steps
     fp16 = [s for s in steps if s["autocast_dtype"] == "float16"]
     if len(fp16) < MIN_STEPS or any(s["grad_scaler"] for s in steps):

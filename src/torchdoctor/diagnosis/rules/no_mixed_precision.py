@@ -10,6 +10,8 @@ ID = "no-mixed-precision"
 
 
 def check(ctx: DiagnosisContext) -> list[Finding]:
+    if not ctx.steps_use_cuda:
+        return []  # no step reserved CUDA memory: none is kept below
     steps = [s for s in ctx.steady_steps if s["cuda_reserved"]]
     if len(steps) < 3 or not ctx.job_gpus:
         return []

@@ -37,27 +37,18 @@ PARTS = {
 
 def own_parts(rank: RankSeries) -> dict[str, float]:
     """Median seconds per step of each part of the rank's own work that it recorded."""
-    steps = rank.steady
     parts: dict[str, float] = {}
     for column in ("data_wait_s", "forward_s", "optimizer_s"):
-        value = rank.median(column, steps)
+        value = rank.median(column)
         if value is not None:
             parts[column] = value
-    sampled = rank.ddp_steps()
-    if sampled:
-        parts["backward_compute_s"] = statistics.median(s["backward_compute_s"] for s in sampled)
+    value = rank.ddp_median("backward_compute_s")  # DDP's sampled steps
+    if value is not None:
+        parts["backward_compute_s"] = value
     if "forward_s" in parts:
-        outside = [
-            s["wall_s"]
-            - (s["data_wait_s"] or 0.0)
-            - (s["forward_s"] or 0.0)
-            - (s["backward_s"] or 0.0)
-            - (s["optimizer_s"] or 0.0)
-            for s in steps
-            if s["backward_s"] is not None
-        ]
-        if outside:
-            parts["outside_s"] = max(statistics.median(outside), 0.0)
+        outside = rank.median("outside_s")  # over the steps that timed their backward
+        if outside is not None:
+            parts["outside_s"] = max(outside, 0.0)
     return parts
 
 
@@ -207,9 +198,9 @@ def _node_context(
 
 
 def _process_cores(rank: RankSeries) -> float | None:
-    if not rank.steady:
+    if rank.steady_span is None:
         return None
-    t0, t1 = rank.steady[0]["t_start"], rank.steady[-1]["t_end"]
+    t0, t1 = rank.steady_span
     values = [
         s["cpu_percent"] / 100
         for s in rank.ctx.samples_by_pid.get(rank.pid, [])
