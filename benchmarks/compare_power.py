@@ -1,7 +1,7 @@
 """How small a slowdown does `torchdoctor compare` detect, and how often does it call equal runs
 different - with one run a side and with several? The demo (examples/train.py: data-bound,
 num_workers=0, one torch thread by default here, --job-args) is recorded in runs of about
---seconds each, as baseline runs A and as runs B slowed by a known share of A's step (a sleep
+--seconds each, as baseline runs A and as runs B slowed by a known share of A's step (a spin
 inside every optimizer step, benchmarks/compare_power_job.py), and compared by compare's own
 code (its verdict, ratio and interval).
 

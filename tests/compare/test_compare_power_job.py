@@ -29,9 +29,9 @@ def run_job(delay: str) -> float:
     return float(match.group(1))
 
 
-def test_the_delay_is_slept_in_every_step() -> None:
+def test_the_delay_is_spent_in_every_step() -> None:
     require("torch")
-    # A sleep lasts at least what it is asked: 3 steps of 0.4 s take 1.2 s or more.
+    # The delay lasts at least what it is asked: 3 steps of 0.4 s take 1.2 s or more.
     assert run_job("0.4") >= 1.2
 
 
