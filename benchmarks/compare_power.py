@@ -46,8 +46,15 @@ from pathlib import Path
 
 from scorecard import Scorecard
 from torchdoctor.compare.runs import STEP, RunFigures, run_figures
-from torchdoctor.compare.stats import typical_step
-from torchdoctor.compare.verdict import FASTER, SLOWER, compare, compare_runs, is_contended
+from torchdoctor.compare.stats import student_t_quantile, typical_step
+from torchdoctor.compare.verdict import (
+    FASTER,
+    RUNS_BAND,
+    SLOWER,
+    compare,
+    compare_runs,
+    is_contended,
+)
 from torchdoctor.recording.reader import open_recording
 
 HERE = Path(__file__).resolve().parent
@@ -95,6 +102,22 @@ def pairs_of(
                 return []
             out.append((rng.sample(pool_a, k), rng.sample(pool_b, k)))
     return out
+
+
+def runs_needed(
+    spread: float, effect: float = DETECT_LEVEL, rate: float = DETECT_RATE
+) -> int | None:
+    """Runs a side with which `compare A1 .. vs B1 ..` calls a slowdown of ``effect`` in
+    ``rate`` of tries, for runs whose figures spread by ``spread`` (s.d. of their logarithms):
+    the smallest n with (t(0.975, 2n-2) + t(rate, 2n-2)) * spread * sqrt(2 / n) within the
+    effect less the band (Welch's interval with equal spreads). None beyond 100."""
+    room = math.log1p(effect) - math.log1p(RUNS_BAND)
+    for n in range(2, 101):
+        df = 2 * n - 2
+        need = (student_t_quantile(0.975, df) + student_t_quantile(rate, df)) * spread
+        if need * math.sqrt(2 / n) <= room:
+            return n
+    return None
 
 
 def main() -> int:
@@ -163,6 +186,12 @@ def main() -> int:
         card.info(
             "spread between equal runs (s.d. of the runs' figures)",
             f"{spread * 100:.1f} % over {len(figures_a)} runs",
+        )
+        needed = runs_needed(spread)
+        card.info(
+            f"runs a side that detect {DETECT_LEVEL * 100:g} % in {DETECT_RATE * 100:g} % of tries"
+            " at that spread",
+            f"{needed if needed else 'over 100'} (Welch's interval, band {RUNS_BAND * 100:g} %)",
         )
     card.info(
         "runs left out: other programs saturated the CPUs",
