@@ -130,3 +130,16 @@ def _with_steps(run, walls):
     run.series = {"step": walls, "data_wait": [0.0] * len(walls), "compute": list(walls)}
     run.steady_steps = len(walls)
     return run
+
+
+def test_a_small_change_called_from_one_run_a_side_says_to_record_several():
+    a = figures(seed=1)
+    small = compare(a, figures(seed=2, step=0.0216, wait=0.0194))
+    assert small.verdict == SLOWER
+    assert any(
+        n.startswith("one run a side: ") and "A1 A2 A3 vs B1 B2 B3" in n for n in small.notes
+    )
+    big = compare(a, figures(seed=2, step=0.04, wait=0.038))
+    assert big.verdict == SLOWER and not any(n.startswith("one run a side") for n in big.notes)
+    several = compare_runs([figures(seed=1), figures(seed=3)], [figures(seed=2, step=0.0216)] * 2)
+    assert not any(n.startswith("one run a side") for n in several.notes)

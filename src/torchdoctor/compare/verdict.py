@@ -43,6 +43,12 @@ RUNS_BAND = 0.01
 # runs a side (each run one observation).
 BY_BLOCKS = "blocks of steps, one run a side"
 BY_RUNS = "runs, several a side"
+# One run a side cannot see the spread between runs of the same command; a change called
+# from one run a side and smaller than this is said to want several runs a side. Measured
+# (compare_power, 12 runs of the demo on a shared 2-vCPU VM): equal runs spread by 3.6 %
+# (s.d.), so two of them differ by 10 % about once in 20, and 4 equal pairs in 11 were
+# called different; with 5 runs a side 4 draws in 200.
+ONE_RUN_CAUTION = 0.10
 # A run needs this many steady steps (5 blocks of 4) for its figure and interval to mean something.
 MIN_STEADY_STEPS = 20
 # Other programs used this many more CPUs on average during B than during A: "busier".
@@ -337,6 +343,17 @@ def compare_runs(
         (name, run) for name, run in zip(names_a + names_b, a + b, strict=True) if is_contended(run)
     ]
     verdict = verdict_of(ratio, band)
+    if (
+        not by_runs
+        and verdict != NO_CHANGE
+        and abs(math.log(ratio.estimate)) < math.log1p(ONE_RUN_CAUTION)
+    ):
+        notes.append(
+            "one run a side: runs of the same command also differ between them (3.6 % s.d. "
+            "on a shared 2-vCPU VM), which this interval cannot show; before acting on a "
+            f"change under {ONE_RUN_CAUTION * 100:g} %, record 3-5 runs a side and compare "
+            "them as A1 A2 A3 vs B1 B2 B3"
+        )
     fa = {f for found in findings_a or [] for f in found}
     fb = {f for found in findings_b or [] for f in found}
     return Comparison(
