@@ -25,6 +25,7 @@ from torchdoctor.recording.steps import (
     StepStats,
     decode_json,
     measured_steps,
+    warmup_steps,
 )
 from torchdoctor.sampling import roles
 from torchdoctor.sampling.types import usable_cpus
@@ -47,6 +48,11 @@ STARTUP_MAX_S = 10.0
 # time of a diagnosis then stop growing with the recording's length (a week of a 20-process
 # job would otherwise be 24 million rows).
 MAX_INSTANTS = 43_200
+# The step rules that read rows (CUDA memory per step, autocast, batch sizes) read the job's
+# last this many steps: their figures are medians of the settled steps, which the last few
+# thousand tell as well as a week of them, and reading every row of a long GPU job would make
+# a diagnosis's memory grow with the recording.
+RECENT_STEPS = 4096
 
 
 class JobContext:
@@ -317,15 +323,40 @@ class DiagnosisContext:
         return {r["d"] for r in rows}
 
     @cached_property
+    def recent_steps(self) -> list[dict[str, Any]]:
+        """The job's last RECENT_STEPS step rows, in the order they ended."""
+        return self.recording.last_rows("steps", "t_end", RECENT_STEPS)
+
+    @cached_property
     def steady_steps(self) -> list[dict[str, Any]]:
-        """Steps without each process's warm-up (the rule ``show`` and ``tune`` use too)."""
+        """Of :attr:`recent_steps`, those past each process's warm-up and outside profiler
+        windows (the rule ``show`` and ``tune`` use too), in the order they ended."""
         by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for s in self.steps:
+        for s in self.recent_steps:
             by_pid[s["pid"]].append(s)
         out: list[dict[str, Any]] = []
         for pid, rows in by_pid.items():
             rows.sort(key=lambda r: r["step"])
-            out.extend(measured_steps(rows, len(rows) + self.folded(pid).count))
+            count = self.step_rows.get(pid, len(rows)) + self.folded(pid).count
+            # The warm-up is a process's first rows by step: the last of them, read by SQL
+            # where the recent rows do not reach back to it.
+            warm = warmup_steps(count)
+            first = self.step_rows.get(pid, len(rows)) - len(rows)
+            if first == 0:
+                out.extend(measured_steps(rows, count))
+                continue
+            last_warm = None
+            if warm > 0:
+                found = self.recording.query(
+                    "SELECT step FROM steps WHERE pid = ? ORDER BY step LIMIT 1 OFFSET ?",
+                    (pid, warm - 1),
+                )
+                last_warm = found[0]["step"] if found else None
+            out.extend(
+                r
+                for r in rows
+                if not r.get("profiled") and (last_warm is None or r["step"] > last_warm)
+            )
         out.sort(key=lambda r: r["t_end"])
         return out
 

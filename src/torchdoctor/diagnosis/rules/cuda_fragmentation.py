@@ -33,12 +33,17 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     steps = [s for s in ctx.steady_steps if s["cuda_reserved"] and s["cuda_max_allocated"]]
     if len(steps) < 3:
         return []
-    # The counters are cumulative from the process's start, which is the job's.
-    last_retries: dict[int, int] = {}
-    for s in ctx.steps:
-        if s["cuda_alloc_retries"] is not None:
-            last_retries[s["pid"]] = max(last_retries.get(s["pid"], 0), s["cuda_alloc_retries"])
-    retries = sum(last_retries.values())
+    # The counters are cumulative from the process's start, which is the job's: each
+    # process's highest, by SQL (no step row is read).
+    retries = 0
+    if "cuda_alloc_retries" in ctx.recording.stored_columns("steps"):
+        retries = sum(
+            r["n"]
+            for r in ctx.recording.query(
+                "SELECT MAX(cuda_alloc_retries) AS n FROM steps"
+                " WHERE cuda_alloc_retries IS NOT NULL GROUP BY pid"
+            )
+        )
     settled = steps[len(steps) // 2 :]
     reserved = statistics.median(s["cuda_reserved"] for s in settled)
     peak = statistics.median(s["cuda_max_allocated"] for s in settled)

@@ -246,7 +246,9 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
     # fitted before it measured the whole step: their peak above what stays between steps,
     # per sample (vram-near-full's model).
     per_sample = activations / batch
-    fitted = [s for s in ctx.steps if s["cuda_max_allocated"] and s["cuda_allocated"] is not None]
+    fitted = [
+        s for s in ctx.recent_steps if s["cuda_max_allocated"] and s["cuda_allocated"] is not None
+    ]
     rates = [
         (s["cuda_max_allocated"] - s["cuda_allocated"]) / s["batch_size"]
         for s in fitted
@@ -266,7 +268,7 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
         None,
     )
     alternatives = []
-    autocast = any(s["autocast_dtype"] for s in ctx.steps)
+    autocast = any(s["autocast_dtype"] for s in ctx.recent_steps)
     bf16_peak = ratio * (fixed + BF16_ACTIVATIONS * activations)
     if not autocast:
         fits = "fits" if bf16_peak <= budget else "does not fit"
@@ -294,5 +296,5 @@ def _batch_fix(ctx, d, parts, fixed, requested, budget, settings) -> tuple[str, 
 
 
 def _recorded_batch(ctx: DiagnosisContext) -> int | None:
-    sizes = [s["batch_size"] for s in ctx.steps if s["batch_size"]]
+    sizes = [s["batch_size"] for s in ctx.recent_steps if s["batch_size"]]
     return sizes[-1] if sizes else None
