@@ -620,25 +620,13 @@ class Recording:
         return (row[0] for row in self._iter_tuples(sql, params))
 
     def _iter_tuples(self, sql: str, params: tuple | list = ()) -> Iterator[tuple]:
-        """The rows of ``sql`` as tuples, streamed. A damaged file met on the way is salvaged
-        once and the read resumes after the rows already given."""
-        done = 0
-        while True:
-            try:
-                cur = self._db.cursor()
-                cur.row_factory = None
-                cur.execute(f"{sql} LIMIT -1 OFFSET ?", (*params, done))
-                while rows := cur.fetchmany(4096):
-                    for row in rows:
-                        done += 1
-                        yield row
-                return
-            except sqlite3.DatabaseError as exc:
-                if not self._salvage_after(exc):
-                    raise
+        """The rows of ``sql`` as tuples, streamed (:meth:`_iter_chunks` one row at a time)."""
+        for rows in self._iter_chunks(sql, params):
+            yield from rows
 
     def _iter_chunks(self, sql: str, params: tuple | list = ()) -> Iterator[list[tuple]]:
-        """The rows of ``sql`` as lists of tuples, streamed (as :meth:`_iter_tuples`)."""
+        """The rows of ``sql`` as lists of tuples, streamed. A damaged file met on the way is
+        salvaged once and the read resumes after the rows already given."""
         done = 0
         while True:
             try:
