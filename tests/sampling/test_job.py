@@ -519,7 +519,7 @@ def test_reused_pid_is_a_new_process(jobtree):
     assert s.create_time >= old_create
 
 
-def test_a_model_process_sharing_its_cpu_is_seen_waiting_for_it(tmp_path):
+def test_a_model_process_sharing_its_cpu_is_seen_waiting_for_it():
     # A trainer pinned to one CPU beside a spinning neighbour pinned to the same CPU gets
     # about half of it and waits on the run queue the other half (/proc/<pid>/schedstat):
     # the measure compare uses to tell a job starved of CPU from one that sleeps.
@@ -532,8 +532,13 @@ def test_a_model_process_sharing_its_cpu_is_seen_waiting_for_it(tmp_path):
         for pid in (trainer.pid, neighbour.pid):
             os.sched_setaffinity(pid, {cpu})
         job, quiet = JobReader(trainer.pid), JobReader(sleeper.pid)
+        deadline = time.monotonic() + 120
+        # both running Python (caught between fork and exec they are not trainers yet)
+        while {job.read()[0][0].role, quiet.read()[0][0].role} != {"trainer"}:
+            assert time.monotonic() < deadline, "the processes never ran Python"
+            time.sleep(0.05)
         (before,), (rested,) = job.read()[0], quiet.read()[0]
-        assert before.role == "trainer" and before.run_delay_s is not None
+        assert before.run_delay_s is not None and rested.run_delay_s is not None
         # until the trainer has run 0.3 s of CPU, however long the machine takes to give it
         # (polled: there is no event for CPU time; the pause keeps this test off the CPUs)
         deadline = time.monotonic() + 120
@@ -552,3 +557,29 @@ def test_a_model_process_sharing_its_cpu_is_seen_waiting_for_it(tmp_path):
         for p in (trainer, neighbour, sleeper):
             p.kill()
             p.wait()
+
+
+def test_a_kernel_without_schedstat_leaves_the_wait_unmeasured_and_says_why(monkeypatch):
+    calls = []
+
+    def no_schedstat(data: bytes) -> float:
+        calls.append(data)
+        raise ValueError("schedstat b''")
+
+    monkeypatch.setattr(procfs, "parse_schedstat", no_schedstat)
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        job = JobReader(trainer.pid)
+        # until it runs Python (caught between fork and exec it is not a trainer yet)
+        deadline = time.monotonic() + 120
+        while job.read()[0][0].role != "trainer":
+            assert time.monotonic() < deadline, "the trainer never ran Python"
+            time.sleep(0.05)
+        for _ in range(3):
+            (sample,) = job.read()[0]
+            assert sample.role == "trainer" and sample.run_delay_s is None
+            assert "schedstat" in sample.unavailable["run_delay_s"]
+        assert len(calls) == 1  # not read again at every sample
+    finally:
+        trainer.kill()
+        trainer.wait()

@@ -20,7 +20,6 @@ from torchdoctor.compare.verdict import (
     LETTERS,
     SLOWER,
     Comparison,
-    compare,
     compare_runs,
     headline,
 )
@@ -98,20 +97,23 @@ def command(
 
     thresholds = load_thresholds(None)
     if VERSUS in others:
-        _compare_sides(ctx, a, others, as_json, force, fail_slower, fail_memory, thresholds)
-        return
-    if len(others) + 1 > len(LETTERS):
+        sides = _sides(a, others)
+    elif len(others) + 1 > len(LETTERS):
         raise UserError(f"compare takes at most {len(LETTERS)} recordings")
-    figures = []
-    findings: list[list[str]] = []
+    else:
+        sides = [[path] for path in (a, *others)]
     complaints: list[str] = []
-    for path in (a, *others):
-        with open_recording(path) as rec:
-            figures.append(run_figures(rec))
-            findings.append(_finding_ids(rec, thresholds, complaints.append))
-    # Every comparison is made (and a refusal raised) before anything is printed.
+    figures: list[list[RunFigures]] = [[] for _ in sides]
+    findings: list[list[list[str]]] = [[] for _ in sides]
+    for side, paths in enumerate(sides):
+        for path in paths:
+            with open_recording(path) as rec:
+                figures[side].append(run_figures(rec))
+                findings[side].append(_finding_ids(rec, thresholds, complaints.append))
+    # Every comparison is made (and a refusal raised) before anything is printed: each side
+    # after the first against it (A B C...: one run a side; A1 .. vs B1 ..: two sides).
     comparisons = [
-        compare(figures[0], fig, findings[0], found, force=force)
+        compare_runs(figures[0], fig, findings[0], found, force=force)
         for fig, found in zip(figures[1:], findings[1:], strict=True)
     ]
     letters = LETTERS[1 : len(comparisons) + 1]
@@ -153,17 +155,8 @@ def command(
         ctx.exit(REGRESSED)
 
 
-def _compare_sides(
-    ctx: click.Context,
-    first: str,
-    others: tuple[str, ...],
-    as_json: bool,
-    force: bool,
-    fail_slower: float | None,
-    fail_memory: float | None,
-    thresholds: Any,
-) -> None:
-    """``compare A1 A2 ... vs B1 B2 ...``: one comparison of the two sides."""
+def _sides(first: str, others: tuple[str, ...]) -> list[list[str]]:
+    """``A1 A2 ... vs B1 B2 ...`` as its two sides, at least 2 runs each."""
     at = others.index(VERSUS)
     side_a, side_b = [first, *others[:at]], list(others[at + 1 :])
     if VERSUS in side_b:
@@ -173,28 +166,7 @@ def _compare_sides(
             f"{len(side_a)} run(s) before {VERSUS!r} and {len(side_b)} after: each side needs at "
             f"least 2 (for one run a side leave out {VERSUS!r}: compare A B)"
         )
-    complaints: list[str] = []
-    figures: list[list[RunFigures]] = [[], []]
-    findings: list[list[list[str]]] = [[], []]
-    for side, paths in enumerate((side_a, side_b)):
-        for path in paths:
-            with open_recording(path) as rec:
-                figures[side].append(run_figures(rec))
-                findings[side].append(_finding_ids(rec, thresholds, complaints.append))
-    c = compare_runs(figures[0], figures[1], findings[0], findings[1], force=force)
-    regressions = _regressions(c, fail_slower, fail_memory)
-    for line in complaints:
-        click.echo(f"torchdoctor: {line}", err=True)
-    if as_json:
-        document = c.to_dict()
-        document["regressions"] = regressions
-        dump_json("compare", document)
-    else:
-        render(c)
-    if regressions:
-        for line in regressions:
-            click.echo(f"torchdoctor: {line}", err=True)
-        ctx.exit(REGRESSED)
+    return [side_a, side_b]
 
 
 def _finding_ids(rec: Any, thresholds: Any, complain: Any) -> list[str]:

@@ -274,21 +274,20 @@ def _gpus(rec: Recording) -> list[GpuSummary]:
                 " GROUP BY gpu_index, period) GROUP BY gpu_index"
             ):
                 job_peak[r["i"]] = _higher(job_peak.get(r["i"]), r["peak"])
-    return [
-        GpuSummary(
-            index=r["i"],
-            name=names.get(r["i"]),
-            utilization_gpu=Stat(
-                r["u_mean"], _higher(r["u_peak"], device_peak.get(r["i"], (None,))[0])
-            ),
-            memory_used=Stat(
-                r["m_mean"], _higher(r["m_peak"], device_peak.get(r["i"], (None, None))[1])
-            ),
-            memory_total=r["total"],
-            job_memory_peak=job_peak.get(r["i"]),
+    out = []
+    for r in rows:
+        u_folded, m_folded = device_peak.get(r["i"], (None, None))
+        out.append(
+            GpuSummary(
+                index=r["i"],
+                name=names.get(r["i"]),
+                utilization_gpu=Stat(r["u_mean"], _higher(r["u_peak"], u_folded)),
+                memory_used=Stat(r["m_mean"], _higher(r["m_peak"], m_folded)),
+                memory_total=r["total"],
+                job_memory_peak=job_peak.get(r["i"]),
+            )
         )
-        for r in rows
-    ]
+    return out
 
 
 def _higher(a: Any, b: Any) -> Any:

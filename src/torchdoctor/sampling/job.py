@@ -58,6 +58,7 @@ class _Proc:
         "status_fd",
         "io_fd",
         "sched_fd",
+        "sched_error",
         "kept",
         "io_error",
         "prev_mono",
@@ -401,6 +402,7 @@ class JobReader:
         p.ppid = st.ppid
         p.stat = st
         p.stat_fd = p.status_fd = p.io_fd = p.sched_fd = None
+        p.sched_error = None
         p.kept = False
         p.io_error = None
         p.role = roles.OTHER
@@ -625,13 +627,16 @@ class JobReader:
         if swap is None:
             unavailable["swap"] = "no VmSwap in /proc/<pid>/status"
         run_delay = None
-        if p.role in roles.COMPUTE:
+        if p.role in roles.COMPUTE and p.sched_error is None:
             try:
                 run_delay = procfs.parse_schedstat(self._schedstat(p))
             except (OSError, ValueError) as e:
-                unavailable["run_delay_s"] = (
-                    f"/proc/{p.pid}/schedstat: {getattr(e, 'strerror', None) or e}"
-                )
+                # Not tried again for this process: a kernel without schedstat (no
+                # CONFIG_SCHED_INFO) has none at any sample; a process that ended is dropped
+                # by its next stat read.
+                p.sched_error = f"/proc/{p.pid}/schedstat: {getattr(e, 'strerror', None) or e}"
+        if p.sched_error is not None:
+            unavailable["run_delay_s"] = p.sched_error
 
         cpu_ticks = st.utime + st.stime
         cpu_pct = vol_s = invol_s = read_s = write_s = None
