@@ -12,6 +12,7 @@ import argparse
 import datetime
 import time
 
+import rank_exit  # beside this script
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
@@ -91,6 +92,7 @@ def main():
             opt.step()
             step += 1
     dist.destroy_process_group()
+    rank_exit.leave()  # past torch's gloo teardown race: see rank_exit.py
 
 
 if __name__ == "__main__":

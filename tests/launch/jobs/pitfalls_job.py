@@ -21,6 +21,7 @@
 import argparse
 import contextlib
 
+import rank_exit  # beside this script
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
@@ -135,12 +136,9 @@ def main():
                 else:
                     opt.step()
                 opt.zero_grad()
-    # Every rank done with its collectives, and DDP's reducer gone, before the group is: a
-    # rank that tore the group down while the other still used it aborted at exit ("terminate
-    # called without an active exception", exit -6) in 1 of ~30 CI-like runs.
-    dist.barrier()
-    del net
+    dist.barrier()  # every rank done with its collectives before the group goes
     dist.destroy_process_group()
+    rank_exit.leave()  # past torch's gloo teardown race: see rank_exit.py
 
 
 if __name__ == "__main__":
