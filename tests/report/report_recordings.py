@@ -51,6 +51,8 @@ class Spec:
     )
     gpu_name: str = "NVIDIA A100-SXM4-80GB"
     per_core: bool = True
+    step_s: float = 0.2  # a step's shortest wall time; each adds up to 15 % at random
+    seed: int = 7  # runs of one spec with different seeds differ as runs of one command do
     instrumentation_off_at: float | None = (
         None  # seconds from the start  # per-CPU splits (the heatmap); costly to write for long recordings
     )
@@ -105,7 +107,7 @@ def _core(core: int, busy: float, rng: random.Random) -> CpuSplit:
 def write_recording(path: Path, spec: Spec | None = None) -> Path:
     """A recording at ``path`` following ``spec``; returns the path."""
     spec = spec or Spec()
-    rng = random.Random(7)
+    rng = random.Random(spec.seed)
     meta = {
         "torchdoctor_version": "0.1.0",
         "mode": "run",
@@ -245,7 +247,7 @@ def write_recording(path: Path, spec: Spec | None = None) -> Path:
         steps, t_prev, step = [], T0 + 2.0, 0
         while t_prev < T0 + spec.seconds - 1:
             wait = 0.08 + rng.random() * 0.02
-            wall = 0.2 + rng.random() * 0.03
+            wall = spec.step_s * (1 + rng.random() * 0.15)
             steps.append(
                 StepRecord(
                     TRAINER,

@@ -99,3 +99,80 @@ def test_report_refuses_a_run_too_short_to_compare_in_one_line(pair, td, tmp_pat
     assert len(result.stderr.strip().splitlines()) == 1
     assert "steady steps" in result.stderr
     assert not (tmp_path / "x.html").exists()
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory):
+    """Two runs a side; B's steps take 1.25x A's. Each run its own seed, so the runs of a side
+    differ among themselves as runs of one command do."""
+    folder = tmp_path_factory.mktemp("sides")
+    a = [write_recording(folder / f"a{i}.sqlite", Spec(seed=i)) for i in (1, 2)]
+    b = [write_recording(folder / f"b{i}.sqlite", Spec(step_s=0.25, seed=10 + i)) for i in (1, 2)]
+    return a, b
+
+
+def test_report_of_several_runs_a_side_has_one_verdict_and_draws_every_run(
+    browser,  # noqa: F811
+    sides,
+    tmp_path,
+):
+    a, b = sides
+    html, comparisons = write_comparison_report([*a, *b], tmp_path / "sides.html", versus=2)
+    (c,) = comparisons
+    assert c.verdict == "slower" and c.a_runs == [str(p) for p in a]
+    assert 1.2 < c.ratio.estimate < 1.3
+    open_report(browser, html)
+    assert_clean(browser, html)
+    verdicts = browser.evaluate(
+        "[...document.querySelectorAll('#verdict .verdict')].map(v => v.textContent)"
+    )
+    assert len(verdicts) == 1
+    assert verdicts[0].startswith("B vs A: slower: B (2 runs)'s step takes")
+    assert "Welch" in verdicts[0]
+    legend = browser.evaluate(
+        """(() => {
+        const box = document.querySelector('figure.chart-box[data-chart="steps"]');
+        return [...box.querySelectorAll('path.series')].map(p =>
+          p.classList.contains('dashed'));
+      })()"""
+    )
+    labels = browser.evaluate(
+        """[...document.querySelectorAll('figure.chart-box[data-chart="steps"] .legend .item')]
+           .map(i => i.textContent.trim().split(':')[0])"""
+    )
+    # Every run drawn, A's solid and B's dashed.
+    assert sorted(set(labels)) == ["A1", "A2", "B1", "B2"]
+    assert legend == [label.startswith("B") for label in labels]
+    memory = browser.evaluate(
+        """[...[...document.querySelectorAll('#differences table')].at(-1).tBodies[0].rows]
+           .map(r => r.cells[0].textContent)"""
+    )
+    assert memory == ["A1", "A2", "B1", "B2"]  # each run's peaks
+    bars = browser.evaluate(
+        """[...document.querySelectorAll('table.phase-bars tbody tr')].map(r =>
+           [r.dataset.phase, [...r.querySelectorAll('.bar-row')].map(b => b.dataset.run)])"""
+    )
+    assert ["step", ["A", "B"]] in bars  # one bar a side
+
+
+def test_report_command_with_several_runs_a_side(sides, td, tmp_path):
+    a, b = sides
+    out = tmp_path / "sides.html"
+    result = td("report", *map(str, a), "vs", *map(str, b), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"report written to {out} (")
+    assert lines[1].startswith("  B vs A: slower: B (2 runs)'s step takes")
+    again = td("report", *map(str, a), "vs", *map(str, b), "-o", str(out), "--json")
+    assert again.returncode == 0, again.stderr
+    (c,) = assert_valid("report", json.loads(again.stdout))["comparisons"]
+    assert c["a_runs"] == [str(p) for p in a] and c["b_runs"] == [str(p) for p in b]
+    assert c["method"] == "runs, several a side"
+    # Refusals, one line each, nothing written.
+    for args in ([str(a[0]), "vs", *map(str, b)], ["vs", *map(str, a)]):
+        bad = tmp_path / "bad.html"
+        result = td("report", *args, "-o", str(bad))
+        assert result.returncode == 2, result.stdout
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "vs" in result.stderr
+        assert not bad.exists()

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from torchdoctor.cli.exit_codes import REGRESSED
 from torchdoctor.cli.json_output import dump_json
-from torchdoctor.cli.recordings import RECORDING, RECORDING_OR_VERSUS, VERSUS
+from torchdoctor.cli.recordings import RECORDING, RECORDING_OR_VERSUS, VERSUS, versus_sides
 from torchdoctor.compare.runs import RunFigures, run_figures
 from torchdoctor.compare.verdict import (
     BY_RUNS,
@@ -97,7 +97,7 @@ def command(
 
     thresholds = load_thresholds(None)
     if VERSUS in others:
-        sides = _sides(a, others)
+        sides = versus_sides(a, others, "compare")
     elif len(others) + 1 > len(LETTERS):
         raise UserError(f"compare takes at most {len(LETTERS)} recordings")
     else:
@@ -153,20 +153,6 @@ def command(
         for line in regressions:
             click.echo(f"torchdoctor: {line}", err=True)
         ctx.exit(REGRESSED)
-
-
-def _sides(first: str, others: tuple[str, ...]) -> list[list[str]]:
-    """``A1 A2 ... vs B1 B2 ...`` as its two sides, at least 2 runs each."""
-    at = others.index(VERSUS)
-    side_a, side_b = [first, *others[:at]], list(others[at + 1 :])
-    if VERSUS in side_b:
-        raise UserError(f"compare takes one {VERSUS!r} between the two sides, not several")
-    if len(side_a) < 2 or len(side_b) < 2:
-        raise UserError(
-            f"{len(side_a)} run(s) before {VERSUS!r} and {len(side_b)} after: each side needs at "
-            f"least 2 (for one run a side leave out {VERSUS!r}: compare A B)"
-        )
-    return [side_a, side_b]
 
 
 def _finding_ids(rec: Any, thresholds: Any, complain: Any) -> list[str]:

@@ -67,6 +67,21 @@ class RecordingOrVersus(RecordingArg):
 RECORDING_OR_VERSUS = RecordingOrVersus()
 
 
+def versus_sides(first: str, others: tuple[str, ...], command: str) -> list[list[str]]:
+    """``A1 A2 ... vs B1 B2 ...`` as its two sides, at least 2 runs each (``command`` names
+    the command in the one-line refusals)."""
+    at = others.index(VERSUS)
+    side_a, side_b = [first, *others[:at]], list(others[at + 1 :])
+    if VERSUS in side_b:
+        raise UserError(f"{command} takes one {VERSUS!r} between the two sides, not several")
+    if len(side_a) < 2 or len(side_b) < 2:
+        raise UserError(
+            f"{len(side_a)} run(s) before {VERSUS!r} and {len(side_b)} after: each side needs at "
+            f"least 2 (for one run a side leave out {VERSUS!r}: {command} A B)"
+        )
+    return [side_a, side_b]
+
+
 def recording_line(path: Path, thresholds=None) -> Listed:
     """Work out ``path``'s line: its summary and its worst finding (a diagnosis)."""
     from torchdoctor.recording import open_recording

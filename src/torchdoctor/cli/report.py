@@ -1,4 +1,5 @@
-"""``torchdoctor report FILE [B ...] [-o report.html] [--thresholds FILE]``."""
+"""``torchdoctor report FILE [B ...] [-o report.html] [--thresholds FILE]``, and
+``torchdoctor report A1 A2 ... vs B1 B2 ...``."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ import click
 from torchdoctor.cli.common import thresholds_option
 from torchdoctor.cli.force import force_option
 from torchdoctor.cli.json_output import dump_json
-from torchdoctor.cli.recordings import RECORDING
+from torchdoctor.cli.recordings import RECORDING_OR_VERSUS, VERSUS, versus_sides
+from torchdoctor.errors import UserError
 from torchdoctor.report.scales import BYTES, fmt_value
 
 
 @click.command("report")
-@click.argument("recordings", nargs=-1, required=True, type=RECORDING, metavar="RECORDING [B ...]")
+@click.argument(
+    "recordings",
+    nargs=-1,
+    required=True,
+    type=RECORDING_OR_VERSUS,
+    metavar="RECORDING [B ...] | A1 A2 ... vs B1 B2 ...",
+)
 @click.option(
     "-o",
     "--out",
@@ -41,12 +49,23 @@ def command(
     overlaid on one time axis from each run's start, the phases of a step side by side and the
     settings and environment that differ.
 
+    Several runs a side (`report A1 A2 A3 vs B1 B2 B3`, at least 2 each): one verdict, B's
+    runs against A's, each run one observation as in `compare A1 A2 vs B1 B2`; every run is
+    drawn.
+
     The file opens offline in any browser: nothing is fetched from the network. An existing
     report of the same name is replaced; any other existing file only with --force.
     """
     from torchdoctor.report.html import write_report
     from torchdoctor.thresholds import load_thresholds
 
+    if recordings[0] == VERSUS:
+        raise UserError(f"report A1 A2 {VERSUS} B1 B2: the runs of side A come before {VERSUS!r}")
+    if VERSUS in recordings:
+        side_a, side_b = versus_sides(recordings[0], recordings[1:], "report")
+        flat = side_a + side_b
+        _compare(flat, out, force, load_thresholds(thresholds), as_json, versus=len(side_a))
+        return
     if len(recordings) > 1:
         _compare(list(recordings), out, force, load_thresholds(thresholds), as_json)
         return
@@ -73,12 +92,19 @@ def command(
 
 
 def _compare(
-    recordings: list[str], out: str | None, force: bool, thresholds: Any, as_json: bool
+    recordings: list[str],
+    out: str | None,
+    force: bool,
+    thresholds: Any,
+    as_json: bool,
+    versus: int | None = None,
 ) -> None:
     from torchdoctor.compare.verdict import headline
     from torchdoctor.report.comparison import LETTERS, write_comparison_report
 
-    path, comparisons = write_comparison_report(recordings, out, thresholds, force=force)
+    path, comparisons = write_comparison_report(
+        recordings, out, thresholds, force=force, versus=versus
+    )
     if as_json:
         dump_json(
             "report",
@@ -89,7 +115,15 @@ def _compare(
                 "findings": None,
                 "to_act_on": None,
                 "comparisons": [
-                    {"a": c.a, "b": c.b, "verdict": c.verdict, "ratio": c.to_dict()["ratio"]}
+                    {
+                        "a": c.a,
+                        "b": c.b,
+                        "verdict": c.verdict,
+                        "ratio": c.to_dict()["ratio"],
+                        "a_runs": c.a_runs,
+                        "b_runs": c.b_runs,
+                        "method": c.method,
+                    }
                     for c in comparisons
                 ],
             },

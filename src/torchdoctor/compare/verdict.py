@@ -269,8 +269,8 @@ def compare_runs(
             "least 2 (the spread between a side's runs is what the interval is made of)"
         )
     band = band if band is not None else (RUNS_BAND if by_runs else NO_CHANGE_BAND)
-    names_a = _names("A", len(a))
-    names_b = _names("B", len(b))
+    names_a = run_names("A", len(a))
+    names_b = run_names("B", len(b))
     mismatch: list[str] = []
     for name, run in zip(names_a[1:] + names_b, a[1:] + b, strict=True):
         why = workload_mismatch(a[0], run)
@@ -394,7 +394,7 @@ def compare_runs(
     )
 
 
-def _names(side: str, n: int) -> list[str]:
+def run_names(side: str, n: int) -> list[str]:
     """A side's runs as the lines name them: "A" for one run, "A1", "A2"... for several."""
     return [side] if n == 1 else [f"{side}{i}" for i in range(1, n + 1)]
 

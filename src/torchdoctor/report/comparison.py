@@ -1,5 +1,7 @@
 """The report of several runs of one workload (``torchdoctor report A B [C ...]``): each run
-against the first, as ``torchdoctor compare`` sees it, in ONE self-contained HTML file.
+against the first, as ``torchdoctor compare`` sees it, in ONE self-contained HTML file. With
+several runs a side (``report A1 A2 vs B1 B2``) the page holds one verdict, side B against
+side A, each run one observation (compare's ``A1 A2 vs B1 B2``), and draws every run.
 
 What it draws: the verdict of each comparison (compare's ratio and interval, its one
 definition), the timelines of every run overlaid on one time axis (seconds from each run's
@@ -19,7 +21,17 @@ from typing import Any
 
 import torchdoctor
 from torchdoctor.compare.runs import RunFigures, run_figures
-from torchdoctor.compare.verdict import FASTER, LETTERS, SLOWER, Comparison, compare, headline
+from torchdoctor.compare.verdict import (
+    BY_RUNS,
+    FASTER,
+    LETTERS,
+    SLOWER,
+    Comparison,
+    compare,
+    compare_runs,
+    headline,
+    run_names,
+)
 from torchdoctor.errors import UserError
 from torchdoctor.output_files import check_output_file, write_output_file
 from torchdoctor.recording.reader import open_recording, require_regular_file
@@ -35,7 +47,8 @@ MAX_RUNS = len(LETTERS)
 
 @dataclass(slots=True)
 class Run:
-    letter: str
+    letter: str  # how the page names the run: A, B, C... or A1, A2, B1... with several a side
+    side: str  # the side it is compared as: its letter, or A or B with several a side
     source: str
     data: ReportData
     figures: RunFigures
@@ -48,16 +61,25 @@ def write_comparison_report(
     *,
     diagnose: Diagnose | None = None,
     force: bool = False,
+    versus: int | None = None,
 ) -> tuple[Path, list[Comparison]]:
     """Write the report of ``recordings`` (two or more: each compared with the first) to
     ``out`` (default: beside the last, ``<last>-vs-<first>.html``), through
     :mod:`torchdoctor.output_files` as the one-run report is. Runs that are not the same
     workload are drawn with compare's reasons in a banner (a picture is asked for, not a
-    verdict); a run with too few steady steps is refused in one line, as compare does."""
+    verdict); a run with too few steady steps is refused in one line, as compare does.
+
+    ``versus``: several runs a side. The first ``versus`` recordings are side A, the rest side
+    B (at least 2 each), and one comparison is made, by runs, as ``compare A1 A2 vs B1 B2``."""
     if len(recordings) < 2:
         raise UserError("a comparison report needs two recordings or more")
     if len(recordings) > MAX_RUNS:
         raise UserError(f"a comparison report draws at most {MAX_RUNS} recordings")
+    if versus is not None and min(versus, len(recordings) - versus) < 2:
+        raise UserError(
+            f"{versus} run(s) on side A and {len(recordings) - versus} on side B: with several "
+            "runs a side each side needs at least 2"
+        )
     sources = [Path(r) for r in recordings]
     for source in sources:  # files, before two of their names name the report (as report A)
         require_regular_file(source)
@@ -72,30 +94,55 @@ def write_comparison_report(
                 f"the report would overwrite the recording {str(source)!r}; choose -o FILE.html"
             )
     check_output_file(target, "-o", force=force, ours=is_report)
+    if versus is None:
+        names = list(LETTERS[: len(sources)])
+        sides = names
+    else:
+        b_count = len(sources) - versus
+        names = run_names("A", versus) + run_names("B", b_count)
+        sides = ["A"] * versus + ["B"] * b_count
     runs = []
-    for letter, source in zip(LETTERS, sources, strict=False):
+    for name, side, source in zip(names, sides, sources, strict=True):
         with open_recording(source) as rec:
             data = build_report_data(rec, thresholds or Thresholds(), diagnose=diagnose)
-            runs.append(Run(letter, str(source), data, run_figures(rec)))
-    base = runs[0]
-    comparisons = [
-        compare(
-            base.figures,
-            run.figures,
-            [f.id for f in base.data.findings],
-            [f.id for f in run.data.findings],
-            force=True,
-        )
-        for run in runs[1:]
-    ]
+            runs.append(Run(name, side, str(source), data, run_figures(rec)))
+    if versus is not None:
+        side_a, side_b = runs[:versus], runs[versus:]
+        comparisons = [
+            compare_runs(
+                [r.figures for r in side_a],
+                [r.figures for r in side_b],
+                [[f.id for f in r.data.findings] for r in side_a],
+                [[f.id for f in r.data.findings] for r in side_b],
+                force=True,
+            )
+        ]
+    else:
+        base = runs[0]
+        comparisons = [
+            compare(
+                base.figures,
+                run.figures,
+                [f.id for f in base.data.findings],
+                [f.id for f in run.data.findings],
+                force=True,
+            )
+            for run in runs[1:]
+        ]
     page = render_comparison(runs, comparisons)
     write_output_file(target, page, "-o", force=force, ours=is_report, errors="backslashreplace")
     return target, comparisons
 
 
+def _sides(runs: list[Run]) -> list[str]:
+    """The sides compared, in order: A, B, C... (one run each) or A and B (several each);
+    each side after the first has its comparison with the first."""
+    return list(dict.fromkeys(r.side for r in runs))
+
+
 def render_comparison(runs: list[Run], comparisons: list[Comparison]) -> str:
     """The whole page."""
-    letters = " vs ".join(r.letter for r in runs)
+    letters = " vs ".join(" ".join(r.letter for r in runs if r.side == s) for s in _sides(runs))
     title = f"compare {letters}: " + " | ".join(r.data.title for r in runs[:2])
     span = max(r.data.span_s for r in runs)
     body = "".join(
@@ -134,22 +181,40 @@ table.diff td.changed { background: var(--warn-bg); }
 """
 
 
+def _how(c: Comparison, a: str, b: str) -> str:
+    """What the verdict was computed from, under it."""
+    steps = (
+        f"{c.a_steps} steady steps of {a}'s {c.a_step_count}, {c.b_steps} of {b}'s "
+        f"{c.b_step_count} ({c.warmup_rule})"
+    )
+    if c.method == BY_RUNS:
+        return (
+            f"{len(c.a_runs)} runs of {a}, {len(c.b_runs)} of {b}; {steps}. Each run is one "
+            "observation, its figure the median of the means of its blocks of consecutive "
+            "steps; the interval is Welch's t over the runs' figures, so it holds the spread "
+            "between runs of the same command."
+        )
+    return (
+        f"{steps}; a run's figure is the median of the means of its blocks of consecutive "
+        "steps, the interval a block bootstrap."
+    )
+
+
 def _verdicts(runs: list[Run], comparisons: list[Comparison]) -> str:
     parts = ['<section id="verdict"><h2>Verdict</h2>']
-    for run, c in zip(runs[1:], comparisons, strict=True):
+    sides = _sides(runs)
+    base = sides[0]
+    for side, c in zip(sides[1:], comparisons, strict=True):
         level = {FASTER: "ok", SLOWER: "alert"}.get(c.verdict, "none")
-        text = headline(c, runs[0].letter, run.letter)
+        text = headline(c, base, side)
         parts.append(
-            f'<div class="verdict level-{level}" data-run="{run.letter}">'
-            f"{run.letter} vs {runs[0].letter}: {escape(text)}"
-            f"<small>{c.a_steps} steady steps of {runs[0].letter}'s {c.a_step_count}, "
-            f"{c.b_steps} of {run.letter}'s {c.b_step_count} ({escape(c.warmup_rule)}); a "
-            "run's figure is the median of the means of its blocks of consecutive steps, the "
-            "interval a block bootstrap.</small></div>"
+            f'<div class="verdict level-{level}" data-run="{side}">'
+            f"{side} vs {base}: {escape(text)}<small>{escape(_how(c, base, side))}</small></div>"
         )
         if c.mismatch:
+            whose = "the runs are not all" if c.method == BY_RUNS else f"{side} is not"
             parts.append(
-                f'<div class="banner">{run.letter} is not the same workload as '
+                f'<div class="banner">{whose} the same workload as '
                 f"{runs[0].letter}: {escape('; '.join(c.mismatch))}.</div>"
             )
         for note in c.notes:
@@ -166,33 +231,35 @@ def _verdicts(runs: list[Run], comparisons: list[Comparison]) -> str:
 
 def _phases(runs: list[Run], comparisons: list[Comparison]) -> str:
     """Per phase of a step, one bar per run, on one scale (the longest figure)."""
-    per_run: dict[str, dict[str, float]] = {}
+    sides = _sides(runs)
+    per_side: dict[str, dict[str, float]] = {}
     moved: set[str] = set()
     labels: dict[str, str] = {}
     for c in comparisons:
         for p in c.phases:
             labels[p.phase] = p.label
-            per_run.setdefault(p.phase, {})[runs[0].letter] = p.a_per_step_s
+            per_side.setdefault(p.phase, {})[sides[0]] = p.a_per_step_s
             moved |= {p.phase} if p.moved else set()
-    for run, c in zip(runs[1:], comparisons, strict=True):
+    for side, c in zip(sides[1:], comparisons, strict=True):
         for p in c.phases:
-            per_run[p.phase][run.letter] = p.b_per_step_s
-    top = max((v for d in per_run.values() for v in d.values()), default=0.0) or 1.0
+            per_side[p.phase][side] = p.b_per_step_s
+    top = max((v for d in per_side.values() for v in d.values()), default=0.0) or 1.0
+    of_runs = " (with several runs a side, the mean of its runs')" if len(sides) < len(runs) else ""
     parts = [
-        '<section id="phases"><h2>Phases of a step</h2><p class="lead">Each run\'s figure per '
-        "step (the median of its block means). Bold: a phase that moved beyond the verdict's "
-        'band.</p><table class="phase-bars"><thead><tr><th>phase</th><th>per step</th>'
+        '<section id="phases"><h2>Phases of a step</h2><p class="lead">Each side\'s figure per '
+        f"step: the median of its block means{of_runs}. Bold: a phase that moved beyond the "
+        'verdict\'s band.</p><table class="phase-bars"><thead><tr><th>phase</th><th>per step</th>'
         "<th></th></tr></thead><tbody>"
     ]
-    for phase, values in per_run.items():
+    for phase, values in per_side.items():
         bars = "".join(
-            f'<div class="bar-row" data-run="{r.letter}"><span class="who">{r.letter}</span>'
-            f'<div class="bar" style="width:{100 * max(values.get(r.letter, 0.0), 0.0) / top:.1f}%;'
+            f'<div class="bar-row" data-run="{side}"><span class="who">{side}</span>'
+            f'<div class="bar" style="width:{100 * max(values.get(side, 0.0), 0.0) / top:.1f}%;'
             f'background:var(--c{i % PALETTE_SIZE})"></div></div>'
-            for i, r in enumerate(runs)
+            for i, side in enumerate(sides)
         )
         figures = "<br>".join(
-            f"{r.letter} {fmt_value(values[r.letter], 's')}" for r in runs if r.letter in values
+            f"{side} {fmt_value(values[side], 's')}" for side in sides if side in values
         )
         cls = ' class="moved"' if phase in moved else ""
         parts.append(
@@ -252,18 +319,19 @@ def _differences(runs: list[Run], comparisons: list[Comparison]) -> str:
         f'<th class="num">peak PSS</th><th class="num">peak VRAM</th></tr></thead><tbody>{memory}'
         "</tbody></table>"
     )
+    sides = _sides(runs)
     findings = [
-        f"{r.letter}: new {', '.join(c.findings_appeared)}"
-        for r, c in zip(runs[1:], comparisons, strict=True)
+        f"{side}: new {', '.join(c.findings_appeared)}"
+        for side, c in zip(sides[1:], comparisons, strict=True)
         if c.findings_appeared
     ] + [
-        f"{r.letter}: gone {', '.join(c.findings_disappeared)}"
-        for r, c in zip(runs[1:], comparisons, strict=True)
+        f"{side}: gone {', '.join(c.findings_disappeared)}"
+        for side, c in zip(sides[1:], comparisons, strict=True)
         if c.findings_disappeared
     ]
     if findings:
         parts.append(
-            f"<h3>Findings against {runs[0].letter}</h3><ul>"
+            f"<h3>Findings against {sides[0]}</h3><ul>"
             + "".join(f"<li>{escape(line)}</li>" for line in findings)
             + "</ul>"
         )
@@ -277,14 +345,14 @@ def _show(value: Any) -> str:
 
 def overlay(chart_id: str, runs: list[Run]) -> Chart | None:
     """One chart with the series of every run that drew it, each labelled with its run (the
-    first run's series solid, the others dashed); the first run's threshold bands and limits.
+    first side's series solid, the others dashed); the first run's threshold bands and limits.
     None when no run drew it."""
     charts = [(r, c) for r in runs for c in r.data.charts if c.id == chart_id and not c.unavailable]
     if not charts:
         return None
     base = charts[0][1]
     series = [
-        replace(s, label=f"{r.letter}: {s.label}", dashed=r is not runs[0])
+        replace(s, label=f"{r.letter}: {s.label}", dashed=r.side != runs[0].side)
         for r, c in charts
         for s in c.series
     ]
@@ -308,8 +376,9 @@ def _timelines(runs: list[Run], span: float) -> str:
     parts = [
         '<section id="timelines"><h2>Timelines</h2><p class="lead">Every run on one time axis, '
         "in seconds from its own start. Solid: "
-        f"{runs[0].letter}; dashed: "
-        + ", ".join(r.letter for r in runs[1:])
+        + ", ".join(r.letter for r in runs if r.side == runs[0].side)
+        + "; dashed: "
+        + ", ".join(r.letter for r in runs if r.side != runs[0].side)
         + ". Hover a chart to read values.</p>"
     ]
     seen: list[str] = []
