@@ -157,15 +157,16 @@ def test_more_than_two_runs_are_each_compared_with_the_first(runs):
     three = (p(runs, "base"), p(runs, "workers"), p(runs, "slowed"))
     done = runs.compare(*three, "--fail-if-slower", "5")
     assert done.returncode == 4, done.stdout + done.stderr
+    said = done.stdout + done.stderr  # every assertion shows what was printed
     sections = done.stdout.split("== C vs A ")
-    assert sections[0].startswith("== B vs A ") and len(sections) == 2
-    assert "faster: B's step takes 0." in sections[0]
-    assert "slower: C's step takes 1." in sections[1]
-    assert f"C: {three[2]}" in sections[1]
+    assert sections[0].startswith("== B vs A ") and len(sections) == 2, said
+    assert "faster: B's step takes 0." in sections[0], said
+    assert "slower: C's step takes 1." in sections[1], said
+    assert f"C: {three[2]}" in sections[1], said
     # The gate names the run that passed it, and only that one.
     assert done.stderr.splitlines() == [
         line for line in done.stderr.splitlines() if line.startswith("torchdoctor: C is slower")
-    ]
+    ], said
     doc = assert_valid("compare", runs.compare(*three, "--json").stdout)
     assert doc["a"] == three[0] and doc["runs"] == list(three[1:])
     assert [c["verdict"] for c in doc["comparisons"]] == ["faster", "slower"]
