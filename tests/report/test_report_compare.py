@@ -12,6 +12,7 @@ from report_recordings import Spec, write_recording
 from test_report_browser import assert_clean, browser, open_report  # noqa: F401 (fixture)
 from tests.helpers.schemas import assert_valid
 
+from torchdoctor.errors import UserError
 from torchdoctor.report.comparison import write_comparison_report
 
 
@@ -176,3 +177,11 @@ def test_report_command_with_several_runs_a_side(sides, td, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "vs" in result.stderr
         assert not bad.exists()
+
+
+def test_several_runs_a_side_needs_two_each_in_the_library_too(sides, tmp_path):
+    a, b = sides
+    out = tmp_path / "one-a.html"
+    with pytest.raises(UserError, match="1 run.s. on side A and 2 on side B"):
+        write_comparison_report([a[0], *b], out, versus=1)
+    assert not out.exists()

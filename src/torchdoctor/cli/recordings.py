@@ -70,6 +70,8 @@ RECORDING_OR_VERSUS = RecordingOrVersus()
 def versus_sides(first: str, others: tuple[str, ...], command: str) -> list[list[str]]:
     """``A1 A2 ... vs B1 B2 ...`` as its two sides, at least 2 runs each (``command`` names
     the command in the one-line refusals)."""
+    if first == VERSUS:
+        raise UserError(f"{command} A1 A2 {VERSUS} B1 B2: side A's runs come before {VERSUS!r}")
     at = others.index(VERSUS)
     side_a, side_b = [first, *others[:at]], list(others[at + 1 :])
     if VERSUS in side_b:

@@ -11,7 +11,6 @@ from torchdoctor.cli.common import thresholds_option
 from torchdoctor.cli.force import force_option
 from torchdoctor.cli.json_output import dump_json
 from torchdoctor.cli.recordings import RECORDING_OR_VERSUS, VERSUS, versus_sides
-from torchdoctor.errors import UserError
 from torchdoctor.report.scales import BYTES, fmt_value
 
 
@@ -59,8 +58,6 @@ def command(
     from torchdoctor.report.html import write_report
     from torchdoctor.thresholds import load_thresholds
 
-    if recordings[0] == VERSUS:
-        raise UserError(f"report A1 A2 {VERSUS} B1 B2: the runs of side A come before {VERSUS!r}")
     if VERSUS in recordings:
         side_a, side_b = versus_sides(recordings[0], recordings[1:], "report")
         flat = side_a + side_b

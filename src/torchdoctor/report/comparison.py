@@ -27,7 +27,6 @@ from torchdoctor.compare.verdict import (
     LETTERS,
     SLOWER,
     Comparison,
-    compare,
     compare_runs,
     headline,
     run_names,
@@ -106,29 +105,18 @@ def write_comparison_report(
         with open_recording(source) as rec:
             data = build_report_data(rec, thresholds or Thresholds(), diagnose=diagnose)
             runs.append(Run(name, side, str(source), data, run_figures(rec)))
-    if versus is not None:
-        side_a, side_b = runs[:versus], runs[versus:]
-        comparisons = [
-            compare_runs(
-                [r.figures for r in side_a],
-                [r.figures for r in side_b],
-                [[f.id for f in r.data.findings] for r in side_a],
-                [[f.id for f in r.data.findings] for r in side_b],
-                force=True,
-            )
-        ]
-    else:
-        base = runs[0]
-        comparisons = [
-            compare(
-                base.figures,
-                run.figures,
-                [f.id for f in base.data.findings],
-                [f.id for f in run.data.findings],
-                force=True,
-            )
-            for run in runs[1:]
-        ]
+    # Each side after the first against it, as `torchdoctor compare` makes them.
+    groups = [[r for r in runs if r.side == side] for side in _sides(runs)]
+    comparisons = [
+        compare_runs(
+            [r.figures for r in groups[0]],
+            [r.figures for r in group],
+            [[f.id for f in r.data.findings] for r in groups[0]],
+            [[f.id for f in r.data.findings] for r in group],
+            force=True,
+        )
+        for group in groups[1:]
+    ]
     page = render_comparison(runs, comparisons)
     write_output_file(target, page, "-o", force=force, ours=is_report, errors="backslashreplace")
     return target, comparisons
@@ -230,7 +218,8 @@ def _verdicts(runs: list[Run], comparisons: list[Comparison]) -> str:
 
 
 def _phases(runs: list[Run], comparisons: list[Comparison]) -> str:
-    """Per phase of a step, one bar per run, on one scale (the longest figure)."""
+    """Per phase of a step, one bar per side (per run with one run a side), on one scale (the
+    longest figure)."""
     sides = _sides(runs)
     per_side: dict[str, dict[str, float]] = {}
     moved: set[str] = set()
