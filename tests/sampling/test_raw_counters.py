@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -20,12 +21,28 @@ def test_pressure_totals_are_seconds() -> None:
     assert procfs.parse_pressure_totals(PRESSURE.splitlines()[0]) == (123.456789, None)
 
 
+def _cpu_total(sample) -> float:
+    cpu = sample.cpu_seconds
+    return 0.0 if cpu is None else sum(getattr(cpu, m) for m in _MODES)
+
+
+_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
 def test_host_counters_go_forward_and_agree_with_the_cpu_split() -> None:
     reader = HostReader()
     try:
-        a = reader.read()
-        sum(i * i for i in range(300_000))  # some CPU time between the two reads
         b = reader.read()
+        deadline = time.monotonic() + 10
+        while True:
+            # Some CPU time between two consecutive reads, until the kernel's tick counters
+            # have moved: /proc/stat counts in ticks of 1/CLK_TCK s, which a fast CPU can
+            # finish a fixed amount of work inside (CI saw two equal reads).
+            a = b
+            sum(i * i for i in range(300_000))
+            b = reader.read()
+            if _cpu_total(b) > _cpu_total(a) or time.monotonic() > deadline:
+                break
     finally:
         reader.close()
     for name in ("ctx_switches", "swap_in_bytes", "swap_out_bytes", "major_faults",
@@ -36,7 +53,7 @@ def test_host_counters_go_forward_and_agree_with_the_cpu_split() -> None:
             continue
         assert after >= before, name
     assert a.cpu_seconds is not None and b.cpu_seconds is not None
-    modes = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    modes = _MODES
     delta = {m: getattr(b.cpu_seconds, m) - getattr(a.cpu_seconds, m) for m in modes}
     assert all(d >= 0 for d in delta.values())
     total = sum(delta.values())
