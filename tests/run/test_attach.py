@@ -8,6 +8,7 @@ its own end, with its own output and exit status.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -39,13 +40,19 @@ needs_py_spy = engine(
     None if py_spy_path() else "py-spy is not installed (pip install torchdoctor)",
 )
 
-# The loop runs until a line arrives on stdin; it prints its own lines and exits with 7.
+# The loop runs until a line arrives on stdin; it prints its own lines and exits with 7, and
+# writes when each of its steps ended to the file argv[2] names, if one does.
+# The data-bound loops wait 32 ms for each batch; the model's forward then waits as if on a GPU:
+# 12 ms ("data-bound": over two sampling periods, so every step is seen) or 0.5 ms
+# ("data-bound-short": under one, so most steps go unseen and the seen ones merge). Sleeps, not
+# computing, so that what the samples can resolve does not depend on the speed of the CPU.
 LOOP = textwrap.dedent(
     """
-    import sys, threading, time, torch
+    import json, sys, threading, time, torch
     from torch.utils.data import DataLoader, Dataset, TensorDataset
     torch.set_num_threads(1)
     KIND = sys.argv[1]
+    ENDS = sys.argv[2] if len(sys.argv) > 2 else None
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
 
@@ -56,14 +63,24 @@ LOOP = textwrap.dedent(
             time.sleep(0.004)   # decoding a sample from disk, say
             return torch.randn(16), torch.randn(1)
 
-    if KIND == "data-bound":
+    class Waits(torch.nn.Module):
+        def __init__(self, seconds):
+            super().__init__()
+            self.seconds = seconds
+            self.linear = torch.nn.Linear(16, 1)
+        def forward(self, x):
+            time.sleep(self.seconds)
+            return self.linear(x)
+
+    if KIND.startswith("data-bound"):
         data = DataLoader(Slow(), batch_size=8)
-        model = torch.nn.Linear(16, 1)
+        model = Waits(0.012 if KIND == "data-bound" else 0.0005)
     else:
         data = DataLoader(TensorDataset(torch.randn(4096, 512), torch.randn(4096, 1)), batch_size=256)
         model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)], torch.nn.Linear(512, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3) if KIND != "no-optimizer" else None
     steps = 0
+    ends = []
     while not stop.is_set():
         for x, y in data:
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -77,19 +94,23 @@ LOOP = textwrap.dedent(
                         p -= 1e-3 * p.grad
                         p.grad = None
             steps += 1
+            ends.append(time.time())
             if steps == 3:
                 print("training", flush=True)
             if stop.is_set():
                 break
+    if ENDS:
+        with open(ENDS, "w") as f:
+            json.dump(ends, f)
     print(f"job finished after {steps} steps", flush=True)
     sys.exit(7)
     """
 )
 
 
-def _start_job(kind: str, **kwargs) -> subprocess.Popen[str]:
+def _start_job(kind: str, *args: str, **kwargs) -> subprocess.Popen[str]:
     job = subprocess.Popen(
-        [sys.executable, "-c", LOOP, kind],
+        [sys.executable, "-c", LOOP, kind, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -135,8 +156,9 @@ def _wait_for(path: Path, table: str, n: int, proc: subprocess.Popen[str], timeo
 
 def _attach_until_steps(kind: str, tmp_path: Path, steps: int = 40):
     """Attach to a running ``kind`` loop until ``steps`` steps are recorded, Ctrl-C the attach,
-    then let the job finish; (attach stderr, job stdout, job status, recording path)."""
-    job = _start_job(kind)
+    then let the job finish; (attach stderr, job stdout, job status, recording path). The job's
+    own step ends are in ``tmp_path / "ends.json"``."""
+    job = _start_job(kind, str(tmp_path / "ends.json"))
     rec = tmp_path / f"{kind}.sqlite"
     try:
         attach = _attach(job.pid, rec)
@@ -152,6 +174,13 @@ def _attach_until_steps(kind: str, tmp_path: Path, steps: int = 40):
     return err, out, job.returncode, rec
 
 
+def _steps_of_the_job_within(rec_steps: list[dict], ends_file: Path) -> tuple[int, int]:
+    """(steps recorded, steps the job itself ended) over the recorded steps' span."""
+    ends = json.loads(ends_file.read_text())
+    first, last = min(s["t_start"] for s in rec_steps), max(s["t_end"] for s in rec_steps)
+    return len(rec_steps), sum(first < t <= last for t in ends)
+
+
 @needs_py_spy
 def test_data_bound_job_attached_mid_run_is_named_dataloader_bound(tmp_path: Path) -> None:
     err, out, status, rec = _attach_until_steps("data-bound", tmp_path)
@@ -159,6 +188,11 @@ def test_data_bound_job_attached_mid_run_is_named_dataloader_bound(tmp_path: Pat
     assert out.startswith("job finished after ") and status == 7  # its own output and status
     with open_recording(rec) as r:
         assert r.meta["steps_source"] == "sampled-stacks"
+        assert r.meta.get("steps_source_limit") is None  # its steps resolve: counted
+        seen, ran = _steps_of_the_job_within(r.rows("steps"), tmp_path / "ends.json")
+        # The steps the job ran while sampled, up to those in the gaps between py-spy's runs
+        # (and to py-spy's clock: a chunk's span is its samples times the period).
+        assert 0.75 * ran <= seen <= 1.1 * ran + 2, (seen, ran)
         stats = r.step_stats()
         assert stats.step_count >= 40
         assert stats.data_wait_fraction > 0.5
@@ -177,6 +211,35 @@ def test_data_bound_job_attached_mid_run_is_named_dataloader_bound(tmp_path: Pat
     page = html.read_text()
     assert "steps seen by" in page and "sampled-stacks: main thread" in page
     assert "dataloader-bound" in page
+
+
+@needs_py_spy
+def test_steps_too_short_to_resolve_are_said_to_be_a_lower_bound(tmp_path: Path) -> None:
+    # The work between two data waits is shorter than the 5 ms sampling period: most steps go
+    # unseen, and the seen ones are several merged. A rate read off them would be far too low.
+    _, _, status, rec = _attach_until_steps("data-bound-short", tmp_path, steps=20)
+    assert status == 7
+    with open_recording(rec) as r:
+        limit = r.meta["steps_source_limit"]
+        seen, ran = _steps_of_the_job_within(r.rows("steps"), tmp_path / "ends.json")
+        assert seen < 0.75 * ran, (seen, ran)  # what the note is there for
+        assert r.step_stats().data_wait_fraction > 0.8  # the share holds: 32 ms of about 33
+        found = {f.id: f for f in diagnose(r)}["dataloader-bound"]
+    assert "lower bounds" in limit and "5 ms" in limit
+    # The fix and its speed-up come from the ratios, which hold; no time per step is claimed.
+    assert found.settings["num_workers"] >= 2
+    assert "x the compute" in found.recommendation and "of each step" not in found.recommendation
+    assert "more steps per second" in found.expected_effect
+    assert "per step" not in found.expected_effect
+    assert limit in found.details
+    assert "predicted step time after the fix" not in {e.label for e in found.evidence}
+    show = subprocess.run([*TORCHDOCTOR, "show", str(rec)], capture_output=True, text=True)
+    assert show.returncode == 0, show.stderr
+    assert f"  {limit}" in show.stdout.splitlines()
+    shown = subprocess.run(
+        [*TORCHDOCTOR, "show", "--json", str(rec)], capture_output=True, text=True
+    )
+    assert json.loads(shown.stdout)["steps_source_limit"] == limit
 
 
 @needs_py_spy

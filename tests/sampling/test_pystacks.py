@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchdoctor.sampling.pystacks import analyse, phase_of
+from torchdoctor.sampling.pystacks import EstimatedStep, analyse, merging_note, phase_of
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 FRAMES = [
@@ -60,3 +60,32 @@ def test_a_loop_without_optimizer_steps_by_backward() -> None:
     stacks = [DATA, FORWARD, BACKWARD, DATA, FORWARD, BACKWARD, DATA, FORWARD, BACKWARD, DATA]
     result = analyse(_doc(stacks), 42, t_end=10.0)
     assert len(result.steps) == 2 and not result.optimizer_seen
+
+
+def test_each_step_keeps_how_many_samples_saw_it_and_its_work() -> None:
+    # | data data data fwd bwd zero step | data data fwd | data (partial)
+    stacks = [BACKWARD, DATA, DATA, DATA, FORWARD, BACKWARD, ZERO, STEP, DATA, DATA, FORWARD,
+              DATA]  # fmt: skip
+    result = analyse(_doc(stacks), 42, t_end=100.0)
+    assert [(s.samples, s.work_samples) for s in result.steps] == [(7, 4), (3, 1)]
+
+
+def _steps(*shapes: tuple[int, int]) -> list[EstimatedStep]:
+    return [EstimatedStep(0.0, 1.0, 0.5, 0.2, 0.2, 0.1, n, work) for n, work in shapes]
+
+
+def test_steps_whose_work_fits_in_a_sampling_period_are_said_to_merge() -> None:
+    # A data-bound loop whose work is one sample or less: seen once when seen at all.
+    note = merging_note(_steps(*[(8, 1)] * 9, (8, 2), (8, 1)), rate_hz=200)
+    assert note is not None and "1.1 samples a step" in note and "5 ms" in note
+    assert "lower bounds" in note
+    # Work of two periods and more: every step seen, nothing said.
+    assert merging_note(_steps(*[(8, 2)] * 6, *[(8, 3)] * 6), rate_hz=200) is None
+    # Too few steps to tell.
+    assert merging_note(_steps(*[(8, 1)] * 2), rate_hz=200) is None
+
+
+def test_whole_steps_under_four_samples_are_said_to_merge() -> None:
+    note = merging_note(_steps(*[(2, 2)] * 6, *[(3, 3)] * 4, *[(6, 5)] * 2), rate_hz=100)
+    assert note is not None and "10 of 12 steps spanned under four samples 10 ms apart" in note
+    assert merging_note(_steps(*[(2, 2)] * 5, *[(6, 5)] * 7), rate_hz=100) is None

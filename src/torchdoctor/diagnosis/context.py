@@ -360,6 +360,12 @@ class DiagnosisContext:
         out.sort(key=lambda r: r["t_end"])
         return out
 
+    @property
+    def steps_merge(self) -> str | None:
+        """Why the steps are several merged (an attach whose samples cannot resolve them), or
+        None: their count and times are then lower bounds, their data-wait share holds."""
+        return self.meta.get("steps_source_limit")
+
     @cached_property
     def step_summary(self) -> StepStats | None:
         """The recording's step summary (the one ``show`` prints); None when fewer than

@@ -65,6 +65,7 @@ class RunSummary:
     # How an attached job's steps were seen ("sampled-stacks" / "none"), and why not.
     steps_source: str | None = None
     steps_source_reason: str | None = None
+    steps_source_limit: str | None = None  # sampled steps that merge: a lower bound, and why
     # recording.steps.evaluation_stats as a dict: evaluation between steps, left out of steps
     evaluation: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -151,6 +152,7 @@ def summarize(rec: Recording) -> RunSummary:
         steps=_steps(rec),
         steps_source=meta.get("steps_source"),
         steps_source_reason=meta.get("steps_source_reason"),
+        steps_source_limit=meta.get("steps_source_limit"),
         evaluation=_evaluation(rec),
         settings=_settings(rec),
         stopped_by_signal=meta.get("stopped_by_signal"),

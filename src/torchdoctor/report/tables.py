@@ -513,6 +513,7 @@ def meta_sections(meta: dict, rec: Recording) -> list[MetaSection]:
         "steps_source",
         "steps_source_detail",
         "steps_source_reason",
+        "steps_source_limit",
         "torch_version",
         "torchdoctor_version",
         "root_pid",
@@ -579,4 +580,7 @@ def _steps_source_rows(meta: dict[str, Any]) -> list[tuple[str, str]]:
     if source is None:
         return []
     text = meta.get("steps_source_detail") or meta.get("steps_source_reason") or ""
-    return [("steps seen by", f"{source}: {text}" if text else str(source))]
+    rows = [("steps seen by", f"{source}: {text}" if text else str(source))]
+    if meta.get("steps_source_limit"):
+        rows.append(("steps counted", str(meta["steps_source_limit"])))
+    return rows

@@ -20,6 +20,7 @@ a CPU with AMX state ("Couldn't write extended state status"), which left a test
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -41,7 +42,9 @@ from torchdoctor.sampling.pystacks import (
     CHUNK_S,
     DEFAULT_RATE_HZ,
     ChunkResult,
+    EstimatedStep,
     analyse,
+    merging_note,
     py_spy_path,
 )
 from torchdoctor.sampling.roles import is_python
@@ -190,6 +193,7 @@ class InsideView:
     reason: str | None
     sampler: StackSampler | None = None
     steps: int = 0
+    merging: str | None = None  # what the recording says of it (pystacks.merging_note)
     writer: Any = None
     say: Callable[[str], None] | None = None
 
@@ -252,6 +256,8 @@ class _StepWriter:
         self.view = view
         self.loader_written = False
         self.boundary: str | None = None
+        # The steps seen, judged together for merging; the last few thousand are enough.
+        self.seen: collections.deque[EstimatedStep] = collections.deque(maxlen=4096)
 
     def on_chunk(self, chunk: ChunkResult) -> None:
         rows = []
@@ -271,6 +277,8 @@ class _StepWriter:
         self.view.steps += len(rows)
         if rows:
             self.writer.add_steps(rows)
+        self.seen.extend(chunk.steps)
+        self._say_if_merging()
         boundary = "optimizer" if chunk.optimizer_seen else "backward"
         if rows and boundary != self.boundary and self.boundary != "optimizer":
             self.boundary = boundary
@@ -280,6 +288,16 @@ class _StepWriter:
         if chunk.loader_kind is not None and not self.loader_written:
             self.loader_written = True
             self.writer.add_dataloaders([self._loader(chunk)])
+
+    def _say_if_merging(self) -> None:
+        """Keep the recording's ``steps_source_limit`` true to the steps seen so far: a step
+        count that is a lower bound must not read as the job's rate."""
+        view = self.view
+        rate_hz = view.sampler.rate_hz if view.sampler is not None else DEFAULT_RATE_HZ
+        note = merging_note(list(self.seen), rate_hz)
+        if note != view.merging:
+            view.merging = note
+            self.writer.set_meta({"steps_source_limit": note})
 
     def _loader(self, chunk: ChunkResult) -> DataLoaderRecord:
         workers = 0 if chunk.loader_kind == "single-process" else len(_workers(self.pid))

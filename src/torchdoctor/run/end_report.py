@@ -98,6 +98,8 @@ def render_summary(summary: RunSummary, console: Console) -> None:
         if summary.steps_source == "sampled-stacks":
             line += " (estimated from sampled stacks)"
         console.print(line, soft_wrap=True)
+        if summary.steps_source_limit:
+            console.print(f"  {summary.steps_source_limit}", soft_wrap=True)
     elif summary.steps_source == "none" and summary.steps_source_reason:
         console.print(f"steps: not seen ({summary.steps_source_reason})", soft_wrap=True)
     evaluation = summary.evaluation

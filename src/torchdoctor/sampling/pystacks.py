@@ -10,9 +10,11 @@ frame on its stack: ``data`` (a DataLoader iterator's ``__next__``/``_next_data`
 ``optimizer`` (``Optimizer.step``) or ``sync`` (``torch.cuda.synchronize``); anything else is
 ``other``. A training loop goes through the phases in that order (data, forward, backward,
 optimizer) and back: a sample whose phase comes *before* the previous one's starts a new step.
-That is an estimate: a step is seen when at least two of its phases are sampled, so steps
-shorter than a few sampling periods merge (the rate is chosen well above the step rate of the
-slow jobs worth attaching to). Time in each phase is its samples times the period.
+That is an estimate: a step is seen when at least two of its phases are sampled, so a step whose
+work between two data waits is shorter than a sampling period can go unseen and merge into the
+next one. Each step keeps how many samples its non-data part got: when nearly every step was seen
+by one such sample, steps are merging and the count is a lower bound (:func:`merging_note`); the
+data-wait share holds either way. Time in each phase is its samples times the period.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class EstimatedStep:
     forward_s: float
     backward_s: float
     optimizer_s: float
+    samples: int = 0
+    # Samples of the step's work outside the data wait (forward, backward, optimizer and the
+    # loop's own code): about 1 a step means that work fits inside a sampling period.
+    work_samples: int = 0
 
 
 @dataclass(slots=True)
@@ -127,6 +133,7 @@ def analyse(data: dict[str, Any], pid: int, t_end: float) -> ChunkResult:
     t = result.t_start
     phase_s = dict.fromkeys((DATA, FORWARD, BACKWARD, OPTIMIZER, SYNC, OTHER), 0.0)
     current: dict[str, float] | None = None  # phase times of the step under way
+    n = work = 0  # samples of the step under way, in all and outside its data wait
     start = 0.0
     last_order = None
     for stack, weight in zip(stacks, weights, strict=False):
@@ -141,18 +148,24 @@ def analyse(data: dict[str, Any], pid: int, t_end: float) -> ChunkResult:
         if order is not None:
             if last_order is not None and order < last_order:
                 if current is not None:
-                    result.steps.append(_step(start, t, current))
+                    result.steps.append(_step(start, t, current, n, work))
                 current = dict.fromkeys(_ORDER, 0.0)
+                n = work = 0
                 start = t
             last_order = order
-        if current is not None and phase in current:
-            current[phase] += weight
+        if current is not None:
+            if phase in current:
+                current[phase] += weight
+            n += 1
+            work += phase != DATA
         t += weight
     result.phase_s = phase_s
     return result
 
 
-def _step(start: float, end: float, phases: dict[str, float]) -> EstimatedStep:
+def _step(
+    start: float, end: float, phases: dict[str, float], samples: int, work: int
+) -> EstimatedStep:
     return EstimatedStep(
         t_start=start,
         t_end=end,
@@ -160,6 +173,44 @@ def _step(start: float, end: float, phases: dict[str, float]) -> EstimatedStep:
         forward_s=phases[FORWARD],
         backward_s=phases[BACKWARD],
         optimizer_s=phases[OPTIMIZER],
+        samples=samples,
+        work_samples=work,
+    )
+
+
+# Steps merge when the work between two data waits is shorter than a sampling period T: a step
+# is seen only when a sample lands in its work, and then by that one sample. From w = T up every
+# step is seen, with w/T samples of work a step; so fewer than 1.5 of them a step on average
+# means the work is near or under one period (py-spy's samples are not evenly spaced), and many
+# steps can have gone unseen. A loop whose whole step is that short merges the same way, and
+# then most steps seen span under four samples. Judged from three steps on: a loop whose work
+# is far under a period is seen a few times a minute (5 steps in 20 s of a 27 steps/s loop),
+# and its rate is then the most wrong.
+MERGING_MIN_STEPS = 3
+MERGING_WORK_SAMPLES = 1.5
+MERGING_SHORT_SAMPLES = 4
+
+
+def merging_note(steps: list[EstimatedStep], rate_hz: int) -> str | None:
+    """What to say of sampled ``steps`` that merge: their count and rate are lower bounds
+    (None when they do not, or when there are too few to tell)."""
+    if len(steps) < MERGING_MIN_STEPS:
+        return None
+    per_step = sum(s.work_samples for s in steps) / len(steps)
+    short = sum(s.samples < MERGING_SHORT_SAMPLES for s in steps)
+    period = f"{1000.0 / rate_hz:g} ms"
+    if per_step < MERGING_WORK_SAMPLES:
+        why = (
+            f"the work between data waits got {per_step:.1f} samples a step, so it is about"
+            f" one {period} sampling period or less"
+        )
+    elif short >= len(steps) / 2:
+        why = f"{short} of {len(steps)} steps spanned under four samples {period} apart"
+    else:
+        return None
+    return (
+        f"{why}: steps this short merge, so the step count and rate are lower bounds (the"
+        " data-wait share holds; `torchdoctor run` counts every step)"
     )
 
 

@@ -19,6 +19,12 @@ threads at all). The prediction uses that bound, the trainer's thread count k is
 fix when below its threads (``torch.set_num_threads(k)`` / ``OMP_NUM_THREADS=k``), and a fix
 whose bounded prediction is not faster is not printed (pytorch/examples' vae on 2 CPUs: one
 worker predicted 1.3x faster from the unchanged compute, measured 16 % slower).
+
+An attached job's steps seen by sampling can merge (:func:`torchdoctor.sampling.pystacks.
+merging_note`): a seen step is then k steps' data waits with one sample of work, k about the
+sampling period over the work. Load, compute and CPU per step all scale by about k, so their
+ratios, and the workers sized from them, hold; the times themselves do not, and the finding
+then gives the fix and its speed-up without a time per step.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
     if not _waits_are_typical(ctx, share):
         return []
     loader = training_loader(ctx)
+    merged = ctx.steps_merge
     wait = summary.mean_data_wait_s
     compute = max(summary.mean_step_s - wait, 1e-6)
     t0, t1 = summary.t_start, summary.t_end
@@ -118,7 +125,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             f"{workers} and persistent_workers=True so batches are prepared in parallel."
         )
         settings = {"num_workers": workers, "persistent_workers": True}
-        expected = _expected(summary.mean_step_s, predicted)
+        expected = _expected(summary.mean_step_s, predicted, merged)
     elif workers > (current or 0) and helps:
         settings = {"num_workers": workers, "persistent_workers": True}
         bursty = summary.p90_data_wait_s > 4 * max(summary.median_data_wait_s, 1e-4)
@@ -137,7 +144,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
                 f"{workers} busy workers would share {available:.1f} CPUs, and threads that "
                 "wait for a preempted sibling at every parallel region waste the rest."
             )
-        if bounded_compute > compute + 1e-9:
+        if bounded_compute > compute + 1e-9 and not merged:
             thread_text += (
                 f" The prediction takes the compute at its bound beside the workers, "
                 f"{fmt_duration(bounded_compute)} (measured {fmt_duration(compute)} with the "
@@ -148,36 +155,52 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             if idle is not None and idle >= 1
             else ""
         )
+        if merged:
+            costs = (
+                f"{share * 100:.0f} % of the job's time waits for data{idle_text}. Loading a"
+                f" batch takes about {load_per_batch / compute:.0f}x the compute"
+            )
+            cpu_text = (
+                f"the steps' CPU time must fit in the {available:.1f} CPUs available"
+                f" ({ctx.cpu_limit_text})"
+            )
+        else:
+            costs = (
+                f"{share * 100:.0f} % of each step waits for data ({fmt_duration(wait)} of "
+                f"{fmt_duration(summary.mean_step_s)}){idle_text}. Loading one batch takes "
+                f"about {fmt_duration(load_per_batch)} against {fmt_duration(compute)} of compute"
+            )
+            cpu_text = (
+                f"the step needs {fmt_duration(cpu_per_step)} of CPU time and {available:.1f}"
+                f" CPUs are available ({ctx.cpu_limit_text})"
+            )
         recommendation = (
-            f"DataLoader({args}): {share * 100:.0f} % of each step waits for data "
-            f"({fmt_duration(wait)} of {fmt_duration(summary.mean_step_s)}){idle_text}. "
-            f"Loading one batch takes about {fmt_duration(load_per_batch)} against "
-            f"{fmt_duration(compute)} of compute"
+            f"DataLoader({args}): {costs}"
             + (
                 f", so {workers} workers keep ahead."
                 if workers >= needed
-                else f"; {needed} workers would keep ahead but the step needs "
-                f"{fmt_duration(cpu_per_step)} of CPU time and {available:.1f} CPUs are available "
-                f"({ctx.cpu_limit_text}), so "
+                else f"; {needed} workers would keep ahead but {cpu_text}, so "
                 + ("1 worker reaches" if workers == 1 else f"{workers} workers reach")
                 + " that limit."
             )
             + thread_text
         )
-        expected = _expected(summary.mean_step_s, predicted)
+        expected = _expected(summary.mean_step_s, predicted, merged)
     elif idle is not None and idle >= 1.0:
+        times = "" if merged else f" ({fmt_duration(wait)} of {fmt_duration(summary.mean_step_s)})"
         recommendation = (
-            f"{share * 100:.0f} % of each step waits for data ({fmt_duration(wait)} of "
-            f"{fmt_duration(summary.mean_step_s)}), but more workers would shorten the step by less "
+            f"{share * 100:.0f} % of each step waits for data{times}, but more workers would"
+            " shorten the step by less "
             "than 10 %: the model's own compute sets the pace. Make each batch cheaper to "
             "produce (cache decoded samples, store the data set as tensors) if it matters."
         )
         expected = "Step time falls with the cost of producing a batch."
         predicted = None
     else:
+        cost = "" if merged else f" of {fmt_duration(cpu_per_step)}"
         recommendation = (
-            f"More workers would have no CPU to run on: each step already costs "
-            f"{fmt_duration(cpu_per_step)} of CPU time and {available:.1f} of the "
+            f"More workers would have no CPU to run on: each step already costs{cost} "
+            f"CPU time and {available:.1f} of the "
             f"{ctx.cpu_limit_text} are available to the job. Make each batch cheaper to "
             "produce - cache decoded samples, store the data set as tensors/NumPy arrays, "
             "move augmentation to the GPU - or free CPUs that other programs take."
@@ -192,7 +215,9 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         "Data wait is the time each step blocks in next() on the DataLoader iterator, measured "
         "inside the job; warm-up steps are left out."
     )
-    if predicted is not None and settings:
+    if merged:
+        details += f" The steps were seen by sampling the job's stack from outside: {merged}."
+    elif predicted is not None and settings:
         evidence.append(Evidence("predicted step time after the fix", round(predicted, 6), "s"))
     return [
         Finding(
@@ -202,7 +227,7 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
             evidence=evidence,
             recommendation=recommendation,
             expected_effect=expected,
-            confidence=0.9 if summary.measured_steps >= 20 else 0.7,
+            confidence=0.9 if summary.measured_steps >= 20 and not merged else 0.7,
             settings=settings,
             details=details,
         )
@@ -279,9 +304,13 @@ def _threads_beside_workers(
     return (fit if threads is not None and fit < threads else None), bounded
 
 
-def _expected(step: float, predicted: float) -> str:
+def _expected(step: float, predicted: float, merged: str | None = None) -> str:
     predicted = min(predicted, step)
     speedup = step / predicted if predicted > 0 else 1.0
+    if merged:  # the times are several steps' together: only their ratio holds
+        return (
+            f"About {speedup:.1f}x more steps per second while the loader keeps ahead of the model."
+        )
     return (
         f"About {speedup:.1f}x more steps per second ({fmt_duration(step)} -> about "
         f"{fmt_duration(predicted)} per step) while the loader keeps ahead of the model."
