@@ -144,7 +144,8 @@ def ex_report() -> str:
 
 
 def ex_attach() -> str:
-    job = subprocess.Popen(_argv([*TRAIN, "--steps", "8"]), cwd=WORK, env=_env())
+    # The demo at its own batch size, long enough (about 15 s) for its steps to be sampled.
+    job = subprocess.Popen(_argv(["python", "train.py", "--steps", "200"]), cwd=WORK, env=_env())
     try:
         return run(["torchdoctor", "attach", str(job.pid)]).replace(str(job.pid), "PID")
     finally:

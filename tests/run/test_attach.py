@@ -43,7 +43,7 @@ needs_py_spy = engine(
 # The loop runs until a line arrives on stdin; it prints its own lines and exits with 7, and
 # writes when each of its steps ended to the file argv[2] names, if one does.
 # The data-bound loops wait 32 ms for each batch; the model's forward then waits as if on a GPU:
-# 12 ms ("data-bound": over two sampling periods, so every step is seen) or 0.5 ms
+# 16 ms ("data-bound": three sampling periods, so nearly every step is seen) or 0.5 ms
 # ("data-bound-short": under one, so most steps go unseen and the seen ones merge). Sleeps, not
 # computing, so that what the samples can resolve does not depend on the speed of the CPU.
 LOOP = textwrap.dedent(
@@ -74,7 +74,7 @@ LOOP = textwrap.dedent(
 
     if KIND.startswith("data-bound"):
         data = DataLoader(Slow(), batch_size=8)
-        model = Waits(0.012 if KIND == "data-bound" else 0.0005)
+        model = Waits(0.016 if KIND == "data-bound" else 0.0005)
     else:
         data = DataLoader(TensorDataset(torch.randn(4096, 512), torch.randn(4096, 1)), batch_size=256)
         model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(6)], torch.nn.Linear(512, 1))

@@ -178,16 +178,18 @@ def _step(
     )
 
 
-# Steps merge when the work between two data waits is shorter than a sampling period T: a step
-# is seen only when a sample lands in its work, and then by that one sample. From w = T up every
-# step is seen, with w/T samples of work a step; so fewer than 1.5 of them a step on average
-# means the work is near or under one period (py-spy's samples are not evenly spaced), and many
-# steps can have gone unseen. A loop whose whole step is that short merges the same way, and
-# then most steps seen span under four samples. Judged from three steps on: a loop whose work
-# is far under a period is seen a few times a minute (5 steps in 20 s of a 27 steps/s loop),
-# and its rate is then the most wrong.
+# Steps merge when the work between two data waits is short against the sampling period T: a
+# step is seen only when a sample lands in its work. py-spy's samples are not evenly spaced (it
+# falls behind on a busy machine), so take them as random, at rate 1/T: a step's work w then gets
+# a Poisson number of samples, mean L = w/T; it is missed with probability exp(-L), and the steps
+# seen get L / (1 - exp(-L)) samples of work on average. Under 2.0 of them means L < 1.6: over
+# a fifth of the steps went unseen (the demo job at 1.5 a step: 0.58 of them seen by this model,
+# 0.6 in fact). A loop whose whole step is that short merges the same way, and then most steps
+# seen span under four samples. Judged from three steps on: a loop whose work is far under a
+# period is seen a few times a minute (5 steps in 20 s of a 27 steps/s loop), and its rate is
+# then the most wrong.
 MERGING_MIN_STEPS = 3
-MERGING_WORK_SAMPLES = 1.5
+MERGING_WORK_SAMPLES = 2.0
 MERGING_SHORT_SAMPLES = 4
 
 
@@ -200,17 +202,14 @@ def merging_note(steps: list[EstimatedStep], rate_hz: int) -> str | None:
     short = sum(s.samples < MERGING_SHORT_SAMPLES for s in steps)
     period = f"{1000.0 / rate_hz:g} ms"
     if per_step < MERGING_WORK_SAMPLES:
-        why = (
-            f"the work between data waits got {per_step:.1f} samples a step, so it is about"
-            f" one {period} sampling period or less"
-        )
+        why = f"the work between data waits got {per_step:.2f} samples a step, {period} apart"
     elif short >= len(steps) / 2:
-        why = f"{short} of {len(steps)} steps spanned under four samples {period} apart"
+        why = f"{short} of {len(steps)} steps spanned under four samples, {period} apart"
     else:
         return None
     return (
-        f"{why}: steps this short merge, so the step count and rate are lower bounds (the"
-        " data-wait share holds; `torchdoctor run` counts every step)"
+        f"{why}: steps this short go unseen and merge into the next, so the step count and"
+        " rate are lower bounds (the data-wait share holds; `torchdoctor run` counts every step)"
     )
 
 

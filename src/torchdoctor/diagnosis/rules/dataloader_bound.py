@@ -197,11 +197,15 @@ def check(ctx: DiagnosisContext) -> list[Finding]:
         expected = "Step time falls with the cost of producing a batch."
         predicted = None
     else:
-        cost = "" if merged else f" of {fmt_duration(cpu_per_step)}"
+        cpus = f"{available:.1f} of the {ctx.cpu_limit_text}"
+        cost = (
+            f"the steps' CPU time already fills the {cpus} available to the job"
+            if merged
+            else f"each step already costs {fmt_duration(cpu_per_step)} of CPU time and {cpus}"
+            " are available to the job"
+        )
         recommendation = (
-            f"More workers would have no CPU to run on: each step already costs{cost} "
-            f"CPU time and {available:.1f} of the "
-            f"{ctx.cpu_limit_text} are available to the job. Make each batch cheaper to "
+            f"More workers would have no CPU to run on: {cost}. Make each batch cheaper to "
             "produce - cache decoded samples, store the data set as tensors/NumPy arrays, "
             "move augmentation to the GPU - or free CPUs that other programs take."
         )
