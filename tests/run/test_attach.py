@@ -223,6 +223,7 @@ def test_steps_too_short_to_resolve_are_said_to_be_a_lower_bound(tmp_path: Path)
         limit = r.meta["steps_source_limit"]
         seen, ran = _steps_of_the_job_within(r.rows("steps"), tmp_path / "ends.json")
         assert seen < 0.75 * ran, (seen, ran)  # what the note is there for
+        last = max(s["t_end"] for s in r.rows("steps"))
         assert r.step_stats().data_wait_fraction > 0.8  # the share holds: 32 ms of about 33
         found = {f.id: f for f in diagnose(r)}["dataloader-bound"]
     assert "lower bounds" in limit and "5 ms" in limit
@@ -236,6 +237,11 @@ def test_steps_too_short_to_resolve_are_said_to_be_a_lower_bound(tmp_path: Path)
     show = subprocess.run([*TORCHDOCTOR, "show", str(rec)], capture_output=True, text=True)
     assert show.returncode == 0, show.stderr
     assert f"  {limit}" in show.stdout.splitlines()
+    watcher = RecordingWatcher(Thresholds())  # `top` shows the rate as at least what it saw
+    try:
+        assert watcher.status(rec, now=last + 1.0).rate_lower_bound
+    finally:
+        watcher.close()
     shown = subprocess.run(
         [*TORCHDOCTOR, "show", "--json", str(rec)], capture_output=True, text=True
     )

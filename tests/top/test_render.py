@@ -162,6 +162,17 @@ def test_fits_80x24_with_many_cores_jobs_and_gpus():
     assert "starved: waits for data 30 % of step time" in screen.text
 
 
+def test_a_rate_from_merged_sampled_steps_reads_as_a_lower_bound():
+    def rate_line(lower_bound: bool) -> str:
+        rec = RecordingStatus("/r.sqlite", 10, 2.5, None, 0.9, rate_lower_bound=lower_bound)
+        job = b.job(1000, [b.proc(1000, 1, cpu=5.0)], recording=rec)
+        screen = show(build_view(b.readings([job], cores=2), TH, UiState()))
+        return screen.line_with("step/s")
+
+    assert "≥ 2.5 step/s" in rate_line(True)
+    assert "2.5 step/s" in rate_line(False) and "≥" not in rate_line(False)
+
+
 def test_process_detail_shows_command_environment_and_history(torch_job, collector):
     for _ in range(2):
         readings = collector.read(detail_pid=torch_job.pid)

@@ -79,6 +79,8 @@ class RecordingStatus:
     data_wait_share: float | None  # 0-1: time blocked in DataLoader next() / step time
     window_s: float = 10.0  # the figures are over the steps that ended in this window
     stalled_s: float | None = None  # seconds since the last step, when far over a step's time
+    # Steps seen by sampling an attached job's stack that merge: the rate is a lower bound.
+    rate_lower_bound: bool = False
     findings: list[FindingBrief] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
     # Said when the recording is not being written as it should: its recorder died (cut

@@ -155,6 +155,7 @@ class RecordingWatcher:
             return
         status.step_rate_per_s = stats.steps_per_s
         status.samples_per_s = stats.samples_per_s
+        status.rate_lower_bound = bool(tail.refresh_meta().get("steps_source_limit"))
         # The most starved process is the one that holds the others back.
         shares = [r.data_wait_fraction for r in stats.per_rank if r.data_wait_fraction is not None]
         status.data_wait_share = max(shares) if shares else None

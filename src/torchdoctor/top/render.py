@@ -346,7 +346,8 @@ def _job_lines(job: JobView) -> list[Text]:
         second = seg("  │ ", "dim")
         # A stalled job has no recent step to give figures for: its status says so instead.
         if rec is not None and rec.stalled_s is None and rec.step_rate_per_s is not None:
-            second.append(_step_rate(rec.step_rate_per_s), "bold")
+            at_least = "≥ " if rec.rate_lower_bound else ""  # merged sampled steps
+            second.append(at_least + _step_rate(rec.step_rate_per_s), "bold")
             if rec.data_wait_share is not None:
                 second.append("  data wait ")
                 second.append(

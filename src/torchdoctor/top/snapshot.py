@@ -19,7 +19,8 @@ seconds; ``null`` means "could not be read", with the reason in the nearest ``un
                     gpu_memory, status, status_level, recording, processes[]}
                     recording: null unless the job runs under `torchdoctor run`, else
                     {path, steps, step_rate_per_s, samples_per_s, data_wait_share (0-1),
-                    findings[{id, severity, title, recommendation}], unavailable}
+                    rate_lower_bound (an attached job's sampled steps merge: the rate is at
+                    least this), findings[{id, severity, title, recommendation}], unavailable}
                     processes[]: in tree order, {pid, ppid, depth, role ("trainer",
                     "dataloader-worker", "launcher", "other"), rank, name, cmdline[],
                     cpu_percent (100 = one core), threads, rss, pss, uss, swap, gpu_memory,
