@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import TORCHDOCTOR
 from tests.helpers.engines import engine
 from torchdoctor import open_recording
+from torchdoctor.compare.runs import run_figures
 from torchdoctor.diagnosis.engine import diagnose
 from torchdoctor.sampling.pystacks import py_spy_path
 from torchdoctor.thresholds import Thresholds
@@ -224,6 +225,7 @@ def test_steps_too_short_to_resolve_are_said_to_be_a_lower_bound(tmp_path: Path)
         seen, ran = _steps_of_the_job_within(r.rows("steps"), tmp_path / "ends.json")
         assert seen < 0.75 * ran, (seen, ran)  # what the note is there for
         last = max(s["t_end"] for s in r.rows("steps"))
+        assert any("merge" in n for n in run_figures(r).notes)  # compare says so of the run
         assert r.step_stats().data_wait_fraction > 0.8  # the share holds: 32 ms of about 33
         found = {f.id: f for f in diagnose(r)}["dataloader-bound"]
     assert "lower bounds" in limit and "5 ms" in limit
