@@ -12,9 +12,9 @@ frame on its stack: ``data`` (a DataLoader iterator's ``__next__``/``_next_data`
 optimizer) and back: a sample whose phase comes *before* the previous one's starts a new step.
 That is an estimate: a step is seen when at least two of its phases are sampled, so a step whose
 work between two data waits is shorter than a sampling period can go unseen and merge into the
-next one. Each step keeps how many samples its non-data part got: when nearly every step was seen
-by one such sample, steps are merging and the count is a lower bound (:func:`merging_note`); the
-data-wait share holds either way. Time in each phase is its samples times the period.
+next one. Each step keeps how many samples its non-data part got: when the steps got under two
+such samples on average, many went unseen and the count is a lower bound (:func:`merging_note`);
+the data-wait share holds either way. Time in each phase is its samples times the period.
 """
 
 from __future__ import annotations
