@@ -144,3 +144,37 @@ def test_size_workers_model():
     assert size_workers(0.05, 0.015, cpu_per_step=0.02, cpus=2)[0] == 4
     # Other processes leave 0.5 CPU: one worker is all the CPU allows.
     assert size_workers(0.3, 0.05, cpu_per_step=0.35, cpus=0.5)[0] == 1
+
+
+MERGED = (
+    "the work between data waits got 1.09 samples a step, 5 ms apart: steps this short go"
+    " unseen and merge into the next, so the step count and rate are lower bounds"
+)
+
+
+def test_merged_sampled_steps_keep_the_fix_and_claim_no_time_per_step(run_rules):
+    # An attach whose steps merge: every figure per step is k steps' worth, so the workers,
+    # sized from ratios, stay those of the same job seen step by step; no time is quoted.
+    plain = by_id(run_rules(job(wait=0.3, wall=0.35)), "dataloader-bound")
+    merged = by_id(
+        run_rules(job(wait=0.3, wall=0.35, end={"steps_source_limit": MERGED})), "dataloader-bound"
+    )
+    assert merged.settings == plain.settings and merged.settings["num_workers"] == 8
+    assert "300 ms" in plain.recommendation and " ms" not in merged.recommendation
+    assert "Loading a batch takes about 6x the compute" in merged.recommendation
+    speedup = plain.expected_effect.split(" (")[0]  # "About 6.2x more steps per second"
+    assert merged.expected_effect.startswith(speedup) and "per step" not in merged.expected_effect
+    assert MERGED in merged.details and merged.confidence == 0.7
+    labels = {e.label for e in merged.evidence}
+    assert "predicted step time after the fix" not in labels
+
+
+def test_merged_sampled_steps_without_a_cpu_for_workers_quote_no_step_cost(run_rules):
+    kw = {"wait": 0.05, "cpus": 2, "workers": 2, "worker_cpu": 95.0}
+    plain = by_id(run_rules(job(**kw)), "dataloader-bound")
+    merged = by_id(run_rules(job(**kw, end={"steps_source_limit": MERGED})), "dataloader-bound")
+    assert "each step already costs" in plain.recommendation
+    assert merged.recommendation.startswith(
+        "More workers would have no CPU to run on: the steps' CPU time already fills the"
+    )
+    assert " ms" not in merged.recommendation and merged.settings == {}

@@ -239,6 +239,12 @@ def test_steps_too_short_to_resolve_are_said_to_be_a_lower_bound(tmp_path: Path)
     show = subprocess.run([*TORCHDOCTOR, "show", str(rec)], capture_output=True, text=True)
     assert show.returncode == 0, show.stderr
     assert f"  {limit}" in show.stdout.splitlines()
+    html = tmp_path / "report.html"
+    report = subprocess.run(
+        [*TORCHDOCTOR, "report", str(rec), "-o", str(html)], capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stderr
+    assert "steps counted" in html.read_text()
     watcher = RecordingWatcher(Thresholds())  # `top` shows the rate as at least what it saw
     try:
         assert watcher.status(rec, now=last + 1.0).rate_lower_bound

@@ -161,7 +161,7 @@ def run_figures(rec: Recording) -> RunFigures:
     params = settings_in.get("params.count")
     vram = [g.job_memory_peak for g in summary.gpus if g.job_memory_peak is not None]
     notes = list(rec.notes())
-    if meta.get("steps_source_limit"):  # an attach whose sampled steps merge
+    if summary.steps_source_limit:  # an attach whose sampled steps merge
         notes.append(
             "its steps were seen by sampling the job's stack and merge: its step time is an"
             " upper bound, its rate a lower bound (record both runs with `torchdoctor run`)"

@@ -193,7 +193,6 @@ class InsideView:
     reason: str | None
     sampler: StackSampler | None = None
     steps: int = 0
-    merging: str | None = None  # what the recording says of it (pystacks.merging_note)
     writer: Any = None
     say: Callable[[str], None] | None = None
 
@@ -227,9 +226,8 @@ def look_inside(
         writer.set_meta({"steps_source": NONE, "steps_source_reason": reason})
         return InsideView(NONE, reason)
     view = InsideView(SAMPLED, None, writer=writer, say=say)
-    state = _StepWriter(pid, writer, view)
-    options = {} if rate_hz is None else {"rate_hz": rate_hz}
-    sampler = StackSampler(pid, state.on_chunk, **options)
+    state = _StepWriter(pid, writer, view, rate_hz or DEFAULT_RATE_HZ)
+    sampler = StackSampler(pid, state.on_chunk, rate_hz=state.rate_hz)
     writer.set_meta(
         {
             "steps_source": SAMPLED,
@@ -250,10 +248,12 @@ def look_inside(
 class _StepWriter:
     """Turns the sampler's chunks into the recording's steps, DataLoader and boundary setting."""
 
-    def __init__(self, pid: int, writer: Any, view: InsideView) -> None:
+    def __init__(self, pid: int, writer: Any, view: InsideView, rate_hz: int) -> None:
         self.pid = pid
         self.writer = writer
         self.view = view
+        self.rate_hz = rate_hz
+        self.merging: str | None = None  # what the recording says of it (merging_note)
         self.loader_written = False
         self.boundary: str | None = None
         # The steps seen, judged together for merging; the last few thousand are enough.
@@ -292,11 +292,9 @@ class _StepWriter:
     def _say_if_merging(self) -> None:
         """Keep the recording's ``steps_source_limit`` true to the steps seen so far: a step
         count that is a lower bound must not read as the job's rate."""
-        view = self.view
-        rate_hz = view.sampler.rate_hz if view.sampler is not None else DEFAULT_RATE_HZ
-        note = merging_note(list(self.seen), rate_hz)
-        if note != view.merging:
-            view.merging = note
+        note = merging_note(list(self.seen), self.rate_hz)
+        if note != self.merging:
+            self.merging = note
             self.writer.set_meta({"steps_source_limit": note})
 
     def _loader(self, chunk: ChunkResult) -> DataLoaderRecord:
