@@ -46,11 +46,44 @@ class CorruptStateError(UserError):
     """The state file cannot be read as a queue state; it is left as it is."""
 
 
+class _Busy(Exception):
+    """Opening the state file met another process's lock (the cause); to be tried again."""
+
+
+OPEN_BUSY_S = 30.0  # as long as a statement waits on a lock (busy_timeout)
+
+
+def _is_lock(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` is another connection's lock (SQLITE_BUSY / SQLITE_LOCKED), not damage."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 class QueueStore:
     """The state file; one connection per process (and per thread that uses it)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        deadline = time.monotonic() + OPEN_BUSY_S
+        while True:
+            try:
+                self._open()
+                return
+            except _Busy as exc:
+                # SQLite answers "locked" at once, without its busy handler, where waiting
+                # could deadlock: the switch to WAL, a WAL being recovered, a read upgraded to
+                # a write. Another process is opening or writing the queue; a lock is never a
+                # damaged file (CI: 1 of 8 submitters started at once was told to discard it).
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"the queue state file {self.path} stayed locked for {OPEN_BUSY_S:g} s "
+                        f"({exc.__cause__}): another torchdoctor is writing it; try again"
+                    ) from None
+                time.sleep(0.05)
+
+    def _open(self) -> None:
         fresh = not self.path.exists()
         try:
             self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
@@ -77,6 +110,8 @@ class QueueStore:
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self._db.close()
+            if _is_lock(exc):
+                raise _Busy from exc
             raise CorruptStateError(
                 f"the queue state file {self.path} is unreadable ({exc}); it is kept as it is: "
                 "move it away yourself, or run `torchdoctor queue recover` to keep it aside and "
