@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -105,6 +106,13 @@ def main() -> None:
     if args.ddp:
         torch.distributed.destroy_process_group()
     print("finished", flush=True)
+    if args.ddp:
+        # Past torch's gloo teardown race (CI: a rank aborted after "finished"): see
+        # tests/launch/jobs/rank_exit.py.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "launch" / "jobs"))
+        from rank_exit import leave
+
+        leave()
 
 
 if __name__ == "__main__":
